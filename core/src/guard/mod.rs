@@ -1,0 +1,13 @@
+//! The guard as a pure state machine: [`AgentState::apply`] folds a record in,
+//! [`decide`] says which records a command appends. No I/O, no clock.
+
+mod decide;
+mod state;
+mod types;
+
+pub use decide::{decide, missing_termination, seal, Command, Decided, Draft, GuardError};
+pub use state::{ActionState, AgentState, ReplayError};
+pub use types::{
+    Action, ActionStatus, Decision, DenyReason, Outcome, OutcomeStatus, PendingAction, Scar,
+    Severity, Status,
+};

@@ -1,0 +1,314 @@
+//! An agent's state is the fold of its records: [`AgentState::apply`] is the only way
+//! it changes, at write time and at replay alike.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use serde_json::Value;
+
+use super::types::{Action, ActionStatus, OutcomeStatus, PendingAction, Scar, Severity, Status};
+use crate::policy::Policy;
+use crate::record::{timestamp, Head, Record};
+
+/// A log that verifies but cannot be a guard log.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ReplayError(pub String);
+
+/// One action's state; `input` is kept so approvers and backends see the exact request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ActionState {
+    pub tool: String,
+    pub input: Value,
+    pub cost: u64,
+    pub status: ActionStatus,
+    pub outcome: Option<OutcomeStatus>,
+    pub requested_seq: u64,
+    pub requested_at: String,
+}
+
+/// Everything the guard knows about one agent, derived only from its records.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct AgentState {
+    pub agent_id: String,
+    pub public_key: String,
+    pub policy: Option<Policy>,
+    /// The last applied record; `None` before genesis.
+    pub head: Option<Head>,
+    /// The last record's timestamp in microseconds (records never go backwards).
+    pub last_timestamp_micros: i64,
+    actions: HashMap<String, ActionState>,
+    /// Pending approvals by the seq of their request: log order.
+    pending: BTreeMap<u64, String>,
+    pub actions_requested: u64,
+    pub actions_allowed: u64,
+    pub actions_denied: u64,
+    pub spent: u64,
+    pub scar_score: u32,
+    pub scars: Vec<Scar>,
+    pub termination_reason: Option<String>,
+    tool_calls: HashMap<String, u64>,
+    /// Timestamps of the most recent allowed actions, oldest first; at most
+    /// `rate_limit.max_actions` are kept, which is all the rate check needs.
+    recent_allowed: VecDeque<i64>,
+}
+
+fn str_field<'a>(payload: &'a Value, field: &str, kind: &str) -> Result<&'a str, ReplayError> {
+    payload
+        .get(field)
+        .and_then(Value::as_str)
+        .ok_or_else(|| ReplayError(format!("{kind} record has no string '{field}'")))
+}
+
+impl AgentState {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replays records in order into a fresh state.
+    pub fn replay<'a>(records: impl IntoIterator<Item = &'a Record>) -> Result<Self, ReplayError> {
+        let mut state = AgentState::new();
+        for record in records {
+            state.apply(record)?;
+        }
+        Ok(state)
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.termination_reason.is_none()
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.policy.as_ref().map_or(0, |p| p.budget)
+    }
+
+    pub fn remaining(&self) -> u64 {
+        self.budget().saturating_sub(self.spent)
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.head.as_ref().map_or(0, |h| h.seq + 1)
+    }
+
+    pub fn action(&self, action_id: &str) -> Option<&ActionState> {
+        self.actions.get(action_id)
+    }
+
+    /// Allowed calls of exactly this tool name.
+    pub fn tool_calls(&self, tool: &str) -> u64 {
+        self.tool_calls.get(tool).copied().unwrap_or(0)
+    }
+
+    /// Allowed actions with a timestamp after `cutoff_micros`.
+    pub fn allowed_after(&self, cutoff_micros: i64) -> usize {
+        self.recent_allowed
+            .iter()
+            .rev()
+            .take_while(|t| **t > cutoff_micros)
+            .count()
+    }
+
+    /// Folds one record in. The record's chain position is the caller's to check
+    /// (see [`crate::verify`]); this checks that it makes sense as a guard record.
+    pub fn apply(&mut self, record: &Record) -> Result<(), ReplayError> {
+        let payload = &record.payload;
+        let kind = record.kind.as_str();
+        if self.policy.is_none() && kind != "genesis" && kind != "policy" {
+            return Err(ReplayError(format!("seq {}: record before policy", record.seq)));
+        }
+        match kind {
+            "genesis" => {
+                self.agent_id = str_field(payload, "log_id", kind)?.to_string();
+                self.public_key = str_field(payload, "public_key", kind)?.to_string();
+            }
+            "policy" => {
+                if self.policy.is_some() {
+                    return Err(ReplayError("policy may only be set once".into()));
+                }
+                let policy = payload
+                    .get("policy")
+                    .cloned()
+                    .ok_or_else(|| ReplayError("policy record has no 'policy'".into()))?;
+                let policy: Policy = serde_json::from_value(policy)
+                    .map_err(|e| ReplayError(format!("policy record is invalid: {e}")))?;
+                if let Some(limit) = &policy.rate_limit {
+                    self.recent_allowed.reserve(limit.max_actions.min(1024) as usize);
+                }
+                self.policy = Some(policy);
+            }
+            "action_requested" => {
+                let action_id = str_field(payload, "action_id", kind)?.to_string();
+                let tool = str_field(payload, "tool", kind)?.to_string();
+                let cost = payload
+                    .get("cost")
+                    .and_then(Value::as_u64)
+                    .ok_or_else(|| ReplayError("action_requested record has no 'cost'".into()))?;
+                let input = payload.get("input").cloned().unwrap_or(Value::Null);
+                self.actions_requested += 1;
+                self.actions.insert(
+                    action_id,
+                    ActionState {
+                        tool,
+                        input,
+                        cost,
+                        status: ActionStatus::Requested,
+                        outcome: None,
+                        requested_seq: record.seq,
+                        requested_at: record.timestamp.clone(),
+                    },
+                );
+            }
+            "approval_required" => {
+                let action_id = str_field(payload, "action_id", kind)?;
+                let action = self.known_action(action_id)?;
+                action.status = ActionStatus::PendingApproval;
+                let seq = action.requested_seq;
+                self.pending.insert(seq, action_id.to_string());
+            }
+            "action_allowed" => {
+                let action_id = str_field(payload, "action_id", kind)?;
+                let at = timestamp::parse(&record.timestamp).ok_or_else(|| {
+                    ReplayError(format!("seq {}: invalid timestamp", record.seq))
+                })?;
+                let action = self.known_action(action_id)?;
+                action.status = ActionStatus::Allowed;
+                let (cost, tool, seq) = (action.cost, action.tool.clone(), action.requested_seq);
+                self.pending.remove(&seq);
+                self.spent = self.spent.saturating_add(cost);
+                self.actions_allowed += 1;
+                *self.tool_calls.entry(tool).or_insert(0) += 1;
+                let keep = self
+                    .policy
+                    .as_ref()
+                    .and_then(|p| p.rate_limit)
+                    .map_or(0, |r| r.max_actions as usize);
+                if keep > 0 {
+                    self.recent_allowed.push_back(at);
+                    while self.recent_allowed.len() > keep {
+                        self.recent_allowed.pop_front();
+                    }
+                }
+            }
+            "action_denied" | "action_rejected" => {
+                let action_id = str_field(payload, "action_id", kind)?;
+                let action = self.known_action(action_id)?;
+                action.status = ActionStatus::Denied;
+                let seq = action.requested_seq;
+                self.pending.remove(&seq);
+                self.actions_denied += 1;
+            }
+            "outcome" => {
+                let action_id = str_field(payload, "action_id", kind)?;
+                let status: OutcomeStatus = payload
+                    .get("status")
+                    .cloned()
+                    .and_then(|s| serde_json::from_value(s).ok())
+                    .ok_or_else(|| ReplayError("outcome record has no valid 'status'".into()))?;
+                let action = self.known_action(action_id)?;
+                action.status = ActionStatus::Completed;
+                action.outcome = Some(status);
+            }
+            "scar" => {
+                let severity: Severity = payload
+                    .get("severity")
+                    .cloned()
+                    .and_then(|s| serde_json::from_value(s).ok())
+                    .ok_or_else(|| ReplayError("scar record has no valid 'severity'".into()))?;
+                let reason = str_field(payload, "reason", kind)?.to_string();
+                let action_id = payload
+                    .get("action_id")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                self.scar_score = self.scar_score.saturating_add(severity.weight());
+                self.scars.push(Scar {
+                    seq: record.seq,
+                    severity,
+                    reason,
+                    action_id,
+                });
+            }
+            "terminated" => {
+                let reason = str_field(payload, "reason", kind)?.to_string();
+                self.termination_reason = Some(reason);
+            }
+            other => return Err(ReplayError(format!("unknown record kind '{other}'"))),
+        }
+        if let Some(at) = timestamp::parse(&record.timestamp) {
+            self.last_timestamp_micros = self.last_timestamp_micros.max(at);
+        }
+        self.head = Some(record.head());
+        Ok(())
+    }
+
+    fn known_action(&mut self, action_id: &str) -> Result<&mut ActionState, ReplayError> {
+        self.actions
+            .get_mut(action_id)
+            .ok_or_else(|| ReplayError(format!("unknown action: {action_id}")))
+    }
+
+    /// The status shown by the API.
+    pub fn status(&self) -> Status {
+        let policy = self.policy.clone().unwrap_or_else(|| Policy::new(0));
+        Status {
+            agent_id: self.agent_id.clone(),
+            alive: self.is_alive(),
+            termination_reason: self.termination_reason.clone(),
+            budget: policy.budget,
+            spent: self.spent,
+            remaining: self.remaining(),
+            scar_score: self.scar_score,
+            scar_limit: policy.scar_limit,
+            scars: self.scars.clone(),
+            actions_allowed: self.actions_allowed,
+            actions_denied: self.actions_denied,
+            actions_pending: self.pending.len() as u64,
+            head: self.head.clone().unwrap_or(Head {
+                seq: 0,
+                hash: String::new(),
+            }),
+            public_key: self.public_key.clone(),
+        }
+    }
+
+    /// One action as the API shows it.
+    pub fn action_view(&self, action_id: &str) -> Option<Action> {
+        self.actions.get(action_id).map(|a| Action {
+            action_id: action_id.to_string(),
+            tool: a.tool.clone(),
+            input: a.input.clone(),
+            cost: a.cost,
+            status: a.status,
+            outcome: a.outcome,
+        })
+    }
+
+    /// The approval queue in log order.
+    pub fn pending(&self) -> Vec<PendingAction> {
+        self.pending
+            .iter()
+            .filter_map(|(seq, id)| {
+                let a = self.actions.get(id)?;
+                Some(PendingAction {
+                    seq: *seq,
+                    requested_at: a.requested_at.clone(),
+                    action: serde_json::json!({
+                        "action_id": id,
+                        "cost": a.cost,
+                        "input": a.input,
+                        "tool": a.tool,
+                    }),
+                })
+            })
+            .collect()
+    }
+
+    /// Number of actions waiting for approval.
+    pub fn pending_count(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Microseconds of the oldest pending request's timestamp, if any.
+    pub fn oldest_pending_micros(&self) -> Option<i64> {
+        let id = self.pending.values().next()?;
+        timestamp::parse(&self.actions.get(id)?.requested_at)
+    }
+}
