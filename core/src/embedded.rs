@@ -10,8 +10,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::guard::{
-    decide, missing_termination, seal, Action, AgentState, Command, Decision, GuardError,
-    Outcome, PendingAction, ReplayError, Severity, Status,
+    decide, missing_termination, seal, Action, AgentState, Command, Decision, GuardError, Outcome,
+    PendingAction, ReplayError, Severity, Status,
 };
 use crate::keys::AuditKey;
 use crate::log_file::{AuditError, AuditLog};

@@ -192,7 +192,9 @@ mod tests {
         let key = AuditKey::create(&path).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.len(), 64);
-        assert!(text.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(text
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;

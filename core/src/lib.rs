@@ -22,4 +22,6 @@ pub use keys::AuditKey;
 pub use log_file::{AuditError, AuditLog};
 pub use policy::{Policy, RateLimit, ToolRule};
 pub use record::{Head, Record};
-pub use verify::{verify_file, verify_reader, verify_records, VerifyFailure, VerifyOptions, VerifyReport};
+pub use verify::{
+    verify_file, verify_reader, verify_records, VerifyFailure, VerifyOptions, VerifyReport,
+};

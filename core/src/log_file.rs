@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::keys::{sync_parent_dir, AuditKey};
 use crate::record::{timestamp, Head, Record, MAX_RECORD_BYTES, ZERO_HASH};
-use crate::verify::{read_line_bounded, VerifyFailure, VerifyOptions, Verifier};
+use crate::verify::{read_line_bounded, Verifier, VerifyFailure, VerifyOptions};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
@@ -246,7 +246,12 @@ impl AuditLog {
     }
 
     /// Appends one record signed by this log's key and returns it once it is durable.
-    pub fn append(&mut self, actor: &str, kind: &str, payload: Value) -> Result<Record, AuditError> {
+    pub fn append(
+        &mut self,
+        actor: &str,
+        kind: &str,
+        payload: Value,
+    ) -> Result<Record, AuditError> {
         let now = timestamp::now_micros().max(self.last_timestamp_micros);
         let record = Record::seal(
             &self.key,

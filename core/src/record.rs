@@ -53,7 +53,9 @@ impl std::str::FromStr for Head {
             .parse()
             .map_err(|_| format!("checkpoint seq is not a number: {seq:?}"))?;
         if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!("checkpoint hash must be 64 hex characters: {hash:?}"));
+            return Err(format!(
+                "checkpoint hash must be 64 hex characters: {hash:?}"
+            ));
         }
         Ok(Head {
             seq,

@@ -45,7 +45,14 @@ mod tests {
         let key = [9u8; 32];
         let token = issue(&key, "bot.v2");
         assert_eq!(verify(&key, &token).as_deref(), Some("bot.v2"));
-        assert_eq!(verify(&key, &token.to_uppercase().replacen("AGT_BOT.V2", "agt_bot.v2", 1)).as_deref(), Some("bot.v2"));
+        assert_eq!(
+            verify(
+                &key,
+                &token.to_uppercase().replacen("AGT_BOT.V2", "agt_bot.v2", 1)
+            )
+            .as_deref(),
+            Some("bot.v2")
+        );
         assert_eq!(verify(&[8u8; 32], &token), None);
         let forged = token.replacen("bot.v2", "other", 1);
         assert_eq!(verify(&key, &forged), None);

@@ -108,7 +108,11 @@ impl Verifier {
     pub fn push_line(&mut self, line: &[u8]) -> Result<Record, VerifyFailure> {
         let line_no = self.count + 1;
         let text = std::str::from_utf8(line).map_err(|e| {
-            VerifyFailure::at(line_no, None, format!("malformed record: invalid UTF-8: {e}"))
+            VerifyFailure::at(
+                line_no,
+                None,
+                format!("malformed record: invalid UTF-8: {e}"),
+            )
         })?;
         let record = Record::from_line(text)
             .map_err(|e| VerifyFailure::at(line_no, None, format!("malformed record: {e}")))?;
@@ -192,13 +196,11 @@ impl Verifier {
         if self.count == 0 {
             return Err(VerifyFailure::whole_log("log is empty"));
         }
-        if self.options.checkpoint.is_some() {
-            if !self.checkpoint_seen {
-                return Err(VerifyFailure::whole_log(format!(
-                    "log ends at seq {} before checkpoint (truncated)",
-                    self.count - 1
-                )));
-            }
+        if self.options.checkpoint.is_some() && !self.checkpoint_seen {
+            return Err(VerifyFailure::whole_log(format!(
+                "log ends at seq {} before checkpoint (truncated)",
+                self.count - 1
+            )));
         }
         Ok(())
     }

@@ -9,7 +9,12 @@ use lineage_core::{AuditKey, Guard, Policy, ToolRule};
 use serde_json::json;
 
 fn kinds(guard: &Guard) -> Vec<String> {
-    guard.records().unwrap().into_iter().map(|r| r.kind).collect()
+    guard
+        .records()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.kind)
+        .collect()
 }
 
 #[test]
@@ -60,14 +65,24 @@ fn level_1_first_guarded_action() {
         ]
     );
     assert_eq!(
-        records[1].to_line().split("\"payload\":").nth(1).unwrap().split(",\"prev_hash\"").next().unwrap(),
+        records[1]
+            .to_line()
+            .split("\"payload\":")
+            .nth(1)
+            .unwrap()
+            .split(",\"prev_hash\"")
+            .next()
+            .unwrap(),
         r#"{"policy":{"budget":10,"default_rule":null,"rate_limit":null,"scar_limit":10,"tools":{"search":{"cost":1,"max_calls":null,"requires_approval":false}}}}"#
     );
     assert_eq!(
         records[2].payload,
         json!({"action_id":"act-1","cost":1,"input":{"query":"status page"},"tool":"search"})
     );
-    assert_eq!(records[3].payload, json!({"action_id":"act-1","approved_by":null}));
+    assert_eq!(
+        records[3].payload,
+        json!({"action_id":"act-1","approved_by":null})
+    );
     assert_eq!(
         records[4].payload,
         json!({"action_id":"act-1","detail":"found 3 results","status":"success"})
@@ -100,7 +115,9 @@ fn level_2_budgets_and_costs() {
         policy,
     )
     .unwrap();
-    let plan: [(&str, Option<u64>, Option<(u64, u64)>); 6] = [
+    /// (tool, declared cost, expected (charge, remaining) or None for a denial)
+    type Step = (&'static str, Option<u64>, Option<(u64, u64)>);
+    let plan: [Step; 6] = [
         ("llm_call", Some(12), Some((12, 88))),
         ("web_search", None, Some((5, 83))),
         ("llm_call", Some(0), Some((1, 82))),
@@ -137,8 +154,14 @@ fn level_2_budgets_and_costs() {
         }
     }
     let status = guard.status();
-    assert_eq!((status.spent, status.budget, status.alive), (100, 100, false));
-    assert_eq!(status.termination_reason.as_deref(), Some("budget exhausted"));
+    assert_eq!(
+        (status.spent, status.budget, status.alive),
+        (100, 100, false)
+    );
+    assert_eq!(
+        status.termination_reason.as_deref(),
+        Some("budget exhausted")
+    );
     assert_eq!(status.scar_score, 0, "running low is not misbehaviour");
     assert_eq!(
         guard.request("llm_call", json!({}), None).unwrap(),
@@ -173,7 +196,9 @@ fn level_3_scars_and_termination() {
         .unwrap()
         .action_id()
         .to_string();
-    guard.report(&id, Outcome::failure("file not found")).unwrap();
+    guard
+        .report(&id, Outcome::failure("file not found"))
+        .unwrap();
     assert_eq!(score(&guard), (1, true));
 
     guard
@@ -219,7 +244,10 @@ fn level_3_scars_and_termination() {
         [
             (Severity::Minor, "action failed: file not found"),
             (Severity::Moderate, "tool 'delete_file' is not allowed"),
-            (Severity::Minor, "tool 'http_get' reached its limit of 2 calls"),
+            (
+                Severity::Minor,
+                "tool 'http_get' reached its limit of 2 calls"
+            ),
             (Severity::Severe, "uploaded a customer file to a paste site"),
         ]
     );
@@ -283,10 +311,16 @@ fn level_4_humans_in_the_loop() {
             remaining: 90
         }
     );
-    guard.report("act-1", Outcome::success("refund issued")).unwrap();
+    guard
+        .report("act-1", Outcome::success("refund issued"))
+        .unwrap();
 
     guard
-        .request("send_refund", json!({"order": "A-101", "amount": 4000}), None)
+        .request(
+            "send_refund",
+            json!({"order": "A-101", "amount": 4000}),
+            None,
+        )
         .unwrap();
     let rejected = guard
         .reject(
@@ -315,7 +349,10 @@ fn level_4_humans_in_the_loop() {
     assert!(!late.is_allowed());
 
     let status = guard.status();
-    assert_eq!((status.spent, status.scar_score, status.alive), (10, 3, false));
+    assert_eq!(
+        (status.spent, status.scar_score, status.alive),
+        (10, 3, false)
+    );
     let decided: Vec<_> = guard
         .records()
         .unwrap()
@@ -379,12 +416,21 @@ fn level_5_consequences_survive_restarts() {
     let (lines, status, count) = level_5_run(dir.path());
     assert_eq!(
         lines,
-        ["work allowed", "wipe_disk denied: tool 'wipe_disk' is not allowed"]
+        [
+            "work allowed",
+            "wipe_disk denied: tool 'wipe_disk' is not allowed"
+        ]
     );
-    assert_eq!((status.spent, status.scar_score, status.alive, count), (3, 3, true, 8));
+    assert_eq!(
+        (status.spent, status.scar_score, status.alive, count),
+        (3, 3, true, 8)
+    );
 
     let (_, status, count) = level_5_run(dir.path());
-    assert_eq!((status.spent, status.scar_score, status.alive, count), (6, 6, false, 15));
+    assert_eq!(
+        (status.spent, status.scar_score, status.alive, count),
+        (6, 6, false, 15)
+    );
     assert_eq!(
         status.termination_reason.as_deref(),
         Some("scar limit reached (6 >= 6)")
@@ -398,7 +444,10 @@ fn level_5_consequences_survive_restarts() {
             "wipe_disk denied: agent is terminated: scar limit reached (6 >= 6)"
         ]
     );
-    assert_eq!((status.spent, status.scar_score, status.alive, count), (6, 6, false, 19));
+    assert_eq!(
+        (status.spent, status.scar_score, status.alive, count),
+        (6, 6, false, 19)
+    );
 
     // Editing a record is refused.
     let log = dir.path().join("agent.jsonl");

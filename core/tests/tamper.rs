@@ -250,7 +250,10 @@ fn hostile_lines_fail_cleanly() {
         text.push(b'\n');
         let report = verify_reader(&text[..], &trusted(&f));
         let got = report.failure.map(|x| x.to_string()).unwrap_or_default();
-        assert!(got.starts_with(expected), "got {got:?}, expected {expected:?}");
+        assert!(
+            got.starts_with(expected),
+            "got {got:?}, expected {expected:?}"
+        );
         assert!(!report.ok);
     }
 }
@@ -289,7 +292,9 @@ fn input_nesting_is_bounded_so_every_record_reads_back() {
         input
     };
     guard.request("t", nested(MAX_VALUE_DEPTH), None).unwrap();
-    let too_deep = guard.request("t", nested(MAX_VALUE_DEPTH + 1), None).unwrap_err();
+    let too_deep = guard
+        .request("t", nested(MAX_VALUE_DEPTH + 1), None)
+        .unwrap_err();
     assert_eq!(
         too_deep.to_string(),
         format!("input is nested deeper than {MAX_VALUE_DEPTH} levels")
@@ -305,7 +310,10 @@ fn input_nesting_is_bounded_so_every_record_reads_back() {
         },
     );
     assert!(report.ok, "{report:?}");
-    assert_eq!(report.records as usize, records_before, "the refused request appended nothing");
+    assert_eq!(
+        report.records as usize, records_before,
+        "the refused request appended nothing"
+    );
 }
 
 #[test]
@@ -326,7 +334,10 @@ fn opening_with_another_key_is_a_key_mismatch() {
     let path = dir.path().join("k.jsonl");
     drop(AuditLog::create(&path, AuditKey::generate().unwrap(), "k").unwrap());
     let err = AuditLog::open(&path, AuditKey::generate().unwrap()).unwrap_err();
-    assert!(err.to_string().starts_with("log was signed by key "), "{err}");
+    assert!(
+        err.to_string().starts_with("log was signed by key "),
+        "{err}"
+    );
 }
 
 #[test]
@@ -364,7 +375,10 @@ fn a_guard_log_that_is_not_a_guard_log_is_refused() {
     drop(log);
     match Guard::open(&path, key) {
         Err(GuardFileError::Audit(e)) => {
-            assert_eq!(e.to_string(), "log is corrupt: line 2 (seq 1): seq 1: record before policy")
+            assert_eq!(
+                e.to_string(),
+                "log is corrupt: line 2 (seq 1): seq 1: record before policy"
+            )
         }
         other => panic!("expected a replay failure, got {other:?}"),
     }

@@ -295,9 +295,11 @@ fn check(
             reason: reason.clone(),
         });
     }
-    let rule = policy.rule_for(tool).ok_or_else(|| DenyReason::ToolNotAllowed {
-        tool: tool.to_string(),
-    })?;
+    let rule = policy
+        .rule_for(tool)
+        .ok_or_else(|| DenyReason::ToolNotAllowed {
+            tool: tool.to_string(),
+        })?;
     if let Some(max_calls) = rule.max_calls {
         if state.tool_calls(tool) >= max_calls {
             return Err(DenyReason::ToolCallLimit {
@@ -350,7 +352,13 @@ fn deny(
         json!({"action_id": action_id, "reason": reason.to_value()}),
     ));
     if let Some(severity) = reason.scar() {
-        scar_drafts(state, severity, &reason.to_string(), Some(action_id), drafts);
+        scar_drafts(
+            state,
+            severity,
+            &reason.to_string(),
+            Some(action_id),
+            drafts,
+        );
     }
     Decision::Denied {
         action_id: action_id.to_string(),
@@ -417,16 +425,20 @@ fn scar_drafts(
 
 /// Seals drafts onto the end of `state`'s log: consecutive seqs, chained hashes, one
 /// timestamp clamped so that it never goes backwards, signed by `key`.
-pub fn seal(state: &AgentState, drafts: Vec<Draft>, key: &AuditKey, now_micros: i64) -> Vec<Record> {
+pub fn seal(
+    state: &AgentState,
+    drafts: Vec<Draft>,
+    key: &AuditKey,
+    now_micros: i64,
+) -> Vec<Record> {
     let at = timestamp::format(now_micros.max(state.last_timestamp_micros));
     let mut actor = state.agent_id.clone();
-    let mut seq = state.next_seq();
     let mut prev = state
         .head
         .as_ref()
         .map_or_else(|| ZERO_HASH.to_string(), |h| h.hash.clone());
     let mut records = Vec::with_capacity(drafts.len());
-    for d in drafts {
+    for (seq, d) in (state.next_seq()..).zip(drafts) {
         // Genesis names the actor before the state knows it.
         if d.kind == "genesis" {
             if let Some(log_id) = d.payload.get("log_id").and_then(Value::as_str) {
@@ -435,7 +447,6 @@ pub fn seal(state: &AgentState, drafts: Vec<Draft>, key: &AuditKey, now_micros: 
         }
         let record = Record::seal(key, seq, at.clone(), &actor, d.kind, d.payload, &prev);
         prev.clone_from(&record.hash);
-        seq += 1;
         records.push(record);
     }
     records

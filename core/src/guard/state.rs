@@ -113,7 +113,10 @@ impl AgentState {
         let payload = &record.payload;
         let kind = record.kind.as_str();
         if self.policy.is_none() && kind != "genesis" && kind != "policy" {
-            return Err(ReplayError(format!("seq {}: record before policy", record.seq)));
+            return Err(ReplayError(format!(
+                "seq {}: record before policy",
+                record.seq
+            )));
         }
         match kind {
             "genesis" => {
@@ -131,7 +134,8 @@ impl AgentState {
                 let policy: Policy = serde_json::from_value(policy)
                     .map_err(|e| ReplayError(format!("policy record is invalid: {e}")))?;
                 if let Some(limit) = &policy.rate_limit {
-                    self.recent_allowed.reserve(limit.max_actions.min(1024) as usize);
+                    self.recent_allowed
+                        .reserve(limit.max_actions.min(1024) as usize);
                 }
                 self.policy = Some(policy);
             }
@@ -166,9 +170,8 @@ impl AgentState {
             }
             "action_allowed" => {
                 let action_id = str_field(payload, "action_id", kind)?;
-                let at = timestamp::parse(&record.timestamp).ok_or_else(|| {
-                    ReplayError(format!("seq {}: invalid timestamp", record.seq))
-                })?;
+                let at = timestamp::parse(&record.timestamp)
+                    .ok_or_else(|| ReplayError(format!("seq {}: invalid timestamp", record.seq)))?;
                 let action = self.known_action(action_id)?;
                 action.status = ActionStatus::Allowed;
                 let (cost, tool, seq) = (action.cost, action.tool.clone(), action.requested_seq);
