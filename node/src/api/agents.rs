@@ -1,0 +1,392 @@
+//! The guard API for agents and operators, compatible with the reference guard server.
+//! Handlers are thin: authorise, validate, call the app, shape the answer.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use lineage_core::guard::{Command, Outcome, OutcomeStatus, Severity};
+use lineage_core::verify::{verify_records, VerifyOptions};
+use lineage_core::{token, Decision, Policy};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::auth::{require_admin, require_agent_or_admin, validate_agent_id};
+use super::body::JsonBody;
+use super::error::ApiError;
+use crate::app::{Answer, App};
+use crate::store::AgentSlot;
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+/// Log pages: default and largest number of records per page.
+const LOG_PAGE_DEFAULT: usize = 500;
+const LOG_PAGE_MAX: usize = 5000;
+const TOOL_NAME_MAX_BYTES: usize = 128;
+
+#[derive(Deserialize)]
+pub struct CreateBody {
+    agent_id: String,
+    policy: Policy,
+}
+
+#[derive(Deserialize)]
+pub struct ActionBody {
+    tool: String,
+    #[serde(default)]
+    input: Value,
+    cost: Option<u64>,
+}
+
+#[derive(Deserialize)]
+pub struct OutcomeBody {
+    status: OutcomeStatus,
+    #[serde(default)]
+    detail: String,
+}
+
+#[derive(Deserialize)]
+pub struct ApproveBody {
+    approver: String,
+    note: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct RejectBody {
+    approver: String,
+    reason: String,
+    scar: Option<Severity>,
+}
+
+#[derive(Deserialize)]
+pub struct ScarBody {
+    severity: Severity,
+    reason: String,
+    action_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct TerminateBody {
+    reason: String,
+    by: String,
+}
+
+#[derive(Deserialize)]
+pub struct LogQuery {
+    after: Option<u64>,
+    limit: Option<usize>,
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>> {
+    match headers.get("idempotency-key") {
+        None => Ok(None),
+        Some(v) => {
+            let key = v.to_str().map_err(|_| {
+                ApiError::BadRequest("Idempotency-Key must be visible ASCII".into())
+            })?;
+            if key.is_empty() || key.len() > 255 {
+                return Err(ApiError::BadRequest(
+                    "Idempotency-Key must be 1-255 characters".into(),
+                ));
+            }
+            Ok(Some(key.to_string()))
+        }
+    }
+}
+
+fn reply(answer: Answer) -> Response {
+    (answer.status, Json(answer.body)).into_response()
+}
+
+fn decision_answer(decision: Option<Decision>) -> Answer {
+    Answer {
+        status: StatusCode::OK,
+        body: serde_json::to_value(decision).unwrap_or(Value::Null),
+    }
+}
+
+fn status_answer(status: lineage_core::Status) -> Answer {
+    Answer {
+        status: StatusCode::OK,
+        body: serde_json::to_value(status).unwrap_or(Value::Null),
+    }
+}
+
+pub async fn public_key(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(json!({"algorithm": "ed25519", "public_key": app.keys.audit.public_key_hex()}))
+}
+
+pub async fn create_agent(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<CreateBody>,
+) -> Result<Response> {
+    require_admin(&headers, &app.keys)?;
+    validate_agent_id(&body.agent_id)?;
+    let token = token::issue(&app.keys.token_key, &body.agent_id);
+    let command = Command::Create {
+        agent_id: body.agent_id.clone(),
+        policy: body.policy,
+    };
+    let answer = app
+        .execute(
+            &body.agent_id,
+            command,
+            idempotency_key(&headers)?,
+            |_, status| Answer {
+                status: StatusCode::OK,
+                body: json!({"agent": status, "token": token}),
+            },
+        )
+        .await?;
+    Ok(reply(answer))
+}
+
+pub async fn list_agents(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Json<Value>> {
+    require_admin(&headers, &app.keys)?;
+    let data = app.sm.read_data();
+    let agents: Vec<Value> = data
+        .agents
+        .iter()
+        .map(|(id, slot)| match slot {
+            AgentSlot::Active(state) => {
+                json!({"agent_id": id, "state": "active", "status": state.status()})
+            }
+            AgentSlot::Quarantined(reason) => {
+                json!({"agent_id": id, "state": "quarantined", "error": reason})
+            }
+        })
+        .collect();
+    Ok(Json(json!({"agents": agents})))
+}
+
+pub async fn agent_status(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>> {
+    require_agent_or_admin(&headers, &app.keys, &agent_id)?;
+    validate_agent_id(&agent_id)?;
+    let status = app.with_agent(&agent_id, |s| s.status())?;
+    Ok(Json(serde_json::to_value(status).unwrap_or(Value::Null)))
+}
+
+pub async fn agent_token(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>> {
+    require_admin(&headers, &app.keys)?;
+    validate_agent_id(&agent_id)?;
+    app.with_agent(&agent_id, |_| ())?;
+    Ok(Json(
+        json!({"token": token::issue(&app.keys.token_key, &agent_id)}),
+    ))
+}
+
+pub async fn request_action(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<ActionBody>,
+) -> Result<Response> {
+    require_agent_or_admin(&headers, &app.keys, &agent_id)?;
+    validate_agent_id(&agent_id)?;
+    if body.tool.is_empty() || body.tool.len() > TOOL_NAME_MAX_BYTES {
+        return Err(ApiError::BadRequest("tool must be 1-128 characters".into()));
+    }
+    let command = Command::Request {
+        tool: body.tool,
+        input: body.input,
+        cost: body.cost,
+    };
+    let answer = app
+        .execute(&agent_id, command, idempotency_key(&headers)?, |d, _| {
+            decision_answer(d)
+        })
+        .await?;
+    Ok(reply(answer))
+}
+
+pub async fn pending_actions(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>> {
+    require_admin(&headers, &app.keys)?;
+    validate_agent_id(&agent_id)?;
+    let pending = app.with_agent(&agent_id, |s| s.pending())?;
+    Ok(Json(json!({"pending": pending})))
+}
+
+pub async fn get_action(
+    State(app): State<Arc<App>>,
+    Path((agent_id, action_id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Json<Value>> {
+    require_agent_or_admin(&headers, &app.keys, &agent_id)?;
+    validate_agent_id(&agent_id)?;
+    let action = app
+        .with_agent(&agent_id, |s| s.action_view(&action_id))?
+        .ok_or(ApiError::ActionNotFound)?;
+    Ok(Json(serde_json::to_value(action).unwrap_or(Value::Null)))
+}
+
+pub async fn report_outcome(
+    State(app): State<Arc<App>>,
+    Path((agent_id, action_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<OutcomeBody>,
+) -> Result<Response> {
+    let is_admin = require_agent_or_admin(&headers, &app.keys, &agent_id)?;
+    if body.status == OutcomeStatus::Harmful && !is_admin {
+        return Err(ApiError::Forbidden);
+    }
+    validate_agent_id(&agent_id)?;
+    let command = Command::Report {
+        action_id,
+        outcome: Outcome {
+            status: body.status,
+            detail: body.detail,
+        },
+    };
+    let answer = app
+        .execute(&agent_id, command, idempotency_key(&headers)?, |_, s| {
+            status_answer(s)
+        })
+        .await?;
+    Ok(reply(answer))
+}
+
+pub async fn approve_action(
+    State(app): State<Arc<App>>,
+    Path((agent_id, action_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<ApproveBody>,
+) -> Result<Response> {
+    require_admin(&headers, &app.keys)?;
+    validate_agent_id(&agent_id)?;
+    let command = Command::Approve {
+        action_id,
+        approver: body.approver,
+        note: body.note,
+    };
+    let answer = app
+        .execute(&agent_id, command, idempotency_key(&headers)?, |d, _| {
+            decision_answer(d)
+        })
+        .await?;
+    Ok(reply(answer))
+}
+
+pub async fn reject_action(
+    State(app): State<Arc<App>>,
+    Path((agent_id, action_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<RejectBody>,
+) -> Result<Response> {
+    require_admin(&headers, &app.keys)?;
+    validate_agent_id(&agent_id)?;
+    let command = Command::Reject {
+        action_id,
+        approver: body.approver,
+        reason: body.reason,
+        scar: body.scar,
+    };
+    let answer = app
+        .execute(&agent_id, command, idempotency_key(&headers)?, |d, _| {
+            decision_answer(d)
+        })
+        .await?;
+    Ok(reply(answer))
+}
+
+pub async fn add_scar(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<ScarBody>,
+) -> Result<Response> {
+    require_admin(&headers, &app.keys)?;
+    validate_agent_id(&agent_id)?;
+    let command = Command::Scar {
+        severity: body.severity,
+        reason: body.reason,
+        action_id: body.action_id,
+    };
+    let answer = app
+        .execute(&agent_id, command, idempotency_key(&headers)?, |_, s| {
+            status_answer(s)
+        })
+        .await?;
+    Ok(reply(answer))
+}
+
+pub async fn terminate(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<TerminateBody>,
+) -> Result<Response> {
+    require_admin(&headers, &app.keys)?;
+    validate_agent_id(&agent_id)?;
+    let command = Command::Terminate {
+        reason: body.reason,
+        by: body.by,
+    };
+    let answer = app
+        .execute(&agent_id, command, idempotency_key(&headers)?, |_, s| {
+            status_answer(s)
+        })
+        .await?;
+    Ok(reply(answer))
+}
+
+pub async fn agent_log(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    Query(query): Query<LogQuery>,
+    headers: HeaderMap,
+) -> Result<Json<Value>> {
+    require_admin(&headers, &app.keys)?;
+    validate_agent_id(&agent_id)?;
+    let head = app.with_agent(&agent_id, |s| s.head.clone())?;
+    let limit = query.limit.unwrap_or(LOG_PAGE_DEFAULT).min(LOG_PAGE_MAX);
+    let from = query.after.map_or(0, |a| a.saturating_add(1));
+    let records = if limit == 0 {
+        Vec::new()
+    } else {
+        app.sm
+            .records(&agent_id, from, limit)
+            .map_err(ApiError::Internal)?
+    };
+    Ok(Json(json!({"head": head, "records": records})))
+}
+
+pub async fn verify_agent(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>> {
+    require_admin(&headers, &app.keys)?;
+    validate_agent_id(&agent_id)?;
+    app.with_agent(&agent_id, |_| ())?;
+    let records = app
+        .sm
+        .records(&agent_id, 0, usize::MAX)
+        .map_err(ApiError::Internal)?;
+    let report = verify_records(
+        &records,
+        &VerifyOptions {
+            public_key: Some(app.keys.audit.public_key_hex().to_string()),
+            checkpoint: None,
+        },
+    );
+    Ok(Json(if report.ok {
+        json!({"ok": true, "records": report.records, "public_key": report.public_key, "head": report.head})
+    } else {
+        json!({"ok": false, "records": report.records, "failure": report.failure})
+    }))
+}

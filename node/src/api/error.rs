@@ -1,0 +1,91 @@
+//! One error type for the HTTP API and the single place that maps it to a status and a
+//! `{"code", "error"}` body.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use lineage_core::guard::GuardError;
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("request body is not valid JSON: {0}")]
+    MalformedJson(String),
+    #[error("request body does not match the expected shape: {0}")]
+    InvalidBody(String),
+    #[error("expected a request with Content-Type: application/json")]
+    UnsupportedMediaType,
+    #[error("request body is larger than {0} bytes")]
+    BodyTooLarge(usize),
+    #[error("missing or invalid bearer token")]
+    Unauthorized,
+    #[error("this token may not access this resource")]
+    Forbidden,
+    #[error("agent not found")]
+    AgentNotFound,
+    #[error("action not found")]
+    ActionNotFound,
+    #[error("no such route: {0}")]
+    UnknownRoute(String),
+    #[error("agent already exists")]
+    AgentExists,
+    #[error("agent log failed verification: {0}")]
+    Quarantined(String),
+    #[error("no leader is available right now; retry")]
+    NoLeader,
+    #[error("{0}")]
+    Unavailable(String),
+    #[error(transparent)]
+    Guard(#[from] GuardError),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ApiError::MalformedJson(_) => (StatusCode::BAD_REQUEST, "malformed_json"),
+            ApiError::InvalidBody(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"),
+            ApiError::UnsupportedMediaType => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
+            ApiError::BodyTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::AgentNotFound | ApiError::ActionNotFound => {
+                (StatusCode::NOT_FOUND, "not_found")
+            }
+            ApiError::UnknownRoute(_) => (StatusCode::NOT_FOUND, "unknown_route"),
+            ApiError::AgentExists => (StatusCode::CONFLICT, "agent_exists"),
+            ApiError::Quarantined(_) => (StatusCode::SERVICE_UNAVAILABLE, "quarantined"),
+            ApiError::NoLeader => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::Guard(e) => match e {
+                GuardError::UnknownAction(_) => (StatusCode::NOT_FOUND, "unknown_action"),
+                GuardError::ActionNotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+                GuardError::InvalidState { .. } => (StatusCode::CONFLICT, "invalid_state"),
+                GuardError::AlreadyTerminated(_) => (StatusCode::CONFLICT, "already_terminated"),
+                GuardError::AgentExists => (StatusCode::CONFLICT, "agent_exists"),
+                GuardError::InputTooDeep { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
+                GuardError::NoPolicy => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            },
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        if status.is_server_error() {
+            tracing::warn!(code, error = %self, "request failed");
+        }
+        (
+            status,
+            axum::Json(json!({"code": code, "error": self.to_string()})),
+        )
+            .into_response()
+    }
+}

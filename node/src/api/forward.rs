@@ -1,0 +1,93 @@
+//! Any node accepts any request: before a `/v1` handler runs, this layer makes sure
+//! this node is the confirmed leader, or relays the request to the leader unchanged.
+
+use std::sync::Arc;
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::body::MAX_BODY_BYTES;
+use super::error::ApiError;
+use crate::app::{App, Lead};
+
+/// Marks a request one node already forwarded, so it is never forwarded twice.
+const FORWARDED_HEADER: &str = "x-lineage-forwarded";
+/// Request headers the leader needs to see.
+const FORWARDED_REQUEST_HEADERS: [&str; 3] = ["authorization", "content-type", "idempotency-key"];
+
+/// Serves here when this node leads, otherwise forwards to the leader.
+pub async fn route_to_leader(
+    State(app): State<Arc<App>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if serves_locally(&request) {
+        return next.run(request).await;
+    }
+    match app.lead().await {
+        Ok(Lead::Here) => next.run(request).await,
+        Ok(Lead::Forward(addr)) => {
+            if request.headers().contains_key(FORWARDED_HEADER) {
+                return ApiError::NoLeader.into_response();
+            }
+            forward(&app, &addr, request)
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Public, node-local answers: the public key and `?local=true` reads of a node's own copy.
+fn serves_locally(request: &Request) -> bool {
+    let path = request.uri().path();
+    path == "/v1/public-key"
+        || request
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|pair| pair == "local=true"))
+}
+
+async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, ApiError> {
+    let (parts, body) = request.into_parts();
+    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let url = format!("http://{addr}{path_and_query}");
+    let bytes = to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| ApiError::BodyTooLarge(MAX_BODY_BYTES))?;
+    let mut outgoing = app
+        .http
+        .request(parts.method.clone(), url)
+        .header(FORWARDED_HEADER, "1")
+        .body(bytes);
+    for name in FORWARDED_REQUEST_HEADERS {
+        if let Some(value) = parts.headers.get(name) {
+            outgoing = outgoing.header(name, value.clone());
+        }
+    }
+    let reply = outgoing
+        .send()
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("cannot reach the leader at {addr}: {e}")))?;
+    let status = StatusCode::from_u16(reply.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let content_type = reply.headers().get("content-type").cloned();
+    let body = reply
+        .bytes()
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("the leader's answer was cut off: {e}")))?;
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    if let Some(value) = content_type {
+        response
+            .headers_mut()
+            .insert(HeaderName::from_static("content-type"), value);
+    }
+    response.headers_mut().insert(
+        HeaderName::from_static("x-lineage-served-by"),
+        HeaderValue::from_str(addr).unwrap_or(HeaderValue::from_static("leader")),
+    );
+    Ok(response)
+}

@@ -1,0 +1,178 @@
+//! Shared node state and the leader's decision path.
+//!
+//! Per agent, decisions are serialised by an async mutex: decide on the applied state,
+//! seal, propose through Raft, wait until the entry is applied on this node, answer.
+//! Different agents proceed in parallel and openraft batches their entries.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::http::StatusCode;
+use lineage_core::guard::{decide, seal, AgentState, Command, Status};
+use lineage_core::record::timestamp;
+use lineage_core::AuditKey;
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use serde_json::Value;
+
+use crate::api::error::ApiError;
+use crate::raft_types::{AppendRecords, ApplyOutcome, IdempotentAnswer, NodeId, Raft};
+use crate::store::{AgentSlot, StateMachine};
+
+/// Secrets every node of a cluster shares.
+pub struct ClusterKeys {
+    pub audit: AuditKey,
+    pub token_key: [u8; 32],
+    pub admin_token: String,
+    pub cluster_secret: String,
+}
+
+pub struct App {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub sm: StateMachine,
+    pub keys: ClusterKeys,
+    /// One HTTP client for forwarding (and Raft), reused for its connection pool.
+    pub http: reqwest::Client,
+    agent_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// Who serves a request: this node (it is the confirmed leader, caught up) or the
+/// leader at `addr`.
+pub enum Lead {
+    Here,
+    Forward(String),
+}
+
+/// What the leader answers after a write.
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+impl App {
+    pub fn new(
+        id: NodeId,
+        raft: Raft,
+        sm: StateMachine,
+        keys: ClusterKeys,
+        http: reqwest::Client,
+    ) -> Self {
+        App {
+            id,
+            raft,
+            sm,
+            keys,
+            http,
+            agent_locks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Confirms leadership with a quorum and waits until everything committed is applied
+    /// here; otherwise says where the leader is.
+    pub async fn lead(&self) -> Result<Lead, ApiError> {
+        match self.raft.ensure_linearizable().await {
+            Ok(_) => Ok(Lead::Here),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => match f.leader_node
+            {
+                Some(node) if f.leader_id != Some(self.id) => Ok(Lead::Forward(node.addr)),
+                _ => Err(ApiError::NoLeader),
+            },
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
+                Err(ApiError::NoLeader)
+            }
+            Err(e) => Err(ApiError::Unavailable(e.to_string())),
+        }
+    }
+
+    fn agent_lock(&self, agent_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.agent_locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(agent_id.to_string()).or_default().clone()
+    }
+
+    /// Runs `f` on the agent's applied state, or says why it cannot be served here.
+    pub fn with_agent<T>(
+        &self,
+        agent_id: &str,
+        f: impl FnOnce(&AgentState) -> T,
+    ) -> Result<T, ApiError> {
+        let data = self.sm.read_data();
+        match data.agents.get(agent_id) {
+            None => Err(ApiError::AgentNotFound),
+            Some(AgentSlot::Quarantined(reason)) => Err(ApiError::Quarantined(reason.clone())),
+            Some(AgentSlot::Active(state)) => Ok(f(state)),
+        }
+    }
+
+    /// The leader's write path for one command. `respond` turns the decision and the
+    /// agent's status after the write into the HTTP answer.
+    pub async fn execute(
+        &self,
+        agent_id: &str,
+        command: Command,
+        idempotency_key: Option<String>,
+        respond: impl FnOnce(Option<lineage_core::Decision>, Status) -> Answer,
+    ) -> Result<Answer, ApiError> {
+        let lock = self.agent_lock(agent_id);
+        let _serialised = lock.lock().await;
+        if let Some(key) = &idempotency_key {
+            if let Some(answer) = self.sm.idempotent_answer(agent_id, key) {
+                let body = serde_json::from_str(&answer.body)
+                    .map_err(|e| ApiError::Internal(e.to_string()))?;
+                let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK);
+                return Ok(Answer { status, body });
+            }
+        }
+        let now = timestamp::now_micros();
+        let (records, answer) = {
+            let data = self.sm.read_data();
+            let empty = AgentState::new();
+            let state: &AgentState = match (data.agents.get(agent_id), &command) {
+                (Some(AgentSlot::Quarantined(reason)), _) => {
+                    return Err(ApiError::Quarantined(reason.clone()))
+                }
+                (Some(AgentSlot::Active(_)), Command::Create { .. }) => {
+                    return Err(ApiError::AgentExists)
+                }
+                (Some(AgentSlot::Active(state)), _) => state,
+                (None, Command::Create { .. }) => &empty,
+                (None, _) => return Err(ApiError::AgentNotFound),
+            };
+            let decided = decide(state, &command, now, self.keys.audit.public_key_hex())?;
+            let records = seal(state, decided.drafts, &self.keys.audit, now);
+            // The status after these records, for the answer (and its idempotent copy).
+            let mut after = state.clone();
+            for record in &records {
+                after.apply(record).map_err(|e| {
+                    ApiError::Internal(format!("guard refused its own record: {e}"))
+                })?;
+            }
+            (records, respond(decided.decision, after.status()))
+        };
+        let idempotency = match idempotency_key {
+            Some(key) => Some(IdempotentAnswer {
+                key,
+                status: answer.status.as_u16(),
+                body: serde_json::to_string(&answer.body)
+                    .map_err(|e| ApiError::Internal(e.to_string()))?,
+            }),
+            None => None,
+        };
+        let entry = AppendRecords {
+            agent_id: agent_id.to_string(),
+            records,
+            idempotency,
+        };
+        match self.raft.client_write(entry).await {
+            Ok(response) => match response.data {
+                ApplyOutcome::Applied => Ok(answer),
+                ApplyOutcome::Rejected(reason) => Err(ApiError::Unavailable(format!(
+                    "the write was not applied ({reason}); retry"
+                ))),
+            },
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(ApiError::Unavailable(
+                "leadership changed before the write committed; retry with the same Idempotency-Key".into(),
+            )),
+            Err(e) => Err(ApiError::Unavailable(e.to_string())),
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! The cluster's shared secrets, as files in one directory (mode 0600):
+//! `audit.key` (Ed25519 seed), `token.key` (agent-token HMAC key), `admin.token`,
+//! `cluster.secret` (node-to-node Raft traffic). Same names and format as the reference.
+
+use std::path::Path;
+
+use lineage_core::keys::{create_secret_file, read_secret_file, KeyError};
+use lineage_core::AuditKey;
+
+use crate::app::ClusterKeys;
+
+pub const AUDIT_KEY: &str = "audit.key";
+pub const TOKEN_KEY: &str = "token.key";
+pub const ADMIN_TOKEN: &str = "admin.token";
+pub const CLUSTER_SECRET: &str = "cluster.secret";
+/// The admin token must be at least this long.
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 32;
+
+/// Creates every key file that does not exist yet (never overwrites). With
+/// `admin_from_env`, no admin.token file is made. Returns the names it created.
+pub fn create_missing(dir: &Path, admin_from_env: bool) -> Result<Vec<&'static str>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let mut created = Vec::new();
+    for name in [ADMIN_TOKEN, AUDIT_KEY, TOKEN_KEY, CLUSTER_SECRET] {
+        if name == ADMIN_TOKEN && admin_from_env {
+            continue;
+        }
+        match create_secret_file(&dir.join(name)) {
+            Ok(_) => created.push(name),
+            Err(KeyError::Exists { .. }) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(created)
+}
+
+/// `lineage-node keygen DIR`: creates all four files, refusing if any exists.
+pub fn keygen(dir: &Path) -> Result<(), String> {
+    for name in [ADMIN_TOKEN, AUDIT_KEY, TOKEN_KEY, CLUSTER_SECRET] {
+        if dir.join(name).exists() {
+            return Err(format!(
+                "{}: refusing to overwrite an existing key file",
+                dir.join(name).display()
+            ));
+        }
+    }
+    create_missing(dir, false).map(drop)
+}
+
+/// Loads the keys; `admin_token` (from the environment) overrides admin.token.
+pub fn load(dir: &Path, admin_token: Option<String>) -> Result<ClusterKeys, String> {
+    let missing = |name: &str| {
+        format!(
+            "{}: missing (create the keys with `lineage-node keygen {}`)",
+            dir.join(name).display(),
+            dir.display()
+        )
+    };
+    let read_text = |name: &str| -> Result<String, String> {
+        std::fs::read_to_string(dir.join(name))
+            .map(|t| t.trim().to_string())
+            .map_err(|_| missing(name))
+    };
+    let admin_token = match admin_token {
+        Some(token) => token.trim().to_string(),
+        None => read_text(ADMIN_TOKEN)?,
+    };
+    if admin_token.len() < MIN_ADMIN_TOKEN_CHARS {
+        return Err(format!(
+            "the admin token must be at least {MIN_ADMIN_TOKEN_CHARS} characters"
+        ));
+    }
+    let audit = AuditKey::load(dir.join(AUDIT_KEY)).map_err(|e| e.to_string())?;
+    let token_key = read_secret_file(&dir.join(TOKEN_KEY)).map_err(|e| e.to_string())?;
+    let cluster_secret = read_text(CLUSTER_SECRET)?;
+    Ok(ClusterKeys {
+        audit,
+        token_key,
+        admin_token,
+        cluster_secret,
+    })
+}

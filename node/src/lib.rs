@@ -1,0 +1,131 @@
+//! `lineage_node`: a Lineage Cluster guard node. [`start`] wires it top to bottom:
+//! config → keys → storage → network → raft → app → routes.
+
+// openraft's error types (StorageError, RaftError) are large by design and appear in
+// every storage signature; boxing them would fight the trait definitions.
+#![allow(clippy::result_large_err)]
+
+pub mod api;
+pub mod app;
+pub mod keys;
+pub mod network;
+pub mod raft_types;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use app::App;
+use raft_types::NodeId;
+
+/// How long a node waits for a peer's Raft RPC before it counts as failed.
+const RAFT_CONNECT_TIMEOUT_MS: u64 = 500;
+const HEARTBEAT_INTERVAL_MS: u64 = 100;
+/// Each node draws its election timeout from its own window, staggered by id, so two
+/// survivors cannot keep splitting the vote (openraft 0.9 draws the timeout once per
+/// process).
+const ELECTION_TIMEOUT_BASE_MS: u64 = 400;
+const ELECTION_TIMEOUT_STAGGER_MS: u64 = 150;
+
+pub struct NodeConfig {
+    pub id: NodeId,
+    pub listen: SocketAddr,
+    /// The `host:port` peers use to reach this node.
+    pub advertise: String,
+    pub data_dir: PathBuf,
+    pub keys_dir: PathBuf,
+    /// Every voter of a new cluster, `(id, host:port)`; the lowest id bootstraps it.
+    pub peers: Vec<(NodeId, String)>,
+    /// Overrides `keys/admin.token` (the reference's `GUARD_ADMIN_TOKEN`).
+    pub admin_token: Option<String>,
+}
+
+fn raft_config(id: NodeId) -> Result<openraft::Config, String> {
+    let min = ELECTION_TIMEOUT_BASE_MS + (id % 5) * ELECTION_TIMEOUT_STAGGER_MS;
+    openraft::Config {
+        cluster_name: "lineage".into(),
+        heartbeat_interval: HEARTBEAT_INTERVAL_MS,
+        election_timeout_min: min,
+        election_timeout_max: min + ELECTION_TIMEOUT_STAGGER_MS,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(10_000),
+        max_in_snapshot_log_to_keep: 1_000,
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| format!("raft config: {e}"))
+}
+
+/// Starts a node and serves until SIGINT or SIGTERM.
+pub async fn run(config: NodeConfig) -> Result<(), String> {
+    let keys = keys::load(&config.keys_dir, config.admin_token.clone())?;
+    let (log_store, state_machine) = store::open(&config.data_dir)?;
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(RAFT_CONNECT_TIMEOUT_MS))
+        .build()
+        .map_err(|e| format!("http client: {e}"))?;
+    let network = network::raft_client::RaftHttp {
+        client: http.clone(),
+        secret: keys.cluster_secret.clone(),
+    };
+    let raft = openraft::Raft::new(
+        config.id,
+        Arc::new(raft_config(config.id)?),
+        network,
+        log_store,
+        state_machine.clone(),
+    )
+    .await
+    .map_err(|e| format!("raft: {e}"))?;
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot listen on {}: {e} (is another lineage-node running?)",
+                config.listen
+            )
+        })?;
+
+    let lowest_peer = config.peers.iter().map(|(id, _)| *id).min();
+    if lowest_peer == Some(config.id) {
+        let members = network::management::initial_members(&config.peers);
+        // Refused (harmlessly) when this node's log already holds a membership.
+        if let Err(e) = raft.initialize(members).await {
+            tracing::debug!(error = %e, "cluster already initialised");
+        }
+    }
+
+    let app = Arc::new(App::new(config.id, raft.clone(), state_machine, keys, http));
+    let router = api::router(app);
+    tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "lineage-node serving");
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|e| format!("server: {e}"))?;
+    let _ = raft.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,212 @@
+//! `lineage-node`: run a guard node, a local three-node cluster, or create keys.
+//! With no subcommand it is a drop-in for the reference guard server: it reads
+//! `GUARD_DATA_DIR`, `GUARD_BIND` and `GUARD_ADMIN_TOKEN` and runs a one-node cluster.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use lineage_node::raft_types::NodeId;
+use lineage_node::{keys, NodeConfig};
+
+#[derive(Parser)]
+#[command(name = "lineage-node", version, about = "A Lineage Cluster guard node")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one node of a cluster
+    Run {
+        /// This node's id (unique in the cluster)
+        #[arg(long, env = "LINEAGE_NODE_ID")]
+        id: NodeId,
+        /// Address to listen on
+        #[arg(long, env = "LINEAGE_LISTEN", default_value = "127.0.0.1:9200")]
+        listen: SocketAddr,
+        /// host:port other nodes use to reach this one (default: --listen)
+        #[arg(long, env = "LINEAGE_ADVERTISE")]
+        advertise: Option<String>,
+        /// Where this node keeps its Raft log and records
+        #[arg(long, env = "LINEAGE_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Directory with audit.key, token.key, admin.token, cluster.secret
+        #[arg(long, env = "LINEAGE_KEYS_DIR")]
+        keys_dir: PathBuf,
+        /// Voters of a new cluster, as id=host:port,id=host:port (the lowest id bootstraps)
+        #[arg(long, env = "LINEAGE_PEERS", value_delimiter = ',')]
+        peers: Vec<String>,
+    },
+    /// Run a local cluster on 127.0.0.1 (ports P, P+1, …) until Ctrl-C
+    Dev {
+        #[arg(long, default_value_t = 3)]
+        nodes: u64,
+        #[arg(long, default_value_t = 9200)]
+        base_port: u16,
+        #[arg(long, default_value = "./lineage-data")]
+        data_dir: PathBuf,
+    },
+    /// Create audit.key, token.key, admin.token and cluster.secret in DIR (0600)
+    Keygen { dir: PathBuf },
+}
+
+fn parse_peers(peers: &[String]) -> Result<Vec<(NodeId, String)>, String> {
+    peers
+        .iter()
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let (id, addr) = p
+                .split_once('=')
+                .ok_or_else(|| format!("peer {p:?} must be id=host:port"))?;
+            let id = id
+                .trim()
+                .parse()
+                .map_err(|_| format!("peer id {id:?} is not a number"))?;
+            Ok((id, addr.trim().to_string()))
+        })
+        .collect()
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LINEAGE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let result = match cli.command {
+        Some(Command::Keygen { dir }) => keys::keygen(&dir).map(|()| {
+            println!("keys written to {} (mode 0600)", dir.display());
+        }),
+        Some(Command::Run {
+            id,
+            listen,
+            advertise,
+            data_dir,
+            keys_dir,
+            peers,
+        }) => parse_peers(&peers).and_then(|peers| {
+            serve(NodeConfig {
+                id,
+                listen,
+                advertise: advertise.unwrap_or_else(|| listen.to_string()),
+                data_dir,
+                keys_dir,
+                peers,
+                admin_token: None,
+            })
+        }),
+        Some(Command::Dev {
+            nodes,
+            base_port,
+            data_dir,
+        }) => dev(nodes, base_port, &data_dir),
+        None => reference_mode(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lineage-node: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(config: NodeConfig) -> Result<(), String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("runtime: {e}"))?
+        .block_on(lineage_node::run(config))
+}
+
+/// The reference guard server's environment and key layout, as a one-node cluster.
+fn reference_mode() -> Result<(), String> {
+    let data_dir =
+        PathBuf::from(std::env::var("GUARD_DATA_DIR").unwrap_or_else(|_| "guard-data".into()));
+    let bind = std::env::var("GUARD_BIND").unwrap_or_else(|_| "127.0.0.1:9200".into());
+    let listen: SocketAddr = bind
+        .parse()
+        .map_err(|e| format!("GUARD_BIND {bind:?} is not an address: {e}"))?;
+    let admin_token = match std::env::var("GUARD_ADMIN_TOKEN") {
+        Ok(token) => Some(token),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(e) => return Err(format!("GUARD_ADMIN_TOKEN: {e}")),
+    };
+    let keys_dir = data_dir.join("keys");
+    keys::create_missing(&keys_dir, admin_token.is_some())?;
+    println!("lineage-node listening on http://{listen}");
+    println!("  data dir    {}", data_dir.display());
+    if admin_token.is_none() {
+        println!(
+            "  admin token from {}",
+            keys_dir.join(keys::ADMIN_TOKEN).display()
+        );
+    }
+    serve(NodeConfig {
+        id: 1,
+        listen,
+        advertise: listen.to_string(),
+        data_dir: data_dir.join("node"),
+        keys_dir,
+        peers: vec![(1, listen.to_string())],
+        admin_token,
+    })
+}
+
+/// Starts `nodes` child processes on consecutive ports and stops them on Ctrl-C.
+fn dev(nodes: u64, base_port: u16, data_dir: &Path) -> Result<(), String> {
+    if nodes == 0 || nodes > 9 {
+        return Err("--nodes must be between 1 and 9".into());
+    }
+    let keys_dir = data_dir.join("keys");
+    keys::create_missing(&keys_dir, false)?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
+    let addr = |i: u64| format!("127.0.0.1:{}", base_port as u64 + i - 1);
+    let peers: Vec<String> = (1..=nodes).map(|i| format!("{i}={}", addr(i))).collect();
+    let mut children = Vec::new();
+    for i in 1..=nodes {
+        let child = std::process::Command::new(&exe)
+            .args(["run", "--id", &i.to_string(), "--listen", &addr(i)])
+            .arg("--data-dir")
+            .arg(data_dir.join(format!("node-{i}")))
+            .arg("--keys-dir")
+            .arg(&keys_dir)
+            .arg("--peers")
+            .arg(peers.join(","))
+            .spawn()
+            .map_err(|e| format!("cannot start node {i}: {e}"))?;
+        children.push(child);
+    }
+    println!("Lineage Cluster: {nodes} nodes");
+    for i in 1..=nodes {
+        println!("  node {i}  http://{}", addr(i));
+    }
+    let token_path = keys_dir.join(keys::ADMIN_TOKEN);
+    println!("  admin token  {}", token_path.display());
+    println!(
+        "\nTry:\n  curl -s -H \"Authorization: Bearer $(cat {})\" http://{}/v1/cluster\n\nCtrl-C stops every node.",
+        token_path.display(),
+        addr(1)
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("runtime: {e}"))?;
+    runtime.block_on(async {
+        let _ = tokio::signal::ctrl_c().await;
+    });
+    for mut child in children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! Cluster management for operators (admin token), and health for load balancers.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use openraft::{BasicNode, ChangeMembers, ServerState};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::api::auth::require_admin;
+use crate::api::body::JsonBody;
+use crate::api::error::ApiError;
+use crate::app::App;
+use crate::raft_types::NodeId;
+
+pub fn health_routes() -> Router<Arc<App>> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+}
+
+/// Under `/v1`, so they are routed to the leader like every other operator call.
+pub fn cluster_routes() -> Router<Arc<App>> {
+    Router::new()
+        .route("/v1/cluster", get(cluster))
+        .route("/v1/cluster/nodes", post(add_node))
+        .route("/v1/cluster/nodes/remove", post(remove_node))
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"ok": true}))
+}
+
+/// Ready when a leader is known and this node has applied what it knows is committed.
+async fn readyz(State(app): State<Arc<App>>) -> Response {
+    let metrics = app.raft.metrics().borrow().clone();
+    let applied = metrics.last_applied.map_or(0, |l| l.index);
+    let logged = metrics.last_log_index.unwrap_or(0);
+    let ready = metrics.current_leader.is_some() && applied >= logged;
+    let body = json!({"ready": ready, "leader": metrics.current_leader, "applied_index": applied});
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+/// `GET /v1/cluster`: leader, term, indexes, and every node with its role and lag.
+async fn cluster(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_admin(&headers, &app.keys)?;
+    let metrics = app.raft.metrics().borrow().clone();
+    let membership = metrics.membership_config.membership();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let last_index = metrics.last_log_index.unwrap_or(0);
+    let replication = metrics.replication.clone().unwrap_or_default();
+    let nodes: Vec<_> = membership
+        .nodes()
+        .map(|(id, node)| {
+            let role = if Some(*id) == metrics.current_leader {
+                "leader"
+            } else if voters.contains(id) {
+                "follower"
+            } else {
+                "learner"
+            };
+            let matched = if *id == app.id && metrics.state == ServerState::Leader {
+                Some(last_index)
+            } else {
+                replication.get(id).and_then(|m| m.map(|l| l.index))
+            };
+            json!({
+                "id": id,
+                "addr": node.addr,
+                "role": role,
+                "matched_index": matched,
+                "lag": matched.map(|m| last_index.saturating_sub(m)),
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "node_id": app.id,
+        "leader": metrics.current_leader,
+        "term": metrics.current_term,
+        "commit_index": metrics.last_log_index,
+        "applied_index": metrics.last_applied.map(|l| l.index),
+        "nodes": nodes,
+    })))
+}
+
+#[derive(Deserialize)]
+struct AddNode {
+    id: NodeId,
+    addr: String,
+    /// Join as a learner only (default: promote to voter once caught up).
+    #[serde(default)]
+    learner_only: bool,
+}
+
+#[derive(Deserialize)]
+struct RemoveNode {
+    id: NodeId,
+}
+
+/// Adds a node as a learner (waiting until it has caught up), then makes it a voter.
+async fn add_node(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<AddNode>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_admin(&headers, &app.keys)?;
+    app.raft
+        .add_learner(body.id, BasicNode { addr: body.addr }, true)
+        .await
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    if !body.learner_only {
+        app.raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([body.id])), false)
+            .await
+            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    }
+    Ok(Json(json!({"ok": true})))
+}
+
+/// Removes a node from the voters and from the cluster.
+async fn remove_node(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<RemoveNode>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_admin(&headers, &app.keys)?;
+    app.raft
+        .change_membership(
+            ChangeMembers::RemoveVoters(BTreeSet::from([body.id])),
+            false,
+        )
+        .await
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    app.raft
+        .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([body.id])), false)
+        .await
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    Ok(Json(json!({"ok": true})))
+}
+
+/// The initial membership, from `id=addr` peers.
+pub fn initial_members(peers: &[(NodeId, String)]) -> BTreeMap<NodeId, BasicNode> {
+    peers
+        .iter()
+        .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+        .collect()
+}

@@ -1,0 +1,47 @@
+//! The Raft type configuration: one kind of application entry, "append these signed
+//! records to this agent's log".
+
+use std::io::Cursor;
+
+use lineage_core::Record;
+use serde::{Deserialize, Serialize};
+
+pub type NodeId = u64;
+
+/// A replicated write: records that extend one agent's log, and optionally the answer to
+/// remember under an idempotency key so a retry returns it without appending again.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AppendRecords {
+    pub agent_id: String,
+    pub records: Vec<Record>,
+    pub idempotency: Option<IdempotentAnswer>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IdempotentAnswer {
+    pub key: String,
+    /// The HTTP status and JSON body first returned.
+    pub status: u16,
+    pub body: String,
+}
+
+/// The result of applying one entry. Apply is deterministic: every node reports the same.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ApplyOutcome {
+    Applied,
+    /// The records did not extend the agent's head (a stale leader decided them); nothing
+    /// changed.
+    Rejected(String),
+}
+
+openraft::declare_raft_types!(
+    pub TypeConfig:
+        D = AppendRecords,
+        R = ApplyOutcome,
+        NodeId = NodeId,
+        Node = openraft::BasicNode,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type StorageError = openraft::StorageError<NodeId>;

@@ -1,0 +1,465 @@
+//! The replicated state machine: every agent's records on redb, and each agent's guard
+//! state (the fold of its records) in memory.
+//!
+//! Apply checks that each entry's records extend the agent's head — consecutive seq,
+//! `prev_hash` equal to the head's hash, recomputed hash equal to the stored one, actor
+//! equal to the agent — and that the guard fold accepts them. An entry that fails changes
+//! nothing and fails the same way on every node (apply is deterministic). Records,
+//! idempotency answers and the last applied log id are written in one redb transaction
+//! per applied batch.
+
+use std::collections::BTreeMap;
+use std::io::Cursor;
+use std::sync::{Arc, RwLock};
+
+use lineage_core::guard::AgentState;
+use lineage_core::record::{Record, ZERO_HASH};
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    BasicNode, Entry, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta, StorageIOError,
+    StoredMembership,
+};
+use redb::{Database, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use crate::raft_types::{
+    AppendRecords, ApplyOutcome, IdempotentAnswer, NodeId, StorageError, TypeConfig,
+};
+
+/// (agent_id, seq) → the record's line.
+const RECORDS: TableDefinition<(&str, u64), &str> = TableDefinition::new("records");
+/// "agent_id\n key" → JSON IdempotentAnswer.
+const IDEMPOTENCY: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
+const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
+const APPLIED_KEY: &str = "last_applied";
+const MEMBERSHIP_KEY: &str = "membership";
+
+/// What the node knows about each agent.
+#[derive(Clone, Debug)]
+pub enum AgentSlot {
+    Active(Box<AgentState>),
+    /// This node's copy failed to load; it serves nothing for the agent.
+    Quarantined(String),
+}
+
+#[derive(Debug, Default)]
+pub struct SmData {
+    pub last_applied: Option<LogId<NodeId>>,
+    pub membership: StoredMembership<NodeId, BasicNode>,
+    pub agents: BTreeMap<String, AgentSlot>,
+}
+
+/// The whole state machine as a snapshot carries it.
+#[derive(Serialize, Deserialize)]
+struct SnapshotBody {
+    records: BTreeMap<String, Vec<String>>,
+    idempotency: Vec<(String, IdempotentAnswer)>,
+}
+
+/// The last snapshot built or installed, served to followers that need one.
+type StoredSnapshot = (SnapshotMeta<NodeId, BasicNode>, Vec<u8>);
+
+#[derive(Clone)]
+pub struct StateMachine {
+    db: Arc<Database>,
+    pub data: Arc<RwLock<SmData>>,
+    current_snapshot: Arc<RwLock<Option<StoredSnapshot>>>,
+}
+
+fn sm_read_err(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
+    StorageIOError::read_state_machine(openraft::AnyError::new(&e)).into()
+}
+
+fn sm_write_err(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
+    StorageIOError::write_state_machine(openraft::AnyError::new(&e)).into()
+}
+
+fn idempotency_key(agent_id: &str, key: &str) -> String {
+    format!("{agent_id}\n{key}")
+}
+
+/// Checks that `records` extend `state`'s head (seq, prev_hash, recomputed hash, actor)
+/// without changing anything.
+pub fn check_extends(state: &AgentState, agent_id: &str, records: &[Record]) -> Result<(), String> {
+    if records.is_empty() {
+        return Err("no records".into());
+    }
+    let mut prev = state.head.as_ref().map_or(ZERO_HASH, |h| h.hash.as_str());
+    for (expected_seq, record) in (state.next_seq()..).zip(records) {
+        if record.seq != expected_seq {
+            return Err(format!(
+                "record seq {} does not extend head (expected {expected_seq})",
+                record.seq
+            ));
+        }
+        if record.prev_hash != prev {
+            return Err(format!(
+                "record seq {}: prev_hash does not match head",
+                record.seq
+            ));
+        }
+        if hex::encode(record.recompute_hash()) != record.hash {
+            return Err(format!(
+                "record seq {}: hash does not match content",
+                record.seq
+            ));
+        }
+        if record.actor != agent_id {
+            return Err(format!("record seq {}: actor is not the agent", record.seq));
+        }
+        prev = &record.hash;
+    }
+    Ok(())
+}
+
+/// Checks and folds `records` into `slot`. A chain mismatch rejects the entry and
+/// changes nothing; a record the guard fold refuses after the chain checked out means
+/// the leader wrote something no guard decides, so the agent is quarantined (on every
+/// node alike) rather than left half-applied.
+fn fold_into(slot: &mut AgentSlot, agent_id: &str, records: &[Record]) -> ApplyOutcome {
+    let state = match slot {
+        AgentSlot::Quarantined(reason) => {
+            return ApplyOutcome::Rejected(format!("agent is quarantined: {reason}"))
+        }
+        AgentSlot::Active(state) => state,
+    };
+    if let Err(reason) = check_extends(state, agent_id, records) {
+        return ApplyOutcome::Rejected(reason);
+    }
+    for record in records {
+        if let Err(e) = state.apply(record) {
+            let reason = format!("seq {}: {e}", record.seq);
+            *slot = AgentSlot::Quarantined(reason.clone());
+            return ApplyOutcome::Rejected(reason);
+        }
+    }
+    ApplyOutcome::Applied
+}
+
+impl StateMachine {
+    /// Opens the tables and rebuilds every agent's state by replaying its records.
+    pub fn open(db: Arc<Database>) -> Result<Self, StorageError> {
+        {
+            let txn = db.begin_write().map_err(sm_write_err)?;
+            txn.open_table(RECORDS).map_err(sm_write_err)?;
+            txn.open_table(IDEMPOTENCY).map_err(sm_write_err)?;
+            txn.open_table(SM_META).map_err(sm_write_err)?;
+            txn.commit().map_err(sm_write_err)?;
+        }
+        let sm = StateMachine {
+            db,
+            data: Arc::new(RwLock::new(SmData::default())),
+            current_snapshot: Arc::new(RwLock::new(None)),
+        };
+        let loaded = sm.load_from_disk()?;
+        *sm.write_data() = loaded;
+        Ok(sm)
+    }
+
+    fn write_data(&self) -> std::sync::RwLockWriteGuard<'_, SmData> {
+        // A panic while holding the lock is a bug we cannot recover from consistently;
+        // the data itself is rebuilt from disk on restart.
+        self.data.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn read_data(&self) -> std::sync::RwLockReadGuard<'_, SmData> {
+        self.data.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn load_from_disk(&self) -> Result<SmData, StorageError> {
+        let txn = self.db.begin_read().map_err(sm_read_err)?;
+        let meta = txn.open_table(SM_META).map_err(sm_read_err)?;
+        let mut data = SmData::default();
+        if let Some(v) = meta.get(APPLIED_KEY).map_err(sm_read_err)? {
+            data.last_applied = serde_json::from_slice(v.value()).map_err(sm_read_err)?;
+        }
+        if let Some(v) = meta.get(MEMBERSHIP_KEY).map_err(sm_read_err)? {
+            data.membership = serde_json::from_slice(v.value()).map_err(sm_read_err)?;
+        }
+        let records = txn.open_table(RECORDS).map_err(sm_read_err)?;
+        for item in records.iter().map_err(sm_read_err)? {
+            let (key, line) = item.map_err(sm_read_err)?;
+            let (agent_id, _seq) = key.value();
+            let slot = data
+                .agents
+                .entry(agent_id.to_string())
+                .or_insert_with(|| AgentSlot::Active(Box::default()));
+            match Record::from_line(line.value()) {
+                Ok(record) => {
+                    if let ApplyOutcome::Rejected(reason) =
+                        fold_into(slot, agent_id, std::slice::from_ref(&record))
+                    {
+                        if !matches!(slot, AgentSlot::Quarantined(_)) {
+                            *slot = AgentSlot::Quarantined(reason);
+                        }
+                    }
+                }
+                Err(e) => {
+                    if !matches!(slot, AgentSlot::Quarantined(_)) {
+                        *slot = AgentSlot::Quarantined(format!("malformed stored record: {e}"));
+                    }
+                }
+            }
+        }
+        Ok(data)
+    }
+
+    /// An agent's records with seq in `from..` (at most `limit`), read from this node's copy.
+    pub fn records(&self, agent_id: &str, from: u64, limit: usize) -> Result<Vec<Record>, String> {
+        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+        let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        for item in table
+            .range((agent_id, from)..=(agent_id, u64::MAX))
+            .map_err(|e| e.to_string())?
+            .take(limit)
+        {
+            let (_, line) = item.map_err(|e| e.to_string())?;
+            out.push(Record::from_line(line.value()).map_err(|e| e.to_string())?);
+        }
+        Ok(out)
+    }
+
+    /// The answer stored under an idempotency key, if any.
+    pub fn idempotent_answer(&self, agent_id: &str, key: &str) -> Option<IdempotentAnswer> {
+        let txn = self.db.begin_read().ok()?;
+        let table = txn.open_table(IDEMPOTENCY).ok()?;
+        let value = table.get(idempotency_key(agent_id, key).as_str()).ok()??;
+        serde_json::from_slice(value.value()).ok()
+    }
+
+    fn apply_batch(
+        &self,
+        entries: Vec<Entry<TypeConfig>>,
+    ) -> Result<Vec<ApplyOutcome>, StorageError> {
+        let mut data = self.write_data();
+        let result = self.apply_batch_locked(&mut data, entries);
+        if result.is_err() {
+            // The transaction did not commit: rebuild memory from what is on disk.
+            if let Ok(reloaded) = self.load_from_disk() {
+                *data = reloaded;
+            }
+        }
+        result
+    }
+
+    fn apply_batch_locked(
+        &self,
+        data: &mut SmData,
+        entries: Vec<Entry<TypeConfig>>,
+    ) -> Result<Vec<ApplyOutcome>, StorageError> {
+        let txn = self.db.begin_write().map_err(sm_write_err)?;
+        let mut outcomes = Vec::with_capacity(entries.len());
+        {
+            let mut records_table = txn.open_table(RECORDS).map_err(sm_write_err)?;
+            let mut idem_table = txn.open_table(IDEMPOTENCY).map_err(sm_write_err)?;
+            for entry in entries {
+                data.last_applied = Some(entry.log_id);
+                let append = match entry.payload {
+                    EntryPayload::Blank => {
+                        outcomes.push(ApplyOutcome::Applied);
+                        continue;
+                    }
+                    EntryPayload::Membership(m) => {
+                        data.membership = StoredMembership::new(Some(entry.log_id), m);
+                        outcomes.push(ApplyOutcome::Applied);
+                        continue;
+                    }
+                    EntryPayload::Normal(append) => append,
+                };
+                let slot = data
+                    .agents
+                    .entry(append.agent_id.clone())
+                    .or_insert_with(|| AgentSlot::Active(Box::default()));
+                let outcome = fold_into(slot, &append.agent_id, &append.records);
+                if outcome == ApplyOutcome::Applied {
+                    store_append(&append, &mut records_table, &mut idem_table)?;
+                }
+                outcomes.push(outcome);
+            }
+            let mut meta = txn.open_table(SM_META).map_err(sm_write_err)?;
+            let applied = serde_json::to_vec(&data.last_applied).map_err(sm_write_err)?;
+            meta.insert(APPLIED_KEY, applied.as_slice())
+                .map_err(sm_write_err)?;
+            let members = serde_json::to_vec(&data.membership).map_err(sm_write_err)?;
+            meta.insert(MEMBERSHIP_KEY, members.as_slice())
+                .map_err(sm_write_err)?;
+        }
+        // Drop agents that never got a record (a rejected first entry).
+        data.agents
+            .retain(|_, slot| !matches!(slot, AgentSlot::Active(s) if s.head.is_none()));
+        txn.commit().map_err(sm_write_err)?;
+        Ok(outcomes)
+    }
+
+    fn snapshot_body(&self) -> Result<Vec<u8>, StorageError> {
+        let txn = self.db.begin_read().map_err(sm_read_err)?;
+        let records = txn.open_table(RECORDS).map_err(sm_read_err)?;
+        let mut body = SnapshotBody {
+            records: BTreeMap::new(),
+            idempotency: Vec::new(),
+        };
+        for item in records.iter().map_err(sm_read_err)? {
+            let (key, line) = item.map_err(sm_read_err)?;
+            body.records
+                .entry(key.value().0.to_string())
+                .or_default()
+                .push(line.value().to_string());
+        }
+        let idem = txn.open_table(IDEMPOTENCY).map_err(sm_read_err)?;
+        for item in idem.iter().map_err(sm_read_err)? {
+            let (key, value) = item.map_err(sm_read_err)?;
+            let answer = serde_json::from_slice(value.value()).map_err(sm_read_err)?;
+            body.idempotency.push((key.value().to_string(), answer));
+        }
+        serde_json::to_vec(&body).map_err(sm_read_err)
+    }
+}
+
+fn store_append(
+    append: &AppendRecords,
+    records_table: &mut redb::Table<(&str, u64), &str>,
+    idem_table: &mut redb::Table<&str, &[u8]>,
+) -> Result<(), StorageError> {
+    for record in &append.records {
+        records_table
+            .insert(
+                (append.agent_id.as_str(), record.seq),
+                record.to_line().as_str(),
+            )
+            .map_err(sm_write_err)?;
+    }
+    if let Some(answer) = &append.idempotency {
+        let bytes = serde_json::to_vec(answer).map_err(sm_write_err)?;
+        idem_table
+            .insert(
+                idempotency_key(&append.agent_id, &answer.key).as_str(),
+                bytes.as_slice(),
+            )
+            .map_err(sm_write_err)?;
+    }
+    Ok(())
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        // Hold the data lock so the snapshot and its log id describe the same state.
+        let (meta, bytes) = {
+            let data = self.read_data();
+            let bytes = self.snapshot_body()?;
+            let snapshot_id = match data.last_applied {
+                Some(id) => format!("{}-{}", id.leader_id, id.index),
+                None => "empty".to_string(),
+            };
+            let meta = SnapshotMeta {
+                last_log_id: data.last_applied,
+                last_membership: data.membership.clone(),
+                snapshot_id,
+            };
+            (meta, bytes)
+        };
+        *self
+            .current_snapshot
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some((meta.clone(), bytes.clone()));
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>), StorageError> {
+        let data = self.read_data();
+        Ok((data.last_applied, data.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<ApplyOutcome>, StorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let entries: Vec<_> = entries.into_iter().collect();
+        let this = self.clone();
+        // redb commits fsync; keep that off the async worker threads.
+        tokio::task::spawn_blocking(move || this.apply_batch(entries))
+            .await
+            .map_err(sm_write_err)?
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let bytes = snapshot.into_inner();
+        let body: SnapshotBody = serde_json::from_slice(&bytes).map_err(|e| {
+            StorageError::from(StorageIOError::read_snapshot(
+                Some(meta.signature()),
+                openraft::AnyError::new(&e),
+            ))
+        })?;
+        let mut data = self.write_data();
+        let txn = self.db.begin_write().map_err(sm_write_err)?;
+        {
+            let mut records = txn.open_table(RECORDS).map_err(sm_write_err)?;
+            records.retain(|_, _| false).map_err(sm_write_err)?;
+            for (agent_id, lines) in &body.records {
+                for (seq, line) in lines.iter().enumerate() {
+                    records
+                        .insert((agent_id.as_str(), seq as u64), line.as_str())
+                        .map_err(sm_write_err)?;
+                }
+            }
+            let mut idem = txn.open_table(IDEMPOTENCY).map_err(sm_write_err)?;
+            idem.retain(|_, _| false).map_err(sm_write_err)?;
+            for (key, answer) in &body.idempotency {
+                let value = serde_json::to_vec(answer).map_err(sm_write_err)?;
+                idem.insert(key.as_str(), value.as_slice())
+                    .map_err(sm_write_err)?;
+            }
+            let mut sm_meta = txn.open_table(SM_META).map_err(sm_write_err)?;
+            let applied = serde_json::to_vec(&meta.last_log_id).map_err(sm_write_err)?;
+            sm_meta
+                .insert(APPLIED_KEY, applied.as_slice())
+                .map_err(sm_write_err)?;
+            let members = serde_json::to_vec(&meta.last_membership).map_err(sm_write_err)?;
+            sm_meta
+                .insert(MEMBERSHIP_KEY, members.as_slice())
+                .map_err(sm_write_err)?;
+        }
+        txn.commit().map_err(sm_write_err)?;
+        *data = self.load_from_disk()?;
+        drop(data);
+        *self
+            .current_snapshot
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some((meta.clone(), bytes));
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let current = self
+            .current_snapshot
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Ok(current.map(|(meta, bytes)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        }))
+    }
+}
