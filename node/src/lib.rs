@@ -22,12 +22,12 @@ use raft_types::NodeId;
 
 /// How long a node waits for a peer's Raft RPC before it counts as failed.
 const RAFT_CONNECT_TIMEOUT_MS: u64 = 500;
-const HEARTBEAT_INTERVAL_MS: u64 = 100;
+const HEARTBEAT_INTERVAL_MS: u64 = 50;
 /// Each node draws its election timeout from its own window, staggered by id, so two
 /// survivors cannot keep splitting the vote (openraft 0.9 draws the timeout once per
 /// process).
-const ELECTION_TIMEOUT_BASE_MS: u64 = 400;
-const ELECTION_TIMEOUT_STAGGER_MS: u64 = 150;
+const ELECTION_TIMEOUT_BASE_MS: u64 = 200;
+const ELECTION_TIMEOUT_STAGGER_MS: u64 = 100;
 
 pub struct NodeConfig {
     pub id: NodeId,

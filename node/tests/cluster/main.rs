@@ -1,0 +1,234 @@
+//! Three real `lineage-node` processes on loopback: forwarding, replica agreement,
+//! leader loss, whole-cluster restart, idempotent retries across failover.
+
+mod util;
+
+use std::time::{Duration, Instant};
+
+use lineage_core::record::Record;
+use lineage_core::verify::{verify_records, VerifyOptions};
+use serde_json::{json, Value};
+use util::Cluster;
+
+fn policy(budget: u64) -> Value {
+    json!({"budget": budget, "scar_limit": 10, "tools": {"search": {"cost": 1}, "pay": {"cost": 5, "requires_approval": true}}})
+}
+
+fn verify(log: &[Value], public_key: &str) {
+    let records: Vec<Record> = log
+        .iter()
+        .map(|r| serde_json::from_value(r.clone()).expect("record"))
+        .collect();
+    let report = verify_records(
+        &records,
+        &VerifyOptions {
+            public_key: Some(public_key.to_string()),
+            checkpoint: None,
+        },
+    );
+    assert!(report.ok, "{report:?}");
+}
+
+/// Sends one action through node `i` until it is answered 200 (bounded), returning the
+/// answer and how long it took.
+async fn act_until_served(
+    cluster: &Cluster,
+    i: usize,
+    agent: &str,
+    token: &str,
+    key: &str,
+) -> (Value, Duration) {
+    let start = Instant::now();
+    loop {
+        let (status, body) = cluster
+            .post(
+                i,
+                &format!("/v1/agents/{agent}/actions"),
+                token,
+                json!({"tool": "search"}),
+                Some(key),
+            )
+            .await;
+        if status == 200 {
+            return (body, start.elapsed());
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "not served within 10 s: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_forward_and_every_replica_agrees_and_verifies() {
+    let cluster = Cluster::start(3).await;
+    let public_key = cluster.public_key().await;
+    let token = cluster.create_agent(1, "bot", policy(100)).await;
+    for i in 0..3 {
+        let (status, body) = cluster
+            .post(
+                i,
+                "/v1/agents/bot/actions",
+                &token,
+                json!({"tool": "search", "input": {"via": i}}),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["decision"], "allowed");
+        assert_eq!(body["action_id"], format!("act-{}", i + 1));
+    }
+    let (_, denied) = cluster
+        .post(
+            2,
+            "/v1/agents/bot/actions",
+            &token,
+            json!({"tool": "rm"}),
+            None,
+        )
+        .await;
+    assert_eq!(denied["reason"]["code"], "tool_not_allowed");
+    let (_, status) = cluster.get(0, "/v1/agents/bot", &token).await;
+    assert_eq!(status["spent"], 3);
+    assert_eq!(status["scar_score"], 3);
+
+    let log = cluster.converged_log("bot", Duration::from_secs(5)).await;
+    assert_eq!(log.len(), 2 + 3 * 2 + 3);
+    verify(&log, &public_key);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_elects_a_new_leader_and_the_old_one_catches_up() {
+    let mut cluster = Cluster::start(3).await;
+    let public_key = cluster.public_key().await;
+    let token = cluster.create_agent(0, "bot", policy(1000)).await;
+    for n in 0..5 {
+        act_until_served(&cluster, n % 3, "bot", &token, &format!("warm-{n}")).await;
+    }
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    cluster.kill(leader);
+    let survivor = (leader + 1) % 3;
+    let (answer, took) = act_until_served(&cluster, survivor, "bot", &token, "after-kill").await;
+    assert_eq!(answer["decision"], "allowed");
+    assert!(
+        took < Duration::from_secs(5),
+        "new leader served after {took:?}"
+    );
+
+    cluster.start_node(leader);
+    for n in 0..3 {
+        act_until_served(&cluster, leader, "bot", &token, &format!("rejoined-{n}")).await;
+    }
+    let log = cluster.converged_log("bot", Duration::from_secs(10)).await;
+    verify(&log, &public_key);
+    let (_, status) = cluster.get(leader, "/v1/agents/bot", &token).await;
+    assert_eq!(status["spent"], 9);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_every_node_and_restarting_keeps_all_state() {
+    let mut cluster = Cluster::start(3).await;
+    let token = cluster.create_agent(2, "bot", policy(10)).await;
+    for n in 0..4 {
+        act_until_served(&cluster, n % 3, "bot", &token, &format!("k{n}")).await;
+    }
+    let (_, pending) = cluster
+        .post(
+            0,
+            "/v1/agents/bot/actions",
+            &token,
+            json!({"tool": "pay", "input": {"to": "x"}}),
+            None,
+        )
+        .await;
+    assert_eq!(pending["decision"], "pending_approval");
+    let (_, before) = cluster
+        .get(0, "/v1/agents/bot", &cluster.admin.clone())
+        .await;
+
+    for i in 0..3 {
+        cluster.kill(i);
+    }
+    for i in 0..3 {
+        cluster.start_node(i);
+    }
+    cluster.wait_for_leader(Duration::from_secs(15)).await;
+    let start = Instant::now();
+    let after = loop {
+        let (status, body) = cluster
+            .get(1, "/v1/agents/bot", &cluster.admin.clone())
+            .await;
+        if status == 200 {
+            break body;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "not served after restart: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(after, before, "state changed across a full restart");
+    assert_eq!(after["spent"], 4);
+    assert_eq!(after["actions_pending"], 1);
+    // The restarted cluster decides on the same history: the pending payment still
+    // needs approval, and approving it spends the rest of the budget and terminates.
+    let (_, approved) = cluster
+        .post(
+            0,
+            "/v1/agents/bot/actions/act-5/approve",
+            &cluster.admin.clone(),
+            json!({"approver": "alice"}),
+            None,
+        )
+        .await;
+    assert_eq!(approved["decision"], "allowed");
+    assert_eq!(approved["remaining"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_with_the_same_key_on_another_node_after_a_leader_kill_is_charged_once() {
+    let mut cluster = Cluster::start(3).await;
+    let token = cluster.create_agent(0, "payer", policy(100)).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    let (first, _) = act_until_served(&cluster, leader, "payer", &token, "order-42").await;
+    cluster.kill(leader);
+    let other = (leader + 1) % 3;
+    let (retry, _) = act_until_served(&cluster, other, "payer", &token, "order-42").await;
+    assert_eq!(retry, first, "a retry must return the original answer");
+    let (_, status) = cluster.get(other, "/v1/agents/payer", &token).await;
+    assert_eq!(status["spent"], 1, "charged once");
+    assert_eq!(status["actions_allowed"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_leader_kills_each_recover_within_five_seconds() {
+    let mut cluster = Cluster::start(3).await;
+    let token = cluster.create_agent(0, "bot", policy(1000)).await;
+    let mut worst = Duration::ZERO;
+    for round in 0..30 {
+        let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+        cluster.kill(leader);
+        let survivor = (leader + 1 + round % 2) % 3;
+        let (answer, took) =
+            act_until_served(&cluster, survivor, "bot", &token, &format!("round-{round}")).await;
+        assert_eq!(answer["decision"], "allowed");
+        eprintln!(
+            "round {round}: killed node {}, served by node {} after {took:?}",
+            leader + 1,
+            survivor + 1
+        );
+        if took >= Duration::from_secs(5) {
+            cluster.keep_logs();
+        }
+        assert!(
+            took < Duration::from_secs(5),
+            "round {round}: served after {took:?}"
+        );
+        worst = worst.max(took);
+        cluster.start_node(leader);
+    }
+    let (_, status) = cluster.get(0, "/v1/agents/bot", &token).await;
+    assert_eq!(status["spent"], 30, "exactly one charge per round");
+    eprintln!("worst recovery over 30 leader kills: {worst:?}");
+}

@@ -1,0 +1,253 @@
+//! Starts real `lineage-node` processes on free loopback ports, each with its own data
+//! directory and shared keys, and talks to them over real HTTP.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub addrs: Vec<String>,
+    children: Vec<Option<Child>>,
+    pub admin: String,
+    pub http: reqwest::Client,
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local addr").port()
+}
+
+impl Cluster {
+    pub async fn start(n: usize) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let keys = dir.path().join("keys");
+        let status = Command::new(env!("CARGO_BIN_EXE_lineage-node"))
+            .arg("keygen")
+            .arg(&keys)
+            .stdout(Stdio::null())
+            .status()
+            .expect("run keygen");
+        assert!(status.success());
+        let admin = std::fs::read_to_string(keys.join("admin.token")).expect("admin token");
+        let addrs: Vec<String> = (0..n)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let mut cluster = Cluster {
+            dir,
+            addrs,
+            children: (0..n).map(|_| None).collect(),
+            admin,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .expect("client"),
+        };
+        for i in 0..n {
+            cluster.start_node(i);
+        }
+        cluster.wait_for_leader(Duration::from_secs(15)).await;
+        cluster
+    }
+
+    fn data_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("node-{}", i + 1))
+    }
+
+    pub fn start_node(&mut self, i: usize) {
+        let peers: Vec<String> = self
+            .addrs
+            .iter()
+            .enumerate()
+            .map(|(j, a)| format!("{}={a}", j + 1))
+            .collect();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("node-{}.log", i + 1)))
+            .expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_lineage-node"))
+            .args([
+                "run",
+                "--id",
+                &(i + 1).to_string(),
+                "--listen",
+                &self.addrs[i],
+            ])
+            .arg("--data-dir")
+            .arg(self.data_dir(i))
+            .arg("--keys-dir")
+            .arg(self.dir.path().join("keys"))
+            .arg("--peers")
+            .arg(peers.join(","))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start lineage-node");
+        self.children[i] = Some(child);
+    }
+
+    /// Copies the nodes' logs somewhere that outlives the test, for a failure report.
+    pub fn keep_logs(&self) {
+        let target = std::env::temp_dir().join("lineage-cluster-failure");
+        let _ = std::fs::create_dir_all(&target);
+        for i in 0..self.addrs.len() {
+            let name = format!("node-{}.log", i + 1);
+            let _ = std::fs::copy(self.dir.path().join(&name), target.join(&name));
+        }
+        eprintln!("node logs kept in {}", target.display());
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.children[i].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn url(&self, i: usize, path: &str) -> String {
+        format!("http://{}{path}", self.addrs[i])
+    }
+
+    /// The leader's index as reported by node `i`, if it answers and knows one.
+    pub async fn leader_seen_by(&self, i: usize) -> Option<usize> {
+        let reply = self
+            .http
+            .get(self.url(i, "/v1/cluster"))
+            .bearer_auth(&self.admin)
+            .send()
+            .await
+            .ok()?;
+        if !reply.status().is_success() {
+            return None;
+        }
+        let body: Value = reply.json().await.ok()?;
+        body["leader"].as_u64().map(|id| id as usize - 1)
+    }
+
+    /// Waits (bounded) until some live node reports a leader that answers.
+    pub async fn wait_for_leader(&self, limit: Duration) -> usize {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            for i in 0..self.addrs.len() {
+                if self.children[i].is_none() {
+                    continue;
+                }
+                if let Some(leader) = self.leader_seen_by(i).await {
+                    return leader;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("no leader within {limit:?}");
+    }
+
+    pub async fn post(
+        &self,
+        i: usize,
+        path: &str,
+        token: &str,
+        body: Value,
+        key: Option<&str>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .http
+            .post(self.url(i, path))
+            .bearer_auth(token)
+            .json(&body);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        match request.send().await {
+            Ok(reply) => {
+                let status = reply.status().as_u16();
+                (status, reply.json().await.unwrap_or(Value::Null))
+            }
+            Err(e) => (0, json!({"transport_error": e.to_string()})),
+        }
+    }
+
+    pub async fn get(&self, i: usize, path: &str, token: &str) -> (u16, Value) {
+        match self
+            .http
+            .get(self.url(i, path))
+            .bearer_auth(token)
+            .send()
+            .await
+        {
+            Ok(reply) => {
+                let status = reply.status().as_u16();
+                (status, reply.json().await.unwrap_or(Value::Null))
+            }
+            Err(e) => (0, json!({"transport_error": e.to_string()})),
+        }
+    }
+
+    /// Creates an agent through node `i` and returns its token.
+    pub async fn create_agent(&self, i: usize, agent_id: &str, policy: Value) -> String {
+        let (status, body) = self
+            .post(
+                i,
+                "/v1/agents",
+                &self.admin.clone(),
+                json!({"agent_id": agent_id, "policy": policy}),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body["token"].as_str().expect("token").to_string()
+    }
+
+    /// Node `i`'s own copy of an agent's records (no forwarding).
+    pub async fn local_log(&self, i: usize, agent_id: &str) -> Option<Vec<Value>> {
+        let (status, body) = self
+            .get(
+                i,
+                &format!("/v1/agents/{agent_id}/log?local=true&limit=5000"),
+                &self.admin,
+            )
+            .await;
+        (status == 200).then(|| body["records"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Waits (bounded) until every live node's copy of the agent's log is identical,
+    /// and returns it.
+    pub async fn converged_log(&self, agent_id: &str, limit: Duration) -> Vec<Value> {
+        let start = Instant::now();
+        loop {
+            let mut logs = Vec::new();
+            for i in 0..self.addrs.len() {
+                if self.children[i].is_some() {
+                    logs.push(self.local_log(i, agent_id).await);
+                }
+            }
+            if let Some(Some(first)) = logs.first() {
+                if logs.iter().all(|l| l.as_ref() == Some(first)) {
+                    return first.clone();
+                }
+            }
+            assert!(
+                start.elapsed() < limit,
+                "replicas did not converge within {limit:?}: {logs:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn public_key(&self) -> String {
+        let (_, body) = self.get(0, "/v1/public-key", "").await;
+        body["public_key"].as_str().expect("public key").to_string()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.children.len() {
+            self.kill(i);
+        }
+    }
+}
