@@ -11,7 +11,9 @@ use openraft::{Entry, EntryPayload, RaftLogReader, StorageError};
 struct RedbBuilder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for RedbBuilder {
-    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<u64>> {
+    async fn build(
+        &self,
+    ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<u64>> {
         let dir = tempfile::tempdir().expect("tempdir");
         let (log, sm) = store::open(dir.path()).expect("open stores");
         Ok((dir, log, sm))
