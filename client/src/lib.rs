@@ -1,1 +1,7 @@
+//! `lineage_client`: the Rust client for Lineage Cluster ([`Client`]) and the
+//! implementation of the `lineage` CLI's commands.
+
 pub mod audit_cli;
+pub mod client;
+
+pub use client::{Client, ClientError};

@@ -18,6 +18,42 @@ enum Command {
     /// Tamper-evident audit logs: keys, appending, showing, verifying
     #[command(subcommand)]
     Audit(Audit),
+    /// Inspect and change cluster membership (admin token)
+    Cluster {
+        /// Node URLs, comma-separated (any node will do; requests find the leader)
+        #[arg(
+            long,
+            env = "LINEAGE_URL",
+            value_delimiter = ',',
+            default_value = "http://127.0.0.1:9200"
+        )]
+        url: Vec<String>,
+        /// File holding the admin token
+        #[arg(
+            long,
+            env = "LINEAGE_ADMIN_TOKEN_FILE",
+            default_value = "./lineage-data/keys/admin.token"
+        )]
+        token_file: PathBuf,
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Leader, term, indexes, and every node with its role and lag
+    Status,
+    /// Add a node: as a learner until it has caught up, then as a voter
+    Add {
+        id: u64,
+        /// host:port the other nodes use to reach it
+        addr: String,
+        #[arg(long)]
+        learner_only: bool,
+    },
+    /// Remove a node from the cluster
+    Remove { id: u64 },
 }
 
 #[derive(Subcommand)]
@@ -96,6 +132,73 @@ fn main() -> ExitCode {
             ),
             Audit::Show { log, json } => audit_cli::show(&log, json, &mut out, &mut err),
         },
+        Command::Cluster {
+            url,
+            token_file,
+            command,
+        } => cluster(&url, &token_file, command, &mut out, &mut err),
     };
     ExitCode::from(code as u8)
+}
+
+fn cluster(
+    urls: &[String],
+    token_file: &std::path::Path,
+    command: ClusterCommand,
+    out: &mut dyn std::io::Write,
+    err: &mut dyn std::io::Write,
+) -> i32 {
+    let token = match std::fs::read_to_string(token_file) {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = writeln!(
+                err,
+                "error: cannot read admin token {}: {e}",
+                token_file.display()
+            );
+            return audit_cli::EXIT_USAGE;
+        }
+    };
+    let client = match lineage_client::Client::new(urls, &token) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            return audit_cli::EXIT_USAGE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            return audit_cli::EXIT_USAGE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match command {
+            ClusterCommand::Status => client.cluster().await,
+            ClusterCommand::Add {
+                id,
+                addr,
+                learner_only,
+            } => client.add_node(id, &addr, learner_only).await,
+            ClusterCommand::Remove { id } => client.remove_node(id).await,
+        }
+    });
+    match result {
+        Ok(value) => {
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&value).unwrap_or_default()
+            );
+            audit_cli::EXIT_OK
+        }
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            audit_cli::EXIT_FAILED
+        }
+    }
 }

@@ -232,3 +232,38 @@ async fn thirty_leader_kills_each_recover_within_five_seconds() {
     assert_eq!(status["spent"], 30, "exactly one charge per round");
     eprintln!("worst recovery over 30 leader kills: {worst:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_client_fails_over_and_never_charges_twice() {
+    let mut cluster = Cluster::start(3).await;
+    let token = cluster.create_agent(0, "bot", policy(1000)).await;
+    let urls: Vec<String> = (0..3).map(|i| cluster.url(i, "")).collect();
+    let client = lineage_client::Client::new(&urls, &token).unwrap();
+    let mut allowed = 0;
+    for n in 0..20 {
+        if n == 7 || n == 14 {
+            let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+            cluster.kill(leader);
+            if n == 14 {
+                // Bring the first victim back so a quorum survives the second kill.
+                for i in 0..3 {
+                    if i != leader && cluster.leader_seen_by(i).await.is_none() {
+                        cluster.start_node(i);
+                    }
+                }
+            }
+        }
+        let decision = client
+            .request("bot", "search", json!({"n": n}), None)
+            .await
+            .expect("the client retries through failover");
+        assert!(decision.is_allowed(), "{decision:?}");
+        allowed += 1;
+    }
+    let status = client.status("bot").await.unwrap();
+    assert_eq!(
+        status.spent, allowed,
+        "every logical call charged exactly once"
+    );
+    assert_eq!(status.actions_allowed, allowed);
+}

@@ -1,0 +1,347 @@
+//! Load benchmark: N concurrent clients over M agents against a 1-node and a 3-node
+//! cluster of real `lineage-node` processes on loopback. Reports decisions/s and p50/p99
+//! latency, checks afterwards that every node holds identical logs, and measures the
+//! machine's ceiling in the same run (records signed per second on one core, durable
+//! commits per second) so the figures read as ratios.
+//!
+//! Build the node first, then run:
+//!   cargo build --release -p lineage-node -p lineage-benches
+//!   target/release/cluster_load [--clients 16] [--agents 16] [--seconds 10]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lineage_core::record::{timestamp, Record};
+use lineage_core::{AuditKey, AuditLog};
+use serde_json::{json, Value};
+
+struct Args {
+    clients: usize,
+    agents: usize,
+    seconds: u64,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        clients: 16,
+        agents: 16,
+        seconds: 10,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let number: u64 = value
+            .parse()
+            .map_err(|_| format!("{flag}: {value:?} is not a number"))?;
+        match flag.as_str() {
+            "--clients" => args.clients = number.clamp(1, 256) as usize,
+            "--agents" => args.agents = number.clamp(1, 10_000) as usize,
+            "--seconds" => args.seconds = number.clamp(1, 300),
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    Ok(args)
+}
+
+fn node_binary() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let path = exe.with_file_name("lineage-node");
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{} not found: build it with cargo build --release -p lineage-node",
+            path.display()
+        ))
+    }
+}
+
+struct Cluster {
+    children: Vec<Child>,
+    urls: Vec<String>,
+    admin: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn start_cluster(binary: &Path, nodes: usize) -> Result<Cluster, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let keys = dir.path().join("keys");
+    let ok = Command::new(binary)
+        .arg("keygen")
+        .arg(&keys)
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !ok.success() {
+        return Err("keygen failed".into());
+    }
+    let admin = std::fs::read_to_string(keys.join("admin.token")).map_err(|e| e.to_string())?;
+    let addrs: Vec<String> = (0..nodes)
+        .map(|_| {
+            TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.to_string())
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    let peers: Vec<String> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect();
+    let mut children = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let child = Command::new(binary)
+            .args(["run", "--id", &(i + 1).to_string(), "--listen", addr])
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("node-{}", i + 1)))
+            .arg("--keys-dir")
+            .arg(&keys)
+            .arg("--peers")
+            .arg(peers.join(","))
+            .env("LINEAGE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        children.push(child);
+    }
+    Ok(Cluster {
+        children,
+        urls: addrs.iter().map(|a| format!("http://{a}")).collect(),
+        admin,
+        _dir: dir,
+    })
+}
+
+async fn wait_ready(http: &reqwest::Client, cluster: &Cluster) -> Result<(), String> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        let reply = http
+            .get(format!("{}/v1/cluster", cluster.urls[0]))
+            .bearer_auth(&cluster.admin)
+            .send()
+            .await;
+        if let Ok(r) = reply {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err("cluster did not elect a leader in 20 s".into())
+}
+
+struct LoadResult {
+    decisions: u64,
+    errors: u64,
+    per_second: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.clients)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| e.to_string())?;
+    wait_ready(&http, cluster).await?;
+    let mut tokens = Vec::new();
+    for a in 0..args.agents {
+        let body = json!({"agent_id": format!("agent-{a}"), "policy": {"budget": u64::MAX / 2, "scar_limit": 10, "tools": {"work": {"cost": 1}}}});
+        let reply: Value = http
+            .post(format!("{}/v1/agents", cluster.urls[0]))
+            .bearer_auth(&cluster.admin)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        tokens.push(reply["token"].as_str().ok_or("no token")?.to_string());
+    }
+    // Clients talk to the leader's URL, as a failover client would after discovery.
+    let leader: Value = http
+        .get(format!("{}/v1/cluster", cluster.urls[0]))
+        .bearer_auth(&cluster.admin)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())?;
+    let leader_index = leader["leader"].as_u64().unwrap_or(1) as usize - 1;
+    let url = Arc::new(cluster.urls[leader_index].clone());
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..args.clients {
+        let http = http.clone();
+        let url = url.clone();
+        let agent = c % args.agents;
+        let token = tokens[agent].clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut errors = 0u64;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let reply = http
+                    .post(format!("{url}/v1/agents/agent-{agent}/actions"))
+                    .bearer_auth(&token)
+                    .json(&json!({"tool": "work", "input": {"client": c}}))
+                    .send()
+                    .await;
+                match reply {
+                    Ok(r) if r.status().is_success() => latencies.push(t.elapsed()),
+                    _ => errors += 1,
+                }
+            }
+            (latencies, errors)
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for task in tasks {
+        let (l, e) = task.await.map_err(|e| e.to_string())?;
+        latencies.extend(l);
+        errors += e;
+    }
+    let elapsed = started.elapsed();
+    latencies.sort();
+    let pick = |q: f64| {
+        latencies
+            .get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    let result = LoadResult {
+        decisions: latencies.len() as u64,
+        errors,
+        per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
+        p50: pick(0.50),
+        p99: pick(0.99),
+    };
+    check_replicas_agree(&http, cluster, args.agents).await?;
+    Ok(result)
+}
+
+/// Every node's own copy of every agent's log must be identical once replication settles.
+async fn check_replicas_agree(
+    http: &reqwest::Client,
+    cluster: &Cluster,
+    agents: usize,
+) -> Result<(), String> {
+    for a in 0..agents {
+        let start = Instant::now();
+        loop {
+            let mut heads = Vec::new();
+            for url in &cluster.urls {
+                let reply: Value = http
+                    .get(format!("{url}/v1/agents/agent-{a}/log?local=true&limit=0"))
+                    .bearer_auth(&cluster.admin)
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .json()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                heads.push(reply["head"].clone());
+            }
+            if heads.windows(2).all(|w| w[0] == w[1]) {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                return Err(format!("agent-{a}: replicas disagree: {heads:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Records sealed (canonical JSON + SHA-256 + Ed25519) per second on one core.
+fn sign_ceiling() -> f64 {
+    let key = AuditKey::from_seed([4; 32]);
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < Duration::from_secs(1) {
+        let _ = Record::seal(
+            &key,
+            n,
+            timestamp::format(0),
+            "a",
+            "action_requested",
+            json!({"n": n}),
+            &"0".repeat(64),
+        );
+        n += 1;
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Durable appends (one fdatasync each) per second on this disk.
+fn fsync_ceiling() -> Result<f64, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut log = AuditLog::create(
+        dir.path().join("c.jsonl"),
+        AuditKey::from_seed([6; 32]),
+        "c",
+    )
+    .map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < Duration::from_secs(1) {
+        log.append("c", "tick", json!({"n": n}))
+            .map_err(|e| e.to_string())?;
+        n += 1;
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+fn main() {
+    if let Err(e) = real_main() {
+        eprintln!("cluster_load: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> Result<(), String> {
+    let args = parse_args()?;
+    let binary = node_binary()?;
+    let sign = sign_ceiling();
+    let fsync = fsync_ceiling()?;
+    println!("machine ceiling: {sign:.0} records sealed/s on one core, {fsync:.0} durable appends/s (1 fsync each)");
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    for nodes in [1usize, 3] {
+        let cluster = start_cluster(&binary, nodes)?;
+        let r = runtime.block_on(run_load(&cluster, &args))?;
+        println!(
+            "{nodes} node(s), {} clients over {} agents, {} s: {:.0} decisions/s (p50 {:.2} ms, p99 {:.2} ms), {} decisions, {} errors; {:.2}x the fsync ceiling, {:.3}x the signing ceiling (2 records per decision)",
+            args.clients,
+            args.agents,
+            args.seconds,
+            r.per_second,
+            r.p50.as_secs_f64() * 1e3,
+            r.p99.as_secs_f64() * 1e3,
+            r.decisions,
+            r.errors,
+            r.per_second / fsync,
+            r.per_second * 2.0 / sign,
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,336 @@
+//! The Rust client for Lineage Cluster: typed calls, a list of node URLs, failover, and
+//! retries that never charge twice.
+//!
+//! Every write carries an `Idempotency-Key` chosen once per logical call and reused on
+//! every retry, so a call retried on another node after a leader failure returns the
+//! first answer and appends nothing. Retries happen on transport errors and on 503
+//! (no leader, leadership changed), moving to the next node, until `retry_for` elapses.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use lineage_core::guard::{Action, Decision, OutcomeStatus, PendingAction, Severity, Status};
+use lineage_core::{Policy, Record};
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+
+/// What went wrong, precisely enough to act on.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The cluster answered with an error (`code` as in the API reference).
+    #[error("{status} {code}: {message}")]
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// No node answered usefully before the retry budget ran out.
+    #[error("no node answered within {after:?}; last error: {last}")]
+    Unavailable { after: Duration, last: String },
+    #[error("unexpected answer: {0}")]
+    Decode(String),
+    #[error("invalid client configuration: {0}")]
+    Config(String),
+}
+
+pub struct Client {
+    nodes: Vec<String>,
+    token: String,
+    http: reqwest::Client,
+    /// Index of the node that answered last: the likely leader.
+    preferred: AtomicUsize,
+    retry_for: Duration,
+}
+
+/// A fresh idempotency key: 128 random bits in hex.
+pub fn new_idempotency_key() -> String {
+    lineage_core::keys::random_bytes()
+        .map(|b| hex::encode(&b[..16]))
+        .unwrap_or_else(|_| format!("{:x}", Instant::now().elapsed().as_nanos()))
+}
+
+impl Client {
+    /// A client for the nodes at `urls` (e.g. `http://127.0.0.1:9200`) using `token`
+    /// (an agent token or the admin token).
+    pub fn new(urls: &[String], token: &str) -> Result<Self, ClientError> {
+        let nodes: Vec<String> = urls
+            .iter()
+            .map(|u| u.trim().trim_end_matches('/').to_string())
+            .filter(|u| !u.is_empty())
+            .collect();
+        if nodes.is_empty() {
+            return Err(ClientError::Config(
+                "at least one node URL is needed".into(),
+            ));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| ClientError::Config(e.to_string()))?;
+        Ok(Client {
+            nodes,
+            token: token.trim().to_string(),
+            http,
+            preferred: AtomicUsize::new(0),
+            retry_for: Duration::from_secs(15),
+        })
+    }
+
+    /// How long one logical call keeps retrying across nodes (default 15 s).
+    pub fn with_retry_for(mut self, retry_for: Duration) -> Self {
+        self.retry_for = retry_for;
+        self
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<T, ClientError> {
+        let key = (method == Method::POST).then(new_idempotency_key);
+        let start = Instant::now();
+        let mut attempt = 0usize;
+        let mut last = String::from("no attempt made");
+        while start.elapsed() < self.retry_for {
+            let index = (self.preferred.load(Ordering::Relaxed) + attempt) % self.nodes.len();
+            let mut request = self
+                .http
+                .request(method.clone(), format!("{}{path}", self.nodes[index]))
+                .bearer_auth(&self.token);
+            if let Some(key) = &key {
+                request = request.header("Idempotency-Key", key);
+            }
+            if let Some(body) = &body {
+                request = request.json(body);
+            }
+            match request.send().await {
+                Ok(reply) if reply.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                    last = format!(
+                        "{}: {}",
+                        self.nodes[index],
+                        reply.text().await.unwrap_or_default()
+                    );
+                }
+                Ok(reply) => {
+                    self.preferred.store(index, Ordering::Relaxed);
+                    let status = reply.status();
+                    let text = reply
+                        .text()
+                        .await
+                        .map_err(|e| ClientError::Decode(e.to_string()))?;
+                    if status.is_success() {
+                        return serde_json::from_str(&text)
+                            .map_err(|e| ClientError::Decode(format!("{e}: {text}")));
+                    }
+                    let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+                    return Err(ClientError::Api {
+                        status: status.as_u16(),
+                        code: body["code"].as_str().unwrap_or("unknown").to_string(),
+                        message: body["error"].as_str().unwrap_or(&text).to_string(),
+                    });
+                }
+                Err(e) => last = format!("{}: {e}", self.nodes[index]),
+            }
+            attempt += 1;
+            let backoff = Duration::from_millis((25 * attempt as u64).min(250));
+            tokio::time::sleep(backoff).await;
+        }
+        Err(ClientError::Unavailable {
+            after: self.retry_for,
+            last,
+        })
+    }
+
+    /// Creates an agent (admin); returns its status and token.
+    pub async fn create_agent(
+        &self,
+        agent_id: &str,
+        policy: &Policy,
+    ) -> Result<(Status, String), ClientError> {
+        let reply: Value = self
+            .call(
+                Method::POST,
+                "/v1/agents",
+                Some(json!({"agent_id": agent_id, "policy": policy})),
+            )
+            .await?;
+        let status = serde_json::from_value(reply["agent"].clone())
+            .map_err(|e| ClientError::Decode(e.to_string()))?;
+        let token = reply["token"].as_str().unwrap_or_default().to_string();
+        Ok((status, token))
+    }
+
+    /// Asks permission for an action.
+    pub async fn request(
+        &self,
+        agent_id: &str,
+        tool: &str,
+        input: Value,
+        cost: Option<u64>,
+    ) -> Result<Decision, ClientError> {
+        let mut body = json!({"tool": tool, "input": input});
+        if let Some(cost) = cost {
+            body["cost"] = json!(cost);
+        }
+        self.call(
+            Method::POST,
+            &format!("/v1/agents/{agent_id}/actions"),
+            Some(body),
+        )
+        .await
+    }
+
+    pub async fn status(&self, agent_id: &str) -> Result<Status, ClientError> {
+        self.call(Method::GET, &format!("/v1/agents/{agent_id}"), None)
+            .await
+    }
+
+    pub async fn action(&self, agent_id: &str, action_id: &str) -> Result<Action, ClientError> {
+        self.call(
+            Method::GET,
+            &format!("/v1/agents/{agent_id}/actions/{action_id}"),
+            None,
+        )
+        .await
+    }
+
+    pub async fn pending(&self, agent_id: &str) -> Result<Vec<PendingAction>, ClientError> {
+        let reply: Value = self
+            .call(
+                Method::GET,
+                &format!("/v1/agents/{agent_id}/actions/pending"),
+                None,
+            )
+            .await?;
+        serde_json::from_value(reply["pending"].clone())
+            .map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    pub async fn report(
+        &self,
+        agent_id: &str,
+        action_id: &str,
+        status: OutcomeStatus,
+        detail: &str,
+    ) -> Result<Status, ClientError> {
+        let path = format!("/v1/agents/{agent_id}/actions/{action_id}/outcome");
+        self.call(
+            Method::POST,
+            &path,
+            Some(json!({"status": status, "detail": detail})),
+        )
+        .await
+    }
+
+    pub async fn approve(
+        &self,
+        agent_id: &str,
+        action_id: &str,
+        approver: &str,
+        note: Option<&str>,
+    ) -> Result<Decision, ClientError> {
+        let path = format!("/v1/agents/{agent_id}/actions/{action_id}/approve");
+        self.call(
+            Method::POST,
+            &path,
+            Some(json!({"approver": approver, "note": note})),
+        )
+        .await
+    }
+
+    pub async fn reject(
+        &self,
+        agent_id: &str,
+        action_id: &str,
+        approver: &str,
+        reason: &str,
+        scar: Option<Severity>,
+    ) -> Result<Decision, ClientError> {
+        let path = format!("/v1/agents/{agent_id}/actions/{action_id}/reject");
+        self.call(
+            Method::POST,
+            &path,
+            Some(json!({"approver": approver, "reason": reason, "scar": scar})),
+        )
+        .await
+    }
+
+    pub async fn scar(
+        &self,
+        agent_id: &str,
+        severity: Severity,
+        reason: &str,
+        action_id: Option<&str>,
+    ) -> Result<Status, ClientError> {
+        let body = json!({"severity": severity, "reason": reason, "action_id": action_id});
+        self.call(
+            Method::POST,
+            &format!("/v1/agents/{agent_id}/scars"),
+            Some(body),
+        )
+        .await
+    }
+
+    pub async fn terminate(
+        &self,
+        agent_id: &str,
+        reason: &str,
+        by: &str,
+    ) -> Result<Status, ClientError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/agents/{agent_id}/terminate"),
+            Some(json!({"reason": reason, "by": by})),
+        )
+        .await
+    }
+
+    /// One page of an agent's signed records (seq > `after`).
+    pub async fn log(
+        &self,
+        agent_id: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<Record>, ClientError> {
+        let mut path = format!("/v1/agents/{agent_id}/log?limit={limit}");
+        if let Some(after) = after {
+            path.push_str(&format!("&after={after}"));
+        }
+        let reply: Value = self.call(Method::GET, &path, None).await?;
+        serde_json::from_value(reply["records"].clone())
+            .map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// `GET /v1/cluster` (admin).
+    pub async fn cluster(&self) -> Result<Value, ClientError> {
+        self.call(Method::GET, "/v1/cluster", None).await
+    }
+
+    /// Adds a node as a learner, then (unless `learner_only`) as a voter (admin).
+    pub async fn add_node(
+        &self,
+        id: u64,
+        addr: &str,
+        learner_only: bool,
+    ) -> Result<Value, ClientError> {
+        self.call(
+            Method::POST,
+            "/v1/cluster/nodes",
+            Some(json!({"id": id, "addr": addr, "learner_only": learner_only})),
+        )
+        .await
+    }
+
+    /// Removes a node from the cluster (admin).
+    pub async fn remove_node(&self, id: u64) -> Result<Value, ClientError> {
+        self.call(
+            Method::POST,
+            "/v1/cluster/nodes/remove",
+            Some(json!({"id": id})),
+        )
+        .await
+    }
+}
