@@ -43,6 +43,13 @@ pub enum Lead {
     Forward(String),
 }
 
+/// How a write is answered: with the guard's decision, or with the agent's status
+/// after the write, shaped by the given function.
+pub enum Respond {
+    Decision,
+    Status(Box<dyn Fn(Status) -> Answer + Send + Sync>),
+}
+
 /// What the leader answers after a write.
 pub struct Answer {
     pub status: StatusCode,
@@ -84,6 +91,22 @@ impl App {
         }
     }
 
+    /// Who leads, as this node currently believes (no quorum round trip). A node that
+    /// believes it leads but does not is found out by `client_write`.
+    pub fn lead_for_write(&self) -> Result<Lead, ApiError> {
+        let metrics = self.raft.metrics().borrow().clone();
+        match metrics.current_leader {
+            Some(id) if id == self.id => Ok(Lead::Here),
+            Some(id) => metrics
+                .membership_config
+                .membership()
+                .get_node(&id)
+                .map(|node| Lead::Forward(node.addr.clone()))
+                .ok_or(ApiError::NoLeader),
+            None => Err(ApiError::NoLeader),
+        }
+    }
+
     fn agent_lock(&self, agent_id: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.agent_locks.lock().unwrap_or_else(|p| p.into_inner());
         locks.entry(agent_id.to_string()).or_default().clone()
@@ -110,10 +133,42 @@ impl App {
         agent_id: &str,
         command: Command,
         idempotency_key: Option<String>,
-        respond: impl FnOnce(Option<lineage_core::Decision>, Status) -> Answer,
+        respond: Respond,
     ) -> Result<Answer, ApiError> {
         let lock = self.agent_lock(agent_id);
         let _serialised = lock.lock().await;
+        match self
+            .decide_and_write(agent_id, &command, &idempotency_key, &respond)
+            .await
+        {
+            // The state this node decided on was behind (it has just become leader):
+            // catch up with everything committed and decide once more.
+            Err(ApiError::Stale(_)) => {
+                self.raft
+                    .ensure_linearizable()
+                    .await
+                    .map_err(|_| ApiError::NoLeader)?;
+                match self
+                    .decide_and_write(agent_id, &command, &idempotency_key, &respond)
+                    .await
+                {
+                    Err(ApiError::Stale(reason)) => Err(ApiError::Unavailable(format!(
+                        "the write was not applied ({reason}); retry"
+                    ))),
+                    other => other,
+                }
+            }
+            other => other,
+        }
+    }
+
+    async fn decide_and_write(
+        &self,
+        agent_id: &str,
+        command: &Command,
+        idempotency_key: &Option<String>,
+        respond: &Respond,
+    ) -> Result<Answer, ApiError> {
         if let Some(key) = &idempotency_key {
             if let Some(answer) = self.sm.idempotent_answer(agent_id, key) {
                 let body = serde_json::from_str(&answer.body)
@@ -126,7 +181,7 @@ impl App {
         let (records, answer) = {
             let data = self.sm.read_data();
             let empty = AgentState::new();
-            let state: &AgentState = match (data.agents.get(agent_id), &command) {
+            let state: &AgentState = match (data.agents.get(agent_id), command) {
                 (Some(AgentSlot::Quarantined(reason)), _) => {
                     return Err(ApiError::Quarantined(reason.clone()))
                 }
@@ -137,20 +192,32 @@ impl App {
                 (None, Command::Create { .. }) => &empty,
                 (None, _) => return Err(ApiError::AgentNotFound),
             };
-            let decided = decide(state, &command, now, self.keys.audit.public_key_hex())?;
+            let decided = decide(state, command, now, self.keys.audit.public_key_hex())?;
             let records = seal(state, decided.drafts, &self.keys.audit, now);
-            // The status after these records, for the answer (and its idempotent copy).
-            let mut after = state.clone();
-            for record in &records {
-                after.apply(record).map_err(|e| {
-                    ApiError::Internal(format!("guard refused its own record: {e}"))
-                })?;
-            }
-            (records, respond(decided.decision, after.status()))
+            let answer = match respond {
+                Respond::Decision => Answer {
+                    status: StatusCode::OK,
+                    body: serde_json::to_value(&decided.decision)
+                        .map_err(|e| ApiError::Internal(e.to_string()))?,
+                },
+                Respond::Status(shape) => {
+                    // The status after these records, for the answer (and its idempotent
+                    // copy). Only operator writes and outcomes need it, so the clone stays
+                    // off the agents' request path.
+                    let mut after = state.clone();
+                    for record in &records {
+                        after.apply(record).map_err(|e| {
+                            ApiError::Internal(format!("guard refused its own record: {e}"))
+                        })?;
+                    }
+                    shape(after.status())
+                }
+            };
+            (records, answer)
         };
         let idempotency = match idempotency_key {
             Some(key) => Some(IdempotentAnswer {
-                key,
+                key: key.clone(),
                 status: answer.status.as_u16(),
                 body: serde_json::to_string(&answer.body)
                     .map_err(|e| ApiError::Internal(e.to_string()))?,
@@ -165,9 +232,7 @@ impl App {
         match self.raft.client_write(entry).await {
             Ok(response) => match response.data {
                 ApplyOutcome::Applied => Ok(answer),
-                ApplyOutcome::Rejected(reason) => Err(ApiError::Unavailable(format!(
-                    "the write was not applied ({reason}); retry"
-                ))),
+                ApplyOutcome::Rejected(reason) => Err(ApiError::Stale(reason)),
             },
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(ApiError::Unavailable(
                 "leadership changed before the write committed; retry with the same Idempotency-Key".into(),

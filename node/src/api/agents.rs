@@ -9,14 +9,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lineage_core::guard::{Command, Outcome, OutcomeStatus, Severity};
 use lineage_core::verify::{verify_records, VerifyOptions};
-use lineage_core::{token, Decision, Policy};
+use lineage_core::{token, Policy};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::auth::{require_admin, require_agent_or_admin, validate_agent_id};
 use super::body::JsonBody;
 use super::error::ApiError;
-use crate::app::{Answer, App};
+use crate::app::{Answer, App, Respond};
 use crate::store::AgentSlot;
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -100,13 +100,6 @@ fn reply(answer: Answer) -> Response {
     (answer.status, Json(answer.body)).into_response()
 }
 
-fn decision_answer(decision: Option<Decision>) -> Answer {
-    Answer {
-        status: StatusCode::OK,
-        body: serde_json::to_value(decision).unwrap_or(Value::Null),
-    }
-}
-
 fn status_answer(status: lineage_core::Status) -> Answer {
     Answer {
         status: StatusCode::OK,
@@ -135,10 +128,10 @@ pub async fn create_agent(
             &body.agent_id,
             command,
             idempotency_key(&headers)?,
-            |_, status| Answer {
+            Respond::Status(Box::new(move |status| Answer {
                 status: StatusCode::OK,
                 body: json!({"agent": status, "token": token}),
-            },
+            })),
         )
         .await?;
     Ok(reply(answer))
@@ -203,9 +196,12 @@ pub async fn request_action(
         cost: body.cost,
     };
     let answer = app
-        .execute(&agent_id, command, idempotency_key(&headers)?, |d, _| {
-            decision_answer(d)
-        })
+        .execute(
+            &agent_id,
+            command,
+            idempotency_key(&headers)?,
+            Respond::Decision,
+        )
         .await?;
     Ok(reply(answer))
 }
@@ -253,9 +249,12 @@ pub async fn report_outcome(
         },
     };
     let answer = app
-        .execute(&agent_id, command, idempotency_key(&headers)?, |_, s| {
-            status_answer(s)
-        })
+        .execute(
+            &agent_id,
+            command,
+            idempotency_key(&headers)?,
+            Respond::Status(Box::new(status_answer)),
+        )
         .await?;
     Ok(reply(answer))
 }
@@ -274,9 +273,12 @@ pub async fn approve_action(
         note: body.note,
     };
     let answer = app
-        .execute(&agent_id, command, idempotency_key(&headers)?, |d, _| {
-            decision_answer(d)
-        })
+        .execute(
+            &agent_id,
+            command,
+            idempotency_key(&headers)?,
+            Respond::Decision,
+        )
         .await?;
     Ok(reply(answer))
 }
@@ -296,9 +298,12 @@ pub async fn reject_action(
         scar: body.scar,
     };
     let answer = app
-        .execute(&agent_id, command, idempotency_key(&headers)?, |d, _| {
-            decision_answer(d)
-        })
+        .execute(
+            &agent_id,
+            command,
+            idempotency_key(&headers)?,
+            Respond::Decision,
+        )
         .await?;
     Ok(reply(answer))
 }
@@ -317,9 +322,12 @@ pub async fn add_scar(
         action_id: body.action_id,
     };
     let answer = app
-        .execute(&agent_id, command, idempotency_key(&headers)?, |_, s| {
-            status_answer(s)
-        })
+        .execute(
+            &agent_id,
+            command,
+            idempotency_key(&headers)?,
+            Respond::Status(Box::new(status_answer)),
+        )
         .await?;
     Ok(reply(answer))
 }
@@ -337,9 +345,12 @@ pub async fn terminate(
         by: body.by,
     };
     let answer = app
-        .execute(&agent_id, command, idempotency_key(&headers)?, |_, s| {
-            status_answer(s)
-        })
+        .execute(
+            &agent_id,
+            command,
+            idempotency_key(&headers)?,
+            Respond::Status(Box::new(status_answer)),
+        )
         .await?;
     Ok(reply(answer))
 }

@@ -36,6 +36,9 @@ pub enum ApiError {
     NoLeader,
     #[error("{0}")]
     Unavailable(String),
+    /// A decision was made on state that was behind the log; it was not applied.
+    #[error("the write was decided on stale state ({0}); retry")]
+    Stale(String),
     #[error(transparent)]
     Guard(#[from] GuardError),
     #[error("{0}")]
@@ -61,7 +64,9 @@ impl ApiError {
             ApiError::AgentExists => (StatusCode::CONFLICT, "agent_exists"),
             ApiError::Quarantined(_) => (StatusCode::SERVICE_UNAVAILABLE, "quarantined"),
             ApiError::NoLeader => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
-            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::Unavailable(_) | ApiError::Stale(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
             ApiError::Guard(e) => match e {
                 GuardError::UnknownAction(_) => (StatusCode::NOT_FOUND, "unknown_action"),
                 GuardError::ActionNotFound(_) => (StatusCode::NOT_FOUND, "not_found"),

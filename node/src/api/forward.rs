@@ -27,7 +27,15 @@ pub async fn route_to_leader(
     if serves_locally(&request) {
         return next.run(request).await;
     }
-    match app.lead().await {
+    // Reads are linearizable: leadership confirmed with a quorum, state caught up.
+    // Writes need only know who leads: apply rejects any record that does not extend
+    // the agent's head, so a decision made on stale state can never take effect.
+    let lead = if request.method() == axum::http::Method::GET {
+        app.lead().await
+    } else {
+        app.lead_for_write()
+    };
+    match lead {
         Ok(Lead::Here) => next.run(request).await,
         Ok(Lead::Forward(addr)) => {
             if request.headers().contains_key(FORWARDED_HEADER) {

@@ -248,7 +248,11 @@ impl StateMachine {
         data: &mut SmData,
         entries: Vec<Entry<TypeConfig>>,
     ) -> Result<Vec<ApplyOutcome>, StorageError> {
-        let txn = self.db.begin_write().map_err(sm_write_err)?;
+        let mut txn = self.db.begin_write().map_err(sm_write_err)?;
+        // The Raft log is the durable copy: applied state needs no fsync of its own. A
+        // crash rolls it back to the last durable commit (the next log append makes it
+        // durable), records and last_applied together, and openraft re-applies the rest.
+        txn.set_durability(redb::Durability::None);
         let mut outcomes = Vec::with_capacity(entries.len());
         {
             let mut records_table = txn.open_table(RECORDS).map_err(sm_write_err)?;
@@ -343,6 +347,9 @@ fn store_append(
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        // Logs up to this snapshot may be purged next: make the applied state durable.
+        let txn = self.db.begin_write().map_err(sm_write_err)?;
+        txn.commit().map_err(sm_write_err)?;
         // Hold the data lock so the snapshot and its log id describe the same state.
         let (meta, bytes) = {
             let data = self.read_data();
