@@ -11,10 +11,11 @@ use axum::http::StatusCode;
 use lineage_core::guard::{decide, seal, AgentState, Command, Status};
 use lineage_core::record::timestamp;
 use lineage_core::AuditKey;
-use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::error::{CheckIsLeaderError, RaftError};
 use serde_json::Value;
 
 use crate::api::error::ApiError;
+use crate::batcher::{Batcher, WriteError};
 use crate::raft_types::{AppendRecords, ApplyOutcome, IdempotentAnswer, NodeId, Raft};
 use crate::store::{AgentSlot, StateMachine};
 
@@ -33,6 +34,7 @@ pub struct App {
     pub keys: ClusterKeys,
     /// One HTTP client for forwarding (and Raft), reused for its connection pool.
     pub http: reqwest::Client,
+    batcher: Batcher,
     agent_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -66,6 +68,7 @@ impl App {
     ) -> Self {
         App {
             id,
+            batcher: Batcher::spawn(raft.clone()),
             raft,
             sm,
             keys,
@@ -229,15 +232,13 @@ impl App {
             records,
             idempotency,
         };
-        match self.raft.client_write(entry).await {
-            Ok(response) => match response.data {
-                ApplyOutcome::Applied => Ok(answer),
-                ApplyOutcome::Rejected(reason) => Err(ApiError::Stale(reason)),
-            },
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(ApiError::Unavailable(
+        match self.batcher.write(entry).await {
+            Ok(ApplyOutcome::Applied) => Ok(answer),
+            Ok(ApplyOutcome::Rejected(reason)) => Err(ApiError::Stale(reason)),
+            Err(WriteError::NotLeader) => Err(ApiError::Unavailable(
                 "leadership changed before the write committed; retry with the same Idempotency-Key".into(),
             )),
-            Err(e) => Err(ApiError::Unavailable(e.to_string())),
+            Err(WriteError::Failed(e)) => Err(ApiError::Unavailable(e)),
         }
     }
 }

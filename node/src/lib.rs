@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod app;
+pub mod batcher;
 pub mod keys;
 pub mod network;
 pub mod raft_types;

@@ -1,5 +1,5 @@
-//! The Raft type configuration: one kind of application entry, "append these signed
-//! records to this agent's log".
+//! The Raft type configuration: one kind of application entry, a batch of "append these
+//! signed records to this agent's log".
 
 use std::io::Cursor;
 
@@ -8,7 +8,16 @@ use serde::{Deserialize, Serialize};
 
 pub type NodeId = u64;
 
-/// A replicated write: records that extend one agent's log, and optionally the answer to
+/// One Raft entry: the writes of many agents, decided concurrently by the leader and
+/// committed together (group commit).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Batch(pub Vec<AppendRecords>);
+
+/// One outcome per write of a batch, in order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BatchOutcome(pub Vec<ApplyOutcome>);
+
+/// A write: records that extend one agent's log, and optionally the answer to
 /// remember under an idempotency key so a retry returns it without appending again.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AppendRecords {
@@ -36,8 +45,8 @@ pub enum ApplyOutcome {
 
 openraft::declare_raft_types!(
     pub TypeConfig:
-        D = AppendRecords,
-        R = ApplyOutcome,
+        D = Batch,
+        R = BatchOutcome,
         NodeId = NodeId,
         Node = openraft::BasicNode,
         SnapshotData = Cursor<Vec<u8>>,

@@ -2,7 +2,7 @@
 
 use lineage_core::guard::{decide, seal, AgentState, Command};
 use lineage_core::{AuditKey, Policy, ToolRule};
-use lineage_node::raft_types::{AppendRecords, ApplyOutcome, TypeConfig};
+use lineage_node::raft_types::{AppendRecords, ApplyOutcome, Batch, BatchOutcome, TypeConfig};
 use lineage_node::store::{self, AgentSlot, LogStore, StateMachine};
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::testing::{log_id, StoreBuilder, Suite};
@@ -65,7 +65,7 @@ async fn applied_records_and_log_entries_survive_reopen() {
         .enumerate()
         .map(|(i, a)| Entry {
             log_id: log_id(1, 1, i as u64 + 1),
-            payload: EntryPayload::Normal(a.clone()),
+            payload: EntryPayload::Normal(Batch(vec![a.clone()])),
         })
         .collect();
     {
@@ -74,10 +74,16 @@ async fn applied_records_and_log_entries_survive_reopen() {
         let mut reader = log.get_log_reader().await;
         assert!(reader.try_get_log_entries(0..10).await.unwrap().is_empty());
         let outcomes = sm.apply(entries.clone()).await.unwrap();
-        assert_eq!(outcomes, vec![ApplyOutcome::Applied, ApplyOutcome::Applied]);
+        assert_eq!(
+            outcomes,
+            vec![
+                BatchOutcome(vec![ApplyOutcome::Applied]),
+                BatchOutcome(vec![ApplyOutcome::Applied])
+            ]
+        );
         // A replayed entry (a stale leader's duplicate) is rejected and changes nothing.
         let dup = sm.apply(vec![entries[1].clone()]).await.unwrap();
-        assert!(matches!(dup[0], ApplyOutcome::Rejected(_)), "{dup:?}");
+        assert!(matches!(dup[0].0[0], ApplyOutcome::Rejected(_)), "{dup:?}");
     }
     let (_, mut sm) = store::open(dir.path()).unwrap();
     let (applied, _) = sm.applied_state().await.unwrap();

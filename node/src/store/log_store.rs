@@ -59,9 +59,15 @@ impl LogStore {
             .map_err(read_err)
     }
 
-    fn put_meta<T: serde::Serialize>(&self, key: &str, value: &T) -> Result<(), StorageError> {
+    fn put_meta<T: serde::Serialize>(
+        &self,
+        key: &str,
+        value: &T,
+        durability: redb::Durability,
+    ) -> Result<(), StorageError> {
         let bytes = serde_json::to_vec(value).map_err(write_err)?;
-        let txn = self.db.begin_write().map_err(write_err)?;
+        let mut txn = self.db.begin_write().map_err(write_err)?;
+        txn.set_durability(durability);
         {
             let mut table = txn.open_table(META).map_err(write_err)?;
             table.insert(key, bytes.as_slice()).map_err(write_err)?;
@@ -128,7 +134,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        self.put_meta(VOTE_KEY, vote)
+        self.put_meta(VOTE_KEY, vote, redb::Durability::Immediate)
             .map_err(|e| StorageIOError::write_vote(openraft::AnyError::new(&e)).into())
     }
 
@@ -140,7 +146,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         &mut self,
         committed: Option<LogId<NodeId>>,
     ) -> Result<(), StorageError> {
-        self.put_meta(COMMITTED_KEY, &committed)
+        // Only a hint for re-applying after a restart; the next durable commit (any log
+        // append) persists it. Losing it costs re-application, never correctness.
+        self.put_meta(COMMITTED_KEY, &committed, redb::Durability::None)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError> {
@@ -191,7 +199,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
         // Record the purge point first: if we crash before deleting, the entries are
         // simply purged again on the next purge.
-        self.put_meta(PURGED_KEY, &log_id)?;
+        self.put_meta(PURGED_KEY, &log_id, redb::Durability::Immediate)?;
         self.delete_range(0, Some(log_id.index))
     }
 }

@@ -23,7 +23,7 @@ use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use crate::raft_types::{
-    AppendRecords, ApplyOutcome, IdempotentAnswer, NodeId, StorageError, TypeConfig,
+    AppendRecords, ApplyOutcome, BatchOutcome, IdempotentAnswer, NodeId, StorageError, TypeConfig,
 };
 
 /// (agent_id, seq) → the record's line.
@@ -231,7 +231,7 @@ impl StateMachine {
     fn apply_batch(
         &self,
         entries: Vec<Entry<TypeConfig>>,
-    ) -> Result<Vec<ApplyOutcome>, StorageError> {
+    ) -> Result<Vec<BatchOutcome>, StorageError> {
         let mut data = self.write_data();
         let result = self.apply_batch_locked(&mut data, entries);
         if result.is_err() {
@@ -247,7 +247,7 @@ impl StateMachine {
         &self,
         data: &mut SmData,
         entries: Vec<Entry<TypeConfig>>,
-    ) -> Result<Vec<ApplyOutcome>, StorageError> {
+    ) -> Result<Vec<BatchOutcome>, StorageError> {
         let mut txn = self.db.begin_write().map_err(sm_write_err)?;
         // The Raft log is the durable copy: applied state needs no fsync of its own. A
         // crash rolls it back to the last durable commit (the next log append makes it
@@ -259,27 +259,34 @@ impl StateMachine {
             let mut idem_table = txn.open_table(IDEMPOTENCY).map_err(sm_write_err)?;
             for entry in entries {
                 data.last_applied = Some(entry.log_id);
-                let append = match entry.payload {
+                let batch = match entry.payload {
                     EntryPayload::Blank => {
-                        outcomes.push(ApplyOutcome::Applied);
+                        outcomes.push(BatchOutcome::default());
                         continue;
                     }
                     EntryPayload::Membership(m) => {
                         data.membership = StoredMembership::new(Some(entry.log_id), m);
-                        outcomes.push(ApplyOutcome::Applied);
+                        outcomes.push(BatchOutcome::default());
                         continue;
                     }
-                    EntryPayload::Normal(append) => append,
+                    EntryPayload::Normal(batch) => batch,
                 };
-                let slot = data
-                    .agents
-                    .entry(append.agent_id.clone())
-                    .or_insert_with(|| AgentSlot::Active(Box::default()));
-                let outcome = fold_into(slot, &append.agent_id, &append.records);
-                if outcome == ApplyOutcome::Applied {
-                    store_append(&append, &mut records_table, &mut idem_table)?;
+                let mut batch_outcomes = Vec::with_capacity(batch.0.len());
+                for append in &batch.0 {
+                    let slot = data
+                        .agents
+                        .entry(append.agent_id.clone())
+                        .or_insert_with(|| AgentSlot::Active(Box::default()));
+                    let outcome = fold_into(slot, &append.agent_id, &append.records);
+                    if outcome == ApplyOutcome::Applied {
+                        store_append(append, &mut records_table, &mut idem_table)?;
+                    } else if matches!(slot, AgentSlot::Active(s) if s.head.is_none()) {
+                        // A rejected first write leaves no agent behind.
+                        data.agents.remove(&append.agent_id);
+                    }
+                    batch_outcomes.push(outcome);
                 }
-                outcomes.push(outcome);
+                outcomes.push(BatchOutcome(batch_outcomes));
             }
             let mut meta = txn.open_table(SM_META).map_err(sm_write_err)?;
             let applied = serde_json::to_vec(&data.last_applied).map_err(sm_write_err)?;
@@ -289,9 +296,6 @@ impl StateMachine {
             meta.insert(MEMBERSHIP_KEY, members.as_slice())
                 .map_err(sm_write_err)?;
         }
-        // Drop agents that never got a record (a rejected first entry).
-        data.agents
-            .retain(|_, slot| !matches!(slot, AgentSlot::Active(s) if s.head.is_none()));
         txn.commit().map_err(sm_write_err)?;
         Ok(outcomes)
     }
@@ -386,7 +390,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok((data.last_applied, data.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<ApplyOutcome>, StorageError>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<BatchOutcome>, StorageError>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
