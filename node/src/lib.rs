@@ -41,17 +41,24 @@ pub struct NodeConfig {
     pub peers: Vec<(NodeId, String)>,
     /// Overrides `keys/admin.token` (the reference's `GUARD_ADMIN_TOKEN`).
     pub admin_token: Option<String>,
+    /// Build a snapshot (and let older log entries be purged) every this many entries.
+    pub snapshot_every: u64,
 }
 
-fn raft_config(id: NodeId) -> Result<openraft::Config, String> {
+/// Default for [`NodeConfig::snapshot_every`].
+pub const DEFAULT_SNAPSHOT_EVERY: u64 = 10_000;
+/// Log entries kept behind a snapshot, so briefly lagging followers need no snapshot.
+const LOGS_KEPT_BEHIND_SNAPSHOT: u64 = 1_000;
+
+fn raft_config(id: NodeId, snapshot_every: u64) -> Result<openraft::Config, String> {
     let min = ELECTION_TIMEOUT_BASE_MS + (id % 5) * ELECTION_TIMEOUT_STAGGER_MS;
     openraft::Config {
         cluster_name: "lineage".into(),
         heartbeat_interval: HEARTBEAT_INTERVAL_MS,
         election_timeout_min: min,
         election_timeout_max: min + ELECTION_TIMEOUT_STAGGER_MS,
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(10_000),
-        max_in_snapshot_log_to_keep: 1_000,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(snapshot_every.max(1)),
+        max_in_snapshot_log_to_keep: LOGS_KEPT_BEHIND_SNAPSHOT.min(snapshot_every),
         ..Default::default()
     }
     .validate()
@@ -72,7 +79,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     };
     let raft = openraft::Raft::new(
         config.id,
-        Arc::new(raft_config(config.id)?),
+        Arc::new(raft_config(config.id, config.snapshot_every)?),
         network,
         log_store,
         state_machine.clone(),

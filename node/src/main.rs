@@ -39,6 +39,9 @@ enum Command {
         /// Voters of a new cluster, as id=host:port,id=host:port (the lowest id bootstraps)
         #[arg(long, env = "LINEAGE_PEERS", value_delimiter = ',')]
         peers: Vec<String>,
+        /// Snapshot the state machine every this many Raft entries
+        #[arg(long, env = "LINEAGE_SNAPSHOT_EVERY", default_value_t = lineage_node::DEFAULT_SNAPSHOT_EVERY)]
+        snapshot_every: u64,
     },
     /// Run a local cluster on 127.0.0.1 (ports P, P+1, …) until Ctrl-C
     Dev {
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
             data_dir,
             keys_dir,
             peers,
+            snapshot_every,
         }) => parse_peers(&peers).and_then(|peers| {
             serve(NodeConfig {
                 id,
@@ -102,6 +106,7 @@ fn main() -> ExitCode {
                 keys_dir,
                 peers,
                 admin_token: None,
+                snapshot_every,
             })
         }),
         Some(Command::Dev {
@@ -159,6 +164,7 @@ fn reference_mode() -> Result<(), String> {
         keys_dir,
         peers: vec![(1, listen.to_string())],
         admin_token,
+        snapshot_every: lineage_node::DEFAULT_SNAPSHOT_EVERY,
     })
 }
 

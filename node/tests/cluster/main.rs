@@ -267,3 +267,60 @@ async fn the_rust_client_fails_over_and_never_charges_twice() {
     );
     assert_eq!(status.actions_allowed, allowed);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_node_rejoins_and_catches_up() {
+    let mut cluster = Cluster::start(3).await;
+    let public_key = cluster.public_key().await;
+    let token = cluster.create_agent(0, "bot", policy(1000)).await;
+    for n in 0..10 {
+        act_until_served(&cluster, n % 3, "bot", &token, &format!("w{n}")).await;
+    }
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    let victim = (leader + 1) % 3;
+    cluster.kill(victim);
+    cluster.wipe(victim);
+    for n in 0..5 {
+        act_until_served(&cluster, leader, "bot", &token, &format!("while-down-{n}")).await;
+    }
+    cluster.start_node(victim);
+    let log = cluster.converged_log("bot", Duration::from_secs(15)).await;
+    assert_eq!(log.len(), 2 + 15 * 2);
+    verify(&log, &public_key);
+    // The wiped node serves the agent's state again.
+    let (status, body) = cluster
+        .get(victim, "/v1/agents/bot?local=true", &cluster.admin.clone())
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["spent"], 15);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_node_catches_up_from_a_snapshot_when_the_log_was_purged() {
+    let mut cluster = Cluster::start_with(3, &["--snapshot-every", "8"]).await;
+    let public_key = cluster.public_key().await;
+    let token = cluster.create_agent(0, "bot", policy(1000)).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    let victim = (leader + 1) % 3;
+    cluster.kill(victim);
+    cluster.wipe(victim);
+    // Far more entries than one snapshot interval: the leader purges what the wiped
+    // node would need, so only a snapshot can bring it back.
+    for n in 0..40 {
+        act_until_served(&cluster, leader, "bot", &token, &format!("s{n}")).await;
+    }
+    cluster.start_node(victim);
+    let log = cluster.converged_log("bot", Duration::from_secs(20)).await;
+    assert_eq!(log.len(), 2 + 40 * 2);
+    verify(&log, &public_key);
+    let (status, body) = cluster
+        .get(victim, "/v1/agents/bot?local=true", &cluster.admin.clone())
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["spent"], 40);
+    // And after a restart it still has it (the snapshot was installed durably).
+    cluster.kill(victim);
+    cluster.start_node(victim);
+    let log_after = cluster.converged_log("bot", Duration::from_secs(20)).await;
+    assert_eq!(log_after, log);
+}

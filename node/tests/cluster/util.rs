@@ -14,6 +14,8 @@ pub struct Cluster {
     children: Vec<Option<Child>>,
     pub admin: String,
     pub http: reqwest::Client,
+    /// Extra flags for every node.
+    pub extra_args: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -23,6 +25,10 @@ fn free_port() -> u16 {
 
 impl Cluster {
     pub async fn start(n: usize) -> Cluster {
+        Self::start_with(n, &[]).await
+    }
+
+    pub async fn start_with(n: usize, extra_args: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let keys = dir.path().join("keys");
         let status = Command::new(env!("CARGO_BIN_EXE_lineage-node"))
@@ -45,6 +51,7 @@ impl Cluster {
                 .timeout(Duration::from_secs(5))
                 .build()
                 .expect("client"),
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
         };
         for i in 0..n {
             cluster.start_node(i);
@@ -83,6 +90,7 @@ impl Cluster {
             .arg(self.dir.path().join("keys"))
             .arg("--peers")
             .arg(peers.join(","))
+            .args(&self.extra_args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -99,6 +107,11 @@ impl Cluster {
             let _ = std::fs::copy(self.dir.path().join(&name), target.join(&name));
         }
         eprintln!("node logs kept in {}", target.display());
+    }
+
+    /// Deletes a (stopped) node's data directory: a replaced disk.
+    pub fn wipe(&self, i: usize) {
+        let _ = std::fs::remove_dir_all(self.data_dir(i));
     }
 
     /// kill -9.
