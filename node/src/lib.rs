@@ -105,7 +105,13 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         }
     }
 
-    let app = Arc::new(App::new(config.id, raft.clone(), state_machine, keys, http));
+    let app = Arc::new(App::new(
+        config.id,
+        raft.clone(),
+        state_machine.clone(),
+        keys,
+        http,
+    ));
     let router = api::router(app);
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "lineage-node serving");
     axum::serve(listener, router)
@@ -113,6 +119,10 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         .await
         .map_err(|e| format!("server: {e}"))?;
     let _ = raft.shutdown().await;
+    // So the next start replays only what follows these checkpoints.
+    if let Err(e) = state_machine.checkpoint_agents() {
+        tracing::warn!(error = %e, "could not checkpoint agent states at shutdown");
+    }
     Ok(())
 }
 

@@ -26,18 +26,21 @@ fn openraft_storage_suite_passes() {
 }
 
 fn create_entries(key: &AuditKey) -> Vec<AppendRecords> {
+    entries_with_requests(key, 1)
+}
+
+/// Create, then `requests` allowed actions, one write each.
+fn entries_with_requests(key: &AuditKey, requests: usize) -> Vec<AppendRecords> {
     let mut state = AgentState::new();
-    let commands = [
-        Command::Create {
-            agent_id: "bot".into(),
-            policy: Policy::new(10).allow("search", ToolRule::cost(1)),
-        },
-        Command::Request {
-            tool: "search".into(),
-            input: serde_json::json!({"q": 1}),
-            cost: None,
-        },
-    ];
+    let mut commands = vec![Command::Create {
+        agent_id: "bot".into(),
+        policy: Policy::new(1000).allow("search", ToolRule::cost(1)),
+    }];
+    commands.extend((0..requests).map(|i| Command::Request {
+        tool: "search".into(),
+        input: serde_json::json!({"q": i}),
+        cost: None,
+    }));
     let mut entries = Vec::new();
     for (i, command) in commands.iter().enumerate() {
         let now = 1_800_000_000_000_000 + i as i64;
@@ -99,4 +102,55 @@ async fn applied_records_and_log_entries_survive_reopen() {
     }
     drop(data);
     assert_eq!(sm.records("bot", 0, 100).unwrap().len(), 4);
+}
+
+fn as_entries(appends: &[AppendRecords], first_index: u64) -> Vec<Entry<TypeConfig>> {
+    appends
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Entry {
+            log_id: log_id(1, 1, first_index + i as u64),
+            payload: EntryPayload::Normal(Batch(vec![a.clone()])),
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_replays_only_the_records_after_the_last_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([8; 32]);
+    let appends = entries_with_requests(&key, 60);
+    let (checkpointed, tail) = appends.split_at(59);
+    let expected = {
+        let (_, mut sm) = store::open(dir.path()).unwrap();
+        sm.apply(as_entries(checkpointed, 1)).await.unwrap();
+        assert_eq!(sm.checkpoint_agents().unwrap(), 1);
+        sm.apply(as_entries(tail, 60)).await.unwrap();
+        let data = sm.read_data();
+        match data.agents.get("bot") {
+            Some(AgentSlot::Active(state)) => state.as_ref().clone(),
+            other => panic!("{other:?}"),
+        }
+    };
+    let (_, sm) = store::open(dir.path()).unwrap();
+    let data = sm.read_data();
+    // Two requests after the checkpoint, two records each.
+    assert_eq!(data.records_replayed_at_open, 4);
+    match data.agents.get("bot") {
+        Some(AgentSlot::Active(state)) => assert_eq!(state.as_ref(), &expected),
+        other => panic!("agent not restored: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_checkpoint_start_up_replays_and_checks_every_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([9; 32]);
+    let appends = entries_with_requests(&key, 5);
+    {
+        let (_, mut sm) = store::open(dir.path()).unwrap();
+        sm.apply(as_entries(&appends, 1)).await.unwrap();
+    }
+    let (_, sm) = store::open(dir.path()).unwrap();
+    assert_eq!(sm.read_data().records_replayed_at_open, 2 + 5 * 2);
 }

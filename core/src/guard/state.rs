@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::types::{Action, ActionStatus, OutcomeStatus, PendingAction, Scar, Severity, Status};
@@ -15,7 +16,7 @@ use crate::record::{timestamp, Head, Record};
 pub struct ReplayError(pub String);
 
 /// One action's state; `input` is kept so approvers and backends see the exact request.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ActionState {
     pub tool: String,
     pub input: Value,
@@ -27,7 +28,8 @@ pub struct ActionState {
 }
 
 /// Everything the guard knows about one agent, derived only from its records.
-#[derive(Clone, Debug, PartialEq, Default)]
+/// Serialisable so a node can checkpoint it and replay only the records after it.
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
 pub struct AgentState {
     pub agent_id: String,
     pub public_key: String,

@@ -31,6 +31,11 @@ const RECORDS: TableDefinition<(&str, u64), &str> = TableDefinition::new("record
 /// "agent_id\n key" → JSON IdempotentAnswer.
 const IDEMPOTENCY: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
 const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
+/// Every agent that has records (written with its first record).
+const AGENT_INDEX: TableDefinition<&str, ()> = TableDefinition::new("agent_index");
+/// Checkpointed agent states (JSON): start-up loads these and replays only the records
+/// after each checkpoint's head, so it does not grow with the length of the logs.
+const AGENT_CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("agent_checkpoints");
 const APPLIED_KEY: &str = "last_applied";
 const MEMBERSHIP_KEY: &str = "membership";
 
@@ -47,6 +52,10 @@ pub struct SmData {
     pub last_applied: Option<LogId<NodeId>>,
     pub membership: StoredMembership<NodeId, BasicNode>,
     pub agents: BTreeMap<String, AgentSlot>,
+    /// Agents changed since their last checkpoint.
+    dirty: std::collections::BTreeSet<String>,
+    /// Records folded while loading from disk (what start-up cost).
+    pub records_replayed_at_open: u64,
 }
 
 /// The whole state machine as a snapshot carries it.
@@ -144,6 +153,8 @@ impl StateMachine {
             txn.open_table(RECORDS).map_err(sm_write_err)?;
             txn.open_table(IDEMPOTENCY).map_err(sm_write_err)?;
             txn.open_table(SM_META).map_err(sm_write_err)?;
+            txn.open_table(AGENT_INDEX).map_err(sm_write_err)?;
+            txn.open_table(AGENT_CHECKPOINTS).map_err(sm_write_err)?;
             txn.commit().map_err(sm_write_err)?;
         }
         let sm = StateMachine {
@@ -177,29 +188,38 @@ impl StateMachine {
             data.membership = serde_json::from_slice(v.value()).map_err(sm_read_err)?;
         }
         let records = txn.open_table(RECORDS).map_err(sm_read_err)?;
-        for item in records.iter().map_err(sm_read_err)? {
-            let (key, line) = item.map_err(sm_read_err)?;
-            let (agent_id, _seq) = key.value();
-            let slot = data
-                .agents
-                .entry(agent_id.to_string())
-                .or_insert_with(|| AgentSlot::Active(Box::default()));
-            match Record::from_line(line.value()) {
-                Ok(record) => {
-                    if let ApplyOutcome::Rejected(reason) =
-                        fold_into(slot, agent_id, std::slice::from_ref(&record))
-                    {
-                        if !matches!(slot, AgentSlot::Quarantined(_)) {
-                            *slot = AgentSlot::Quarantined(reason);
-                        }
-                    }
-                }
-                Err(e) => {
+        let index = txn.open_table(AGENT_INDEX).map_err(sm_read_err)?;
+        let checkpoints = txn.open_table(AGENT_CHECKPOINTS).map_err(sm_read_err)?;
+        for item in index.iter().map_err(sm_read_err)? {
+            let (agent, _) = item.map_err(sm_read_err)?;
+            let agent_id = agent.value();
+            let start: AgentState = match checkpoints.get(agent_id).map_err(sm_read_err)? {
+                Some(bytes) => serde_json::from_slice(bytes.value()).map_err(sm_read_err)?,
+                None => AgentState::new(),
+            };
+            let mut slot = AgentSlot::Active(Box::new(start));
+            let from = match &slot {
+                AgentSlot::Active(state) => state.next_seq(),
+                AgentSlot::Quarantined(_) => 0,
+            };
+            for item in records
+                .range((agent_id, from)..=(agent_id, u64::MAX))
+                .map_err(sm_read_err)?
+            {
+                let (_, line) = item.map_err(sm_read_err)?;
+                data.records_replayed_at_open += 1;
+                let outcome = match Record::from_line(line.value()) {
+                    Ok(record) => fold_into(&mut slot, agent_id, std::slice::from_ref(&record)),
+                    Err(e) => ApplyOutcome::Rejected(format!("malformed stored record: {e}")),
+                };
+                if let ApplyOutcome::Rejected(reason) = outcome {
                     if !matches!(slot, AgentSlot::Quarantined(_)) {
-                        *slot = AgentSlot::Quarantined(format!("malformed stored record: {e}"));
+                        slot = AgentSlot::Quarantined(reason);
                     }
+                    break;
                 }
             }
+            data.agents.insert(agent_id.to_string(), slot);
         }
         Ok(data)
     }
@@ -257,6 +277,7 @@ impl StateMachine {
         {
             let mut records_table = txn.open_table(RECORDS).map_err(sm_write_err)?;
             let mut idem_table = txn.open_table(IDEMPOTENCY).map_err(sm_write_err)?;
+            let mut index_table = txn.open_table(AGENT_INDEX).map_err(sm_write_err)?;
             for entry in entries {
                 data.last_applied = Some(entry.log_id);
                 let batch = match entry.payload {
@@ -280,6 +301,12 @@ impl StateMachine {
                     let outcome = fold_into(slot, &append.agent_id, &append.records);
                     if outcome == ApplyOutcome::Applied {
                         store_append(append, &mut records_table, &mut idem_table)?;
+                        if append.records.first().is_some_and(|r| r.seq == 0) {
+                            index_table
+                                .insert(append.agent_id.as_str(), ())
+                                .map_err(sm_write_err)?;
+                        }
+                        data.dirty.insert(append.agent_id.clone());
                     } else if matches!(slot, AgentSlot::Active(s) if s.head.is_none()) {
                         // A rejected first write leaves no agent behind.
                         data.agents.remove(&append.agent_id);
@@ -298,6 +325,27 @@ impl StateMachine {
         }
         txn.commit().map_err(sm_write_err)?;
         Ok(outcomes)
+    }
+
+    /// Writes the state of every agent changed since its last checkpoint, durably. The
+    /// states match the committed records (both are published under the same lock).
+    pub fn checkpoint_agents(&self) -> Result<usize, StorageError> {
+        let mut data = self.write_data();
+        let dirty = std::mem::take(&mut data.dirty);
+        let txn = self.db.begin_write().map_err(sm_write_err)?;
+        {
+            let mut table = txn.open_table(AGENT_CHECKPOINTS).map_err(sm_write_err)?;
+            for agent_id in &dirty {
+                if let Some(AgentSlot::Active(state)) = data.agents.get(agent_id) {
+                    let bytes = serde_json::to_vec(state.as_ref()).map_err(sm_write_err)?;
+                    table
+                        .insert(agent_id.as_str(), bytes.as_slice())
+                        .map_err(sm_write_err)?;
+                }
+            }
+        }
+        txn.commit().map_err(sm_write_err)?;
+        Ok(dirty.len())
     }
 
     fn snapshot_body(&self) -> Result<Vec<u8>, StorageError> {
@@ -351,9 +399,9 @@ fn store_append(
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        // Logs up to this snapshot may be purged next: make the applied state durable.
-        let txn = self.db.begin_write().map_err(sm_write_err)?;
-        txn.commit().map_err(sm_write_err)?;
+        // Logs up to this snapshot may be purged next: make the applied state durable,
+        // with fresh checkpoints so a restart replays only what follows.
+        self.checkpoint_agents()?;
         // Hold the data lock so the snapshot and its log id describe the same state.
         let (meta, bytes) = {
             let data = self.read_data();
@@ -434,6 +482,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         .insert((agent_id.as_str(), seq as u64), line.as_str())
                         .map_err(sm_write_err)?;
                 }
+            }
+            let mut checkpoints = txn.open_table(AGENT_CHECKPOINTS).map_err(sm_write_err)?;
+            checkpoints.retain(|_, _| false).map_err(sm_write_err)?;
+            let mut index = txn.open_table(AGENT_INDEX).map_err(sm_write_err)?;
+            index.retain(|_, _| false).map_err(sm_write_err)?;
+            for agent_id in body.records.keys() {
+                index.insert(agent_id.as_str(), ()).map_err(sm_write_err)?;
             }
             let mut idem = txn.open_table(IDEMPOTENCY).map_err(sm_write_err)?;
             idem.retain(|_, _| false).map_err(sm_write_err)?;
