@@ -11,6 +11,7 @@ pub mod batcher;
 pub mod keys;
 pub mod network;
 pub mod raft_types;
+pub mod scrub;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -43,7 +44,12 @@ pub struct NodeConfig {
     pub admin_token: Option<String>,
     /// Build a snapshot (and let older log entries be purged) every this many entries.
     pub snapshot_every: u64,
+    /// Re-verify every stored record this often; `None` disables the scrub.
+    pub scrub_interval: Option<Duration>,
 }
+
+/// Default seconds between scrub passes.
+pub const DEFAULT_SCRUB_INTERVAL_SECS: u64 = 300;
 
 /// Default for [`NodeConfig::snapshot_every`].
 pub const DEFAULT_SNAPSHOT_EVERY: u64 = 10_000;
@@ -105,6 +111,13 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         }
     }
 
+    if let Some(interval) = config.scrub_interval {
+        scrub::spawn(
+            state_machine.clone(),
+            keys.audit.public_key_hex().to_string(),
+            interval,
+        );
+    }
     let app = Arc::new(App::new(
         config.id,
         raft.clone(),

@@ -42,6 +42,9 @@ enum Command {
         /// Snapshot the state machine every this many Raft entries
         #[arg(long, env = "LINEAGE_SNAPSHOT_EVERY", default_value_t = lineage_node::DEFAULT_SNAPSHOT_EVERY)]
         snapshot_every: u64,
+        /// Seconds between integrity scrubs of the stored records (0 disables)
+        #[arg(long, env = "LINEAGE_SCRUB_INTERVAL_SECS", default_value_t = lineage_node::DEFAULT_SCRUB_INTERVAL_SECS)]
+        scrub_interval_secs: u64,
     },
     /// Run a local cluster on 127.0.0.1 (ports P, P+1, …) until Ctrl-C
     Dev {
@@ -97,6 +100,7 @@ fn main() -> ExitCode {
             keys_dir,
             peers,
             snapshot_every,
+            scrub_interval_secs,
         }) => parse_peers(&peers).and_then(|peers| {
             serve(NodeConfig {
                 id,
@@ -107,6 +111,7 @@ fn main() -> ExitCode {
                 peers,
                 admin_token: None,
                 snapshot_every,
+                scrub_interval: scrub_interval(scrub_interval_secs),
             })
         }),
         Some(Command::Dev {
@@ -123,6 +128,10 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn scrub_interval(secs: u64) -> Option<std::time::Duration> {
+    (secs > 0).then(|| std::time::Duration::from_secs(secs))
 }
 
 fn serve(config: NodeConfig) -> Result<(), String> {
@@ -146,6 +155,12 @@ fn reference_mode() -> Result<(), String> {
         Err(std::env::VarError::NotPresent) => None,
         Err(e) => return Err(format!("GUARD_ADMIN_TOKEN: {e}")),
     };
+    let scrub_secs = match std::env::var("LINEAGE_SCRUB_INTERVAL_SECS") {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| format!("LINEAGE_SCRUB_INTERVAL_SECS {v:?} is not a number"))?,
+        Err(_) => lineage_node::DEFAULT_SCRUB_INTERVAL_SECS,
+    };
     let keys_dir = data_dir.join("keys");
     keys::create_missing(&keys_dir, admin_token.is_some())?;
     println!("lineage-node listening on http://{listen}");
@@ -165,6 +180,7 @@ fn reference_mode() -> Result<(), String> {
         peers: vec![(1, listen.to_string())],
         admin_token,
         snapshot_every: lineage_node::DEFAULT_SNAPSHOT_EVERY,
+        scrub_interval: scrub_interval(scrub_secs),
     })
 }
 

@@ -630,6 +630,25 @@ async fn every_endpoint_and_error_case() {
         (405, Some("method_not_allowed"))
     );
 
+    // Node-to-node Raft traffic needs the cluster secret.
+    let reply = node
+        .http
+        .post(format!("{}/raft/vote", node.base))
+        .json(&json!({"vote": {"leader_id": {"term": 99, "node_id": 7}, "committed": false}, "last_log_id": null}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), StatusCode::UNAUTHORIZED);
+    let reply = node
+        .http
+        .post(format!("{}/raft/append", node.base))
+        .header("x-lineage-cluster-secret", "guess")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), StatusCode::UNAUTHORIZED);
+
     // The node is still up after all of that.
     assert_eq!(node.get("/healthz", None).await.0, StatusCode::OK);
 }

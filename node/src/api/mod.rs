@@ -52,7 +52,7 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .merge(v1)
         .merge(crate::network::management::health_routes())
-        .merge(crate::network::raft_routes::routes())
+        .merge(crate::network::raft_routes::routes(app.clone()))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -16,54 +15,52 @@ use crate::api::error::ApiError;
 use crate::app::App;
 use crate::raft_types::{NodeId, TypeConfig};
 
-pub fn routes() -> Router<Arc<App>> {
+pub fn routes(app: Arc<App>) -> Router<Arc<App>> {
     Router::new()
         .route("/raft/append", post(append))
         .route("/raft/vote", post(vote))
         .route("/raft/snapshot", post(snapshot))
+        .route_layer(axum::middleware::from_fn_with_state(
+            app,
+            require_cluster_secret,
+        ))
 }
 
-fn authenticate(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
-    let presented = headers
+/// Checked before the body is even read: only nodes holding the secret speak Raft.
+async fn require_cluster_secret(
+    State(app): State<Arc<App>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let presented = request
+        .headers()
         .get(CLUSTER_SECRET_HEADER)
         .map(|v| v.as_bytes())
         .unwrap_or_default();
     if secrets_equal(presented, app.keys.cluster_secret.as_bytes()) {
-        Ok(())
+        next.run(request).await
     } else {
-        Err(ApiError::Unauthorized)
+        ApiError::Unauthorized.into_response()
     }
 }
 
 async fn append(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
     JsonBody(request): JsonBody<AppendEntriesRequest<TypeConfig>>,
 ) -> Response {
-    if let Err(e) = authenticate(&app, &headers) {
-        return e.into_response();
-    }
     Json(app.raft.append_entries(request).await).into_response()
 }
 
 async fn vote(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
     JsonBody(request): JsonBody<VoteRequest<NodeId>>,
 ) -> Response {
-    if let Err(e) = authenticate(&app, &headers) {
-        return e.into_response();
-    }
     Json(app.raft.vote(request).await).into_response()
 }
 
 async fn snapshot(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
     JsonBody(request): JsonBody<InstallSnapshotRequest<TypeConfig>>,
 ) -> Response {
-    if let Err(e) = authenticate(&app, &headers) {
-        return e.into_response();
-    }
     Json(app.raft.install_snapshot(request).await).into_response()
 }

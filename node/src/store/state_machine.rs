@@ -240,6 +240,14 @@ impl StateMachine {
         Ok(out)
     }
 
+    /// Marks an agent's copy on this node as untrustworthy: nothing is served or applied
+    /// for it here until it is repaired.
+    pub fn quarantine(&self, agent_id: &str, reason: String) {
+        let mut data = self.write_data();
+        data.agents
+            .insert(agent_id.to_string(), AgentSlot::Quarantined(reason));
+    }
+
     /// The answer stored under an idempotency key, if any.
     pub fn idempotent_answer(&self, agent_id: &str, key: &str) -> Option<IdempotentAnswer> {
         let txn = self.db.begin_read().ok()?;

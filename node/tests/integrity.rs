@@ -1,0 +1,252 @@
+//! Tampered storage: a record edited on disk is caught — at start-up when the records are
+//! replayed, by the scrub when a checkpoint skipped them — and the agent is quarantined
+//! (503 `quarantined`) while other agents keep working.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redb::ReadableTable;
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
+
+const ADMIN: &str = "an-admin-token-that-is-long-enough-0123456789";
+const RECORDS: redb::TableDefinition<(&str, u64), &str> = redb::TableDefinition::new("records");
+
+struct Node {
+    child: Option<Child>,
+    base: String,
+    bind: String,
+    data: tempfile::TempDir,
+    http: Client,
+}
+
+impl Node {
+    fn new() -> Node {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let bind = format!("127.0.0.1:{port}");
+        Node {
+            child: None,
+            base: format!("http://{bind}"),
+            bind,
+            data: tempfile::tempdir().unwrap(),
+            http: Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    async fn start(&mut self) {
+        let child = Command::new(env!("CARGO_BIN_EXE_lineage-node"))
+            .env("GUARD_DATA_DIR", self.data.path())
+            .env("GUARD_BIND", &self.bind)
+            .env("GUARD_ADMIN_TOKEN", ADMIN)
+            .env("LINEAGE_SCRUB_INTERVAL_SECS", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let start = Instant::now();
+        loop {
+            if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await {
+                if r.status() == StatusCode::OK {
+                    return;
+                }
+            }
+            assert!(start.elapsed() < Duration::from_secs(15), "node not ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGTERM, then wait: a graceful stop (which checkpoints agent states).
+    fn stop_gracefully(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
+            let _ = child.wait();
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let reply = request.send().await.unwrap();
+        (reply.status(), reply.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn setup_agents(&self) -> String {
+        let policy = json!({"budget": 100, "scar_limit": 10, "tools": {"pay": {"cost": 1}}});
+        for agent in ["victim", "bystander"] {
+            let (status, _) = self
+                .call(
+                    reqwest::Method::POST,
+                    "/v1/agents",
+                    ADMIN,
+                    Some(json!({"agent_id": agent, "policy": policy})),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK);
+            for amount in [10, 20] {
+                self.call(
+                    reqwest::Method::POST,
+                    &format!("/v1/agents/{agent}/actions"),
+                    ADMIN,
+                    Some(json!({"tool": "pay", "input": {"amount": amount}})),
+                )
+                .await;
+            }
+        }
+        ADMIN.to_string()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Edits the amount inside the victim's first action request, as someone with disk
+/// access would.
+fn tamper(data: &Path) {
+    let db = redb::Database::create(data.join("node/node.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut table = txn.open_table(RECORDS).unwrap();
+        let line = table
+            .get(("victim", 2))
+            .unwrap()
+            .unwrap()
+            .value()
+            .to_string();
+        let edited = line.replacen("\"amount\":10", "\"amount\":1000", 1);
+        assert_ne!(line, edited);
+        table.insert(("victim", 2), edited.as_str()).unwrap();
+    }
+    txn.commit().unwrap();
+}
+
+async fn wait_quarantined(node: &Node) -> Value {
+    let start = Instant::now();
+    loop {
+        let (status, body) = node
+            .call(reqwest::Method::GET, "/v1/agents/victim", ADMIN, None)
+            .await;
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            return body;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "not quarantined: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn assert_only_victim_quarantined(node: &Node) {
+    let body = wait_quarantined(node).await;
+    assert_eq!(body["code"], "quarantined");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("agent log failed verification: "),
+        "{body}"
+    );
+    let (_, list) = node
+        .call(reqwest::Method::GET, "/v1/agents", ADMIN, None)
+        .await;
+    let states: Vec<(String, String)> = list["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["agent_id"].as_str().unwrap().into(),
+                a["state"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("bystander".into(), "active".into()),
+            ("victim".into(), "quarantined".into())
+        ]
+    );
+    // Nothing more is decided for the victim; the bystander carries on.
+    let (status, _) = node
+        .call(
+            reqwest::Method::POST,
+            "/v1/agents/victim/actions",
+            ADMIN,
+            Some(json!({"tool": "pay"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, decision) = node
+        .call(
+            reqwest::Method::POST,
+            "/v1/agents/bystander/actions",
+            ADMIN,
+            Some(json!({"tool": "pay"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(decision["decision"], "allowed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_edited_on_disk_is_caught_at_start_up() {
+    let mut node = Node::new();
+    node.start().await;
+    node.setup_agents().await;
+    node.kill();
+    tamper(node.data.path());
+    node.start().await;
+    assert_only_victim_quarantined(&node).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_edited_behind_a_checkpoint_is_caught_by_the_scrub() {
+    let mut node = Node::new();
+    node.start().await;
+    node.setup_agents().await;
+    node.stop_gracefully();
+    tamper(node.data.path());
+    node.start().await;
+    // Start-up trusted the checkpoint, so the agent is served at first...
+    let (status, _) = node
+        .call(reqwest::Method::GET, "/v1/agents/victim", ADMIN, None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    // ...until the scrub re-verifies the stored records.
+    assert_only_victim_quarantined(&node).await;
+}
