@@ -34,6 +34,7 @@ pub struct App {
     pub keys: ClusterKeys,
     /// One HTTP client for forwarding (and Raft), reused for its connection pool.
     pub http: reqwest::Client,
+    pub metrics: Arc<crate::metrics::Metrics>,
     batcher: Batcher,
     agent_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -65,9 +66,11 @@ impl App {
         sm: StateMachine,
         keys: ClusterKeys,
         http: reqwest::Client,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Self {
         App {
             id,
+            metrics,
             batcher: Batcher::spawn(raft.clone()),
             raft,
             sm,

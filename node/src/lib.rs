@@ -9,6 +9,7 @@ pub mod api;
 pub mod app;
 pub mod batcher;
 pub mod keys;
+pub mod metrics;
 pub mod network;
 pub mod raft_types;
 pub mod scrub;
@@ -74,7 +75,9 @@ fn raft_config(id: NodeId, snapshot_every: u64) -> Result<openraft::Config, Stri
 /// Starts a node and serves until SIGINT or SIGTERM.
 pub async fn run(config: NodeConfig) -> Result<(), String> {
     let keys = keys::load(&config.keys_dir, config.admin_token.clone())?;
+    let metrics = Arc::new(metrics::Metrics::new(config.id));
     let (log_store, state_machine) = store::open(&config.data_dir)?;
+    let log_store = log_store.with_append_timer(metrics.log_append_duration.clone());
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_millis(RAFT_CONNECT_TIMEOUT_MS))
         .build()
@@ -116,6 +119,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
             state_machine.clone(),
             keys.audit.public_key_hex().to_string(),
             interval,
+            metrics.clone(),
         );
     }
     let app = Arc::new(App::new(
@@ -124,6 +128,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         state_machine.clone(),
         keys,
         http,
+        metrics,
     ));
     let router = api::router(app);
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "lineage-node serving");

@@ -68,19 +68,32 @@ pub fn scrub_once(sm: &StateMachine, public_key: &str) -> ScrubReport {
 }
 
 /// Runs [`scrub_once`] every `interval` on the blocking pool.
-pub fn spawn(sm: StateMachine, public_key: String, interval: Duration) {
+pub fn spawn(
+    sm: StateMachine,
+    public_key: String,
+    interval: Duration,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+) {
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(interval).await;
             let sm = sm.clone();
             let key = public_key.clone();
             match tokio::task::spawn_blocking(move || scrub_once(&sm, &key)).await {
-                Ok(report) => tracing::debug!(
-                    agents = report.agents_checked,
-                    records = report.records_checked,
-                    quarantined = report.quarantined.len(),
-                    "scrub pass done"
-                ),
+                Ok(report) => {
+                    metrics
+                        .scrub_quarantined
+                        .inc_by(report.quarantined.len() as u64);
+                    metrics
+                        .scrub_last_run
+                        .set(lineage_core::record::timestamp::now_micros() / 1_000_000);
+                    tracing::debug!(
+                        agents = report.agents_checked,
+                        records = report.records_checked,
+                        quarantined = report.quarantined.len(),
+                        "scrub pass done"
+                    )
+                }
                 Err(e) => tracing::warn!(error = %e, "scrub pass failed"),
             }
         }

@@ -42,12 +42,18 @@ pub struct AgentState {
     /// Pending approvals by the seq of their request: log order.
     pending: BTreeMap<u64, String>,
     pub actions_requested: u64,
+    /// `approval_required` records: decisions that answered `pending_approval`.
+    pub approvals_requested: u64,
     pub actions_allowed: u64,
     pub actions_denied: u64,
     pub spent: u64,
     pub scar_score: u32,
     pub scars: Vec<Scar>,
     pub termination_reason: Option<String>,
+    /// Who terminated the agent: `guard`, `guard (replay)`, or an operator.
+    pub terminated_by: Option<String>,
+    /// Denials by reason code (`rejected` for operator rejections).
+    pub denied_by_code: BTreeMap<String, u64>,
     tool_calls: HashMap<String, u64>,
     /// Timestamps of the most recent allowed actions, oldest first; at most
     /// `rate_limit.max_actions` are kept, which is all the rate check needs.
@@ -165,6 +171,7 @@ impl AgentState {
             }
             "approval_required" => {
                 let action_id = str_field(payload, "action_id", kind)?;
+                self.approvals_requested += 1;
                 let action = self.known_action(action_id)?;
                 action.status = ActionStatus::PendingApproval;
                 let seq = action.requested_seq;
@@ -195,6 +202,16 @@ impl AgentState {
             }
             "action_denied" | "action_rejected" => {
                 let action_id = str_field(payload, "action_id", kind)?;
+                let code = if kind == "action_rejected" {
+                    "rejected"
+                } else {
+                    payload
+                        .get("reason")
+                        .and_then(|r| r.get("code"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("unknown")
+                };
+                *self.denied_by_code.entry(code.to_string()).or_insert(0) += 1;
                 let action = self.known_action(action_id)?;
                 action.status = ActionStatus::Denied;
                 let seq = action.requested_seq;
@@ -234,6 +251,10 @@ impl AgentState {
             "terminated" => {
                 let reason = str_field(payload, "reason", kind)?.to_string();
                 self.termination_reason = Some(reason);
+                self.terminated_by = payload
+                    .get("by")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
             }
             other => return Err(ReplayError(format!("unknown record kind '{other}'"))),
         }

@@ -52,10 +52,15 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .merge(v1)
         .merge(crate::network::management::health_routes())
+        .route("/metrics", get(crate::metrics::serve))
         .merge(crate::network::raft_routes::routes(app.clone()))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            crate::metrics::track,
+        ))
         .with_state(app)
 }
 

@@ -25,6 +25,8 @@ const PURGED_KEY: &str = "last_purged";
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    /// Observes the duration of each durable append, when metrics are wired.
+    append_timer: Option<prometheus::Histogram>,
 }
 
 fn read_err(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
@@ -36,13 +38,21 @@ fn write_err(e: impl std::error::Error + Send + Sync + 'static) -> StorageError 
 }
 
 impl LogStore {
+    pub fn with_append_timer(mut self, timer: prometheus::Histogram) -> Self {
+        self.append_timer = Some(timer);
+        self
+    }
+
     /// Opens the log tables in `db`, creating them if needed.
     pub fn open(db: Arc<Database>) -> Result<Self, redb::Error> {
         let txn = db.begin_write()?;
         txn.open_table(LOG)?;
         txn.open_table(META)?;
         txn.commit()?;
-        Ok(LogStore { db })
+        Ok(LogStore {
+            db,
+            append_timer: None,
+        })
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(
@@ -166,6 +176,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
+        let _timer = self.append_timer.as_ref().map(|t| t.start_timer());
         let result = (|| {
             let txn = self.db.begin_write().map_err(write_err)?;
             {

@@ -67,12 +67,12 @@ async fn followers_forward_and_every_replica_agrees_and_verifies() {
     let token = cluster.create_agent(1, "bot", policy(100)).await;
     for i in 0..3 {
         let (status, body) = cluster
-            .post(
+            .post_until_served(
                 i,
                 "/v1/agents/bot/actions",
                 &token,
                 json!({"tool": "search", "input": {"via": i}}),
-                None,
+                &format!("via-{i}"),
             )
             .await;
         assert_eq!(status, 200, "{body}");
@@ -80,12 +80,12 @@ async fn followers_forward_and_every_replica_agrees_and_verifies() {
         assert_eq!(body["action_id"], format!("act-{}", i + 1));
     }
     let (_, denied) = cluster
-        .post(
+        .post_until_served(
             2,
             "/v1/agents/bot/actions",
             &token,
             json!({"tool": "rm"}),
-            None,
+            "rm-1",
         )
         .await;
     assert_eq!(denied["reason"]["code"], "tool_not_allowed");
@@ -134,12 +134,12 @@ async fn killing_every_node_and_restarting_keeps_all_state() {
         act_until_served(&cluster, n % 3, "bot", &token, &format!("k{n}")).await;
     }
     let (_, pending) = cluster
-        .post(
+        .post_until_served(
             0,
             "/v1/agents/bot/actions",
             &token,
             json!({"tool": "pay", "input": {"to": "x"}}),
-            None,
+            "pay-1",
         )
         .await;
     assert_eq!(pending["decision"], "pending_approval");
@@ -174,12 +174,12 @@ async fn killing_every_node_and_restarting_keeps_all_state() {
     // The restarted cluster decides on the same history: the pending payment still
     // needs approval, and approving it spends the rest of the budget and terminates.
     let (_, approved) = cluster
-        .post(
+        .post_until_served(
             0,
             "/v1/agents/bot/actions/act-5/approve",
             &cluster.admin.clone(),
             json!({"approver": "alice"}),
-            None,
+            "approve-5",
         )
         .await;
     assert_eq!(approved["decision"], "allowed");

@@ -142,21 +142,48 @@ impl Cluster {
         body["leader"].as_u64().map(|id| id as usize - 1)
     }
 
-    /// Waits (bounded) until some live node reports a leader that answers.
+    /// Waits (bounded) until every live node reports the same leader, and returns it.
     pub async fn wait_for_leader(&self, limit: Duration) -> usize {
         let start = Instant::now();
         while start.elapsed() < limit {
+            let mut seen = Vec::new();
             for i in 0..self.addrs.len() {
-                if self.children[i].is_none() {
-                    continue;
+                if self.children[i].is_some() {
+                    seen.push(self.leader_seen_by(i).await);
                 }
-                if let Some(leader) = self.leader_seen_by(i).await {
-                    return leader;
+            }
+            if let Some(Some(leader)) = seen.first() {
+                if seen.iter().all(|s| *s == Some(*leader)) {
+                    return *leader;
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("no leader within {limit:?}");
+        panic!("no leader agreed on within {limit:?}");
+    }
+
+    /// Posts until the cluster answers with something other than 503 or a transport
+    /// error (bounded), with one idempotency key for every attempt, as a client would.
+    pub async fn post_until_served(
+        &self,
+        i: usize,
+        path: &str,
+        token: &str,
+        body: Value,
+        key: &str,
+    ) -> (u16, Value) {
+        let start = Instant::now();
+        loop {
+            let (status, reply) = self.post(i, path, token, body.clone(), Some(key)).await;
+            if status != 0 && status != 503 {
+                return (status, reply);
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "not served within 10 s: {status} {reply}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub async fn post(

@@ -1,0 +1,341 @@
+//! Prometheus metrics at `GET /metrics` (text exposition format).
+//!
+//! Guard metrics (decisions, scars, terminations, agents, approvals) are derived at scrape
+//! time from the applied state machine, which every node holds in full: each node's
+//! figures equal what its copy of the audit logs says, and survive restarts. Labels are
+//! bounded: reason codes, severities and causes are fixed sets; nothing is per agent.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use lineage_core::record::timestamp;
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+use crate::app::App;
+use crate::store::AgentSlot;
+
+/// The deny codes the guard emits; anything else is counted as `other`.
+const DENY_CODES: [&str; 6] = [
+    "terminated",
+    "tool_not_allowed",
+    "insufficient_budget",
+    "tool_call_limit",
+    "rate_limited",
+    "rejected",
+];
+
+pub struct Metrics {
+    registry: Registry,
+    pub http_request_duration: HistogramVec,
+    pub log_append_duration: Histogram,
+    decisions: IntCounterVec,
+    scars: IntCounterVec,
+    terminations: IntCounterVec,
+    agents: IntGaugeVec,
+    pending_approvals: IntGauge,
+    oldest_pending_age: prometheus::Gauge,
+    raft_term: IntGauge,
+    raft_leader: IntGauge,
+    raft_is_leader: IntGauge,
+    raft_last_log_index: IntGauge,
+    raft_applied_index: IntGauge,
+    raft_replication_lag: IntGaugeVec,
+    pub scrub_quarantined: prometheus::IntCounter,
+    pub scrub_last_run: IntGauge,
+    /// Last exported value of each state-derived counter, to add only the difference.
+    exported: Mutex<BTreeMap<String, u64>>,
+}
+
+fn must<T>(result: prometheus::Result<T>) -> T {
+    // Metric definitions are static; a failure here is a programming error caught by
+    // the first test that starts a node.
+    result.unwrap_or_else(|e| panic!("metric definition: {e}"))
+}
+
+impl Metrics {
+    pub fn new(node_id: u64) -> Self {
+        let registry = Registry::new_custom(
+            Some("lineage".into()),
+            Some([("node".to_string(), node_id.to_string())].into()),
+        )
+        .unwrap_or_default();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = must(IntCounterVec::new(Opts::new(name, help), labels));
+            must(registry.register(Box::new(c.clone())));
+            c
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = must(IntGauge::new(name, help));
+            must(registry.register(Box::new(g.clone())));
+            g
+        };
+        let decisions = counter(
+            "decisions_total",
+            "Guard decisions in the replicated logs, by outcome and deny code.",
+            &["outcome", "code"],
+        );
+        let scars = counter(
+            "scars_total",
+            "Scars in the replicated logs, by severity.",
+            &["severity"],
+        );
+        let terminations = counter(
+            "terminations_total",
+            "Agent terminations, by cause (budget, scars, operator, replay).",
+            &["cause"],
+        );
+        let agents = must(IntGaugeVec::new(
+            Opts::new(
+                "agents",
+                "Agents on this node, by state (active, terminated, quarantined).",
+            ),
+            &["state"],
+        ));
+        must(registry.register(Box::new(agents.clone())));
+        let raft_replication_lag = must(IntGaugeVec::new(
+            Opts::new(
+                "raft_replication_lag_entries",
+                "Log entries a follower is behind the leader (leader only).",
+            ),
+            &["follower"],
+        ));
+        must(registry.register(Box::new(raft_replication_lag.clone())));
+        let http_request_duration = must(HistogramVec::new(
+            HistogramOpts::new(
+                "http_request_duration_seconds",
+                "HTTP request latency by route.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+            &["method", "route", "status"],
+        ));
+        must(registry.register(Box::new(http_request_duration.clone())));
+        let log_append_duration = must(Histogram::with_opts(
+            HistogramOpts::new(
+                "raft_log_append_duration_seconds",
+                "Durable Raft log appends (one redb commit each).",
+            )
+            .buckets(vec![
+                0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+            ]),
+        ));
+        must(registry.register(Box::new(log_append_duration.clone())));
+        let oldest_pending_age = must(prometheus::Gauge::new(
+            "oldest_pending_approval_age_seconds",
+            "Age of the oldest action waiting for approval (0 when none).",
+        ));
+        must(registry.register(Box::new(oldest_pending_age.clone())));
+        let scrub_quarantined = must(prometheus::IntCounter::new(
+            "scrub_quarantined_total",
+            "Agents the integrity scrub quarantined on this node.",
+        ));
+        must(registry.register(Box::new(scrub_quarantined.clone())));
+        Metrics {
+            pending_approvals: gauge("pending_approvals", "Actions waiting for approval."),
+            raft_term: gauge("raft_term", "Current Raft term."),
+            raft_leader: gauge(
+                "raft_leader_id",
+                "Id of the leader this node knows (0 if none).",
+            ),
+            raft_is_leader: gauge("raft_is_leader", "1 if this node is the leader."),
+            raft_last_log_index: gauge(
+                "raft_last_log_index",
+                "Index of the last entry in this node's log.",
+            ),
+            raft_applied_index: gauge(
+                "raft_applied_index",
+                "Index of the last entry applied on this node.",
+            ),
+            scrub_last_run: gauge(
+                "scrub_last_run_timestamp_seconds",
+                "When the last scrub pass finished.",
+            ),
+            registry,
+            http_request_duration,
+            log_append_duration,
+            decisions,
+            scars,
+            terminations,
+            agents,
+            oldest_pending_age,
+            raft_replication_lag,
+            scrub_quarantined,
+            exported: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Raises a state-derived counter to `total`.
+    fn set_counter(&self, counter: &IntCounterVec, labels: &[&str], total: u64) {
+        let key = format!("{:p}{}", counter, labels.join("\u{1f}"));
+        let mut exported = self.exported.lock().unwrap_or_else(|p| p.into_inner());
+        let before = exported.get(&key).copied().unwrap_or(0);
+        let metric = counter.with_label_values(labels);
+        if total < before {
+            // The state shrank (a snapshot replaced it): restart the counter.
+            metric.reset();
+            metric.inc_by(total);
+        } else {
+            metric.inc_by(total - before);
+        }
+        exported.insert(key, total);
+    }
+
+    fn refresh(&self, app: &App) {
+        let mut allowed = 0u64;
+        let mut pending_decisions = 0u64;
+        let mut denied: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut scars: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut terminations: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let (mut active, mut terminated, mut quarantined) = (0i64, 0i64, 0i64);
+        let mut pending_now = 0usize;
+        let mut oldest_pending: Option<i64> = None;
+        {
+            let data = app.sm.read_data();
+            for slot in data.agents.values() {
+                let state = match slot {
+                    AgentSlot::Quarantined(_) => {
+                        quarantined += 1;
+                        continue;
+                    }
+                    AgentSlot::Active(state) => state,
+                };
+                allowed += state.actions_allowed;
+                pending_decisions += state.approvals_requested;
+                for (code, n) in &state.denied_by_code {
+                    let code = DENY_CODES
+                        .iter()
+                        .find(|c| **c == code)
+                        .copied()
+                        .unwrap_or("other");
+                    *denied.entry(code).or_insert(0) += n;
+                }
+                for scar in &state.scars {
+                    *scars.entry(scar.severity.as_str()).or_insert(0) += 1;
+                }
+                if state.is_alive() {
+                    active += 1;
+                } else {
+                    terminated += 1;
+                    let reason = state.termination_reason.as_deref().unwrap_or("");
+                    let cause = match state.terminated_by.as_deref() {
+                        Some("guard") if reason.starts_with("budget") => "budget",
+                        Some("guard") => "scars",
+                        Some("guard (replay)") => "replay",
+                        _ => "operator",
+                    };
+                    *terminations.entry(cause).or_insert(0) += 1;
+                }
+                pending_now += state.pending_count();
+                if let Some(t) = state.oldest_pending_micros() {
+                    oldest_pending = Some(oldest_pending.map_or(t, |o| o.min(t)));
+                }
+            }
+        }
+        self.set_counter(&self.decisions, &["allowed", ""], allowed);
+        self.set_counter(
+            &self.decisions,
+            &["pending_approval", ""],
+            pending_decisions,
+        );
+        for code in DENY_CODES.iter().chain(["other"].iter()) {
+            self.set_counter(
+                &self.decisions,
+                &["denied", code],
+                denied.get(code).copied().unwrap_or(0),
+            );
+        }
+        for severity in ["minor", "moderate", "severe", "fatal"] {
+            self.set_counter(
+                &self.scars,
+                &[severity],
+                scars.get(severity).copied().unwrap_or(0),
+            );
+        }
+        for cause in ["budget", "scars", "operator", "replay"] {
+            self.set_counter(
+                &self.terminations,
+                &[cause],
+                terminations.get(cause).copied().unwrap_or(0),
+            );
+        }
+        self.agents.with_label_values(&["active"]).set(active);
+        self.agents
+            .with_label_values(&["terminated"])
+            .set(terminated);
+        self.agents
+            .with_label_values(&["quarantined"])
+            .set(quarantined);
+        self.pending_approvals.set(pending_now as i64);
+        let age = oldest_pending.map_or(0.0, |t| (timestamp::now_micros() - t).max(0) as f64 / 1e6);
+        self.oldest_pending_age.set(age);
+
+        let metrics = app.raft.metrics().borrow().clone();
+        self.raft_term.set(metrics.current_term as i64);
+        self.raft_leader
+            .set(metrics.current_leader.unwrap_or(0) as i64);
+        self.raft_is_leader
+            .set(i64::from(metrics.current_leader == Some(app.id)));
+        let last = metrics.last_log_index.unwrap_or(0);
+        self.raft_last_log_index.set(last as i64);
+        self.raft_applied_index
+            .set(metrics.last_applied.map_or(0, |l| l.index) as i64);
+        self.raft_replication_lag.reset();
+        if let Some(replication) = &metrics.replication {
+            for (follower, matched) in replication {
+                if *follower == app.id {
+                    continue;
+                }
+                let matched = matched.map_or(0, |l| l.index);
+                self.raft_replication_lag
+                    .with_label_values(&[&follower.to_string()])
+                    .set(last.saturating_sub(matched) as i64);
+            }
+        }
+    }
+
+    fn render(&self) -> Result<String, String> {
+        let mut buffer = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buffer)
+            .map_err(|e| e.to_string())?;
+        String::from_utf8(buffer).map_err(|e| e.to_string())
+    }
+}
+
+/// `GET /metrics`.
+pub async fn serve(State(app): State<std::sync::Arc<App>>) -> Response {
+    app.metrics.refresh(&app);
+    match app.metrics.render() {
+        Ok(text) => ([(CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
+        Err(e) => crate::api::error::ApiError::Internal(e).into_response(),
+    }
+}
+
+/// Times every request by its route template (bounded cardinality), method and status.
+pub async fn track(
+    State(app): State<std::sync::Arc<App>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched".to_string(), |p| p.as_str().to_string());
+    let method = request.method().to_string();
+    let start = Instant::now();
+    let response = next.run(request).await;
+    app.metrics
+        .http_request_duration
+        .with_label_values(&[&method, &route, response.status().as_str()])
+        .observe(start.elapsed().as_secs_f64());
+    response
+}
