@@ -1,3 +1,6 @@
+//! Shared by several test binaries; not each uses every helper.
+#![allow(dead_code)]
+
 //! Starts real `lineage-node` processes on free loopback ports, each with its own data
 //! directory and shared keys, and talks to them over real HTTP.
 
