@@ -1,8 +1,8 @@
-//! Shared by several test binaries; not each uses every helper.
-#![allow(dead_code)]
-
 //! Starts real `lineage-node` processes on free loopback ports, each with its own data
 //! directory and shared keys, and talks to them over real HTTP.
+//!
+//! Shared by several test binaries; not each uses every helper.
+#![allow(dead_code)]
 
 use std::net::TcpListener;
 use std::path::PathBuf;
