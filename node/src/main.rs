@@ -13,8 +13,22 @@ use lineage_node::{keys, NodeConfig};
 #[derive(Parser)]
 #[command(name = "lineage-node", version, about = "A Lineage Cluster guard node")]
 struct Cli {
+    /// Log format: text or json (level: LINEAGE_LOG, e.g. "info,openraft=warn")
+    #[arg(
+        long,
+        global = true,
+        env = "LINEAGE_LOG_FORMAT",
+        default_value = "text"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -76,18 +90,21 @@ fn parse_peers(peers: &[String]) -> Result<Vec<(NodeId, String)>, String> {
         .collect()
 }
 
-fn init_tracing() {
+fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LINEAGE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().with_current_span(true).init(),
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(cli.log_format);
     let result = match cli.command {
         Some(Command::Keygen { dir }) => keys::keygen(&dir).map(|()| {
             println!("keys written to {} (mode 0600)", dir.display());

@@ -47,6 +47,7 @@ pub struct Metrics {
     raft_is_leader: IntGauge,
     raft_last_log_index: IntGauge,
     raft_applied_index: IntGauge,
+    raft_snapshot_index: IntGauge,
     raft_replication_lag: IntGaugeVec,
     pub scrub_quarantined: prometheus::IntCounter,
     pub scrub_last_run: IntGauge,
@@ -154,6 +155,10 @@ impl Metrics {
             raft_applied_index: gauge(
                 "raft_applied_index",
                 "Index of the last entry applied on this node.",
+            ),
+            raft_snapshot_index: gauge(
+                "raft_snapshot_index",
+                "Last log index covered by this node's snapshot (0 if none).",
             ),
             scrub_last_run: gauge(
                 "scrub_last_run_timestamp_seconds",
@@ -288,6 +293,8 @@ impl Metrics {
         self.raft_last_log_index.set(last as i64);
         self.raft_applied_index
             .set(metrics.last_applied.map_or(0, |l| l.index) as i64);
+        self.raft_snapshot_index
+            .set(metrics.snapshot.map_or(0, |l| l.index) as i64);
         self.raft_replication_lag.reset();
         if let Some(replication) = &metrics.replication {
             for (follower, matched) in replication {
@@ -320,22 +327,77 @@ pub async fn serve(State(app): State<std::sync::Arc<App>>) -> Response {
     }
 }
 
-/// Times every request by its route template (bounded cardinality), method and status.
+/// Times every request by its route template (bounded cardinality), method and status,
+/// inside a `request` span that carries the agent and action ids, the node and the term.
 pub async fn track(
     State(app): State<std::sync::Arc<App>>,
     request: Request,
     next: Next,
 ) -> Response {
+    use tracing::Instrument;
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or("unmatched".to_string(), |p| p.as_str().to_string());
     let method = request.method().to_string();
+    let (agent_id, action_id) = ids_in_path(request.uri().path());
+    let term = app.raft.metrics().borrow().current_term;
+    let span = tracing::info_span!(
+        "request",
+        method = %method,
+        route = %route,
+        agent_id = agent_id.unwrap_or(""),
+        action_id = action_id.unwrap_or(""),
+        node_id = app.id,
+        term,
+    );
     let start = Instant::now();
-    let response = next.run(request).await;
+    let response = next.run(request).instrument(span.clone()).await;
+    let elapsed = start.elapsed();
+    let status = response.status();
+    span.in_scope(|| {
+        let elapsed_ms = elapsed.as_secs_f64() * 1e3;
+        if status.is_server_error() {
+            tracing::warn!(status = status.as_u16(), elapsed_ms, "request failed");
+        } else {
+            tracing::debug!(status = status.as_u16(), elapsed_ms, "request");
+        }
+    });
     app.metrics
         .http_request_duration
-        .with_label_values(&[&method, &route, response.status().as_str()])
-        .observe(start.elapsed().as_secs_f64());
+        .with_label_values(&[&method, &route, status.as_str()])
+        .observe(elapsed.as_secs_f64());
     response
+}
+
+/// The agent id and action id in a `/v1/agents/{id}/actions/{action_id}/…` path.
+fn ids_in_path(path: &str) -> (Option<&str>, Option<&str>) {
+    let mut parts = path.trim_start_matches('/').split('/');
+    if parts.next() != Some("v1") || parts.next() != Some("agents") {
+        return (None, None);
+    }
+    let agent = parts.next().filter(|s| !s.is_empty());
+    let action = match (parts.next(), parts.next()) {
+        (Some("actions"), Some(id)) if id != "pending" => Some(id),
+        _ => None,
+    };
+    (agent, action)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ids_come_from_agent_paths_only() {
+        use super::ids_in_path;
+        assert_eq!(
+            ids_in_path("/v1/agents/bot/actions/act-3/approve"),
+            (Some("bot"), Some("act-3"))
+        );
+        assert_eq!(
+            ids_in_path("/v1/agents/bot/actions/pending"),
+            (Some("bot"), None)
+        );
+        assert_eq!(ids_in_path("/v1/agents/bot"), (Some("bot"), None));
+        assert_eq!(ids_in_path("/v1/cluster"), (None, None));
+    }
 }
