@@ -8,6 +8,7 @@
 pub mod api;
 pub mod app;
 pub mod batcher;
+pub mod console;
 pub mod keys;
 pub mod metrics;
 pub mod network;

@@ -522,6 +522,12 @@ async fn every_endpoint_and_error_case() {
         .collect();
     assert_eq!(seqs, [3, 4, 5]);
     assert_eq!(page["head"]["seq"], status["head"]["seq"]);
+    assert_error(
+        node.get("/v1/agents/bot/log?after=-1", admin).await,
+        400,
+        "bad_request",
+        "after must be a non-negative integer, got \"-1\"",
+    );
     let (_, empty) = node.get("/v1/agents/bot/log?limit=0", admin).await;
     assert_eq!(empty["records"], json!([]));
     let log_text = node

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -73,10 +73,36 @@ pub struct TerminateBody {
     by: String,
 }
 
-#[derive(Deserialize)]
-pub struct LogQuery {
+/// `?after=&limit=` (and `local=true`, handled by the routing layer), parsed here so a
+/// bad value gets a precise JSON error rather than the framework's plain text.
+struct LogQuery {
     after: Option<u64>,
     limit: Option<usize>,
+}
+
+impl LogQuery {
+    fn parse(query: Option<&str>) -> Result<Self> {
+        let mut parsed = LogQuery {
+            after: None,
+            limit: None,
+        };
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let number = || {
+                value.parse::<u64>().map_err(|_| {
+                    ApiError::BadRequest(format!(
+                        "{key} must be a non-negative integer, got {value:?}"
+                    ))
+                })
+            };
+            match key {
+                "after" => parsed.after = Some(number()?),
+                "limit" => parsed.limit = Some(usize::try_from(number()?).unwrap_or(usize::MAX)),
+                _ => {}
+            }
+        }
+        Ok(parsed)
+    }
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>> {
@@ -358,9 +384,10 @@ pub async fn terminate(
 pub async fn agent_log(
     State(app): State<Arc<App>>,
     Path(agent_id): Path<String>,
-    Query(query): Query<LogQuery>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
+    let query = LogQuery::parse(query.as_deref())?;
     require_admin(&headers, &app.keys)?;
     validate_agent_id(&agent_id)?;
     let head = app.with_agent(&agent_id, |s| s.head.clone())?;

@@ -52,6 +52,7 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .merge(v1)
         .merge(crate::network::management::health_routes())
+        .merge(crate::console::routes())
         .route("/metrics", get(crate::metrics::serve))
         .merge(crate::network::raft_routes::routes(app.clone()))
         .fallback(unknown_route)
