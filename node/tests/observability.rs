@@ -276,7 +276,7 @@ async fn prometheus_fires_the_quarantine_and_scar_burst_alerts() {
         eprintln!("SKIPPED: prometheus is not installed (apt-get install prometheus)");
         return;
     };
-    let mut cluster = Cluster::start(3).await;
+    let cluster = Cluster::start(3).await;
     let prometheus = start_prometheus(&binary, &cluster.addrs);
     let admin = cluster.admin.clone();
     let policy = json!({"budget": 100, "scar_limit": 100, "tools": {"read": {"cost": 1}}});

@@ -100,7 +100,7 @@ async fn followers_forward_and_every_replica_agrees_and_verifies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_kill_elects_a_new_leader_and_the_old_one_catches_up() {
-    let mut cluster = Cluster::start(3).await;
+    let cluster = Cluster::start(3).await;
     let public_key = cluster.public_key().await;
     let token = cluster.create_agent(0, "bot", policy(1000)).await;
     for n in 0..5 {
@@ -128,7 +128,7 @@ async fn leader_kill_elects_a_new_leader_and_the_old_one_catches_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_every_node_and_restarting_keeps_all_state() {
-    let mut cluster = Cluster::start(3).await;
+    let cluster = Cluster::start(3).await;
     let token = cluster.create_agent(2, "bot", policy(10)).await;
     for n in 0..4 {
         act_until_served(&cluster, n % 3, "bot", &token, &format!("k{n}")).await;
@@ -188,7 +188,7 @@ async fn killing_every_node_and_restarting_keeps_all_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_with_the_same_key_on_another_node_after_a_leader_kill_is_charged_once() {
-    let mut cluster = Cluster::start(3).await;
+    let cluster = Cluster::start(3).await;
     let token = cluster.create_agent(0, "payer", policy(100)).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
     let (first, _) = act_until_served(&cluster, leader, "payer", &token, "order-42").await;
@@ -203,7 +203,7 @@ async fn a_retry_with_the_same_key_on_another_node_after_a_leader_kill_is_charge
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_leader_kills_each_recover_within_five_seconds() {
-    let mut cluster = Cluster::start(3).await;
+    let cluster = Cluster::start(3).await;
     let token = cluster.create_agent(0, "bot", policy(1000)).await;
     let mut worst = Duration::ZERO;
     for round in 0..30 {
@@ -235,7 +235,7 @@ async fn thirty_leader_kills_each_recover_within_five_seconds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rust_client_fails_over_and_never_charges_twice() {
-    let mut cluster = Cluster::start(3).await;
+    let cluster = Cluster::start(3).await;
     let token = cluster.create_agent(0, "bot", policy(1000)).await;
     let urls: Vec<String> = (0..3).map(|i| cluster.url(i, "")).collect();
     let client = lineage_client::Client::new(&urls, &token).unwrap();
@@ -270,7 +270,7 @@ async fn the_rust_client_fails_over_and_never_charges_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_node_rejoins_and_catches_up() {
-    let mut cluster = Cluster::start(3).await;
+    let cluster = Cluster::start(3).await;
     let public_key = cluster.public_key().await;
     let token = cluster.create_agent(0, "bot", policy(1000)).await;
     for n in 0..10 {
@@ -297,7 +297,7 @@ async fn a_wiped_node_rejoins_and_catches_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_node_catches_up_from_a_snapshot_when_the_log_was_purged() {
-    let mut cluster = Cluster::start_with(3, &["--snapshot-every", "8"]).await;
+    let cluster = Cluster::start_with(3, &["--snapshot-every", "8"]).await;
     let public_key = cluster.public_key().await;
     let token = cluster.create_agent(0, "bot", policy(1000)).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;

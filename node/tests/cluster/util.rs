@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub addrs: Vec<String>,
-    children: Vec<Option<Child>>,
+    children: std::sync::Mutex<Vec<Option<Child>>>,
     pub admin: String,
     pub http: reqwest::Client,
     /// Extra flags for every node.
@@ -45,10 +45,10 @@ impl Cluster {
         let addrs: Vec<String> = (0..n)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
-        let mut cluster = Cluster {
+        let cluster = Cluster {
             dir,
             addrs,
-            children: (0..n).map(|_| None).collect(),
+            children: std::sync::Mutex::new((0..n).map(|_| None).collect()),
             admin,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
@@ -67,7 +67,11 @@ impl Cluster {
         self.dir.path().join(format!("node-{}", i + 1))
     }
 
-    pub fn start_node(&mut self, i: usize) {
+    fn children(&self) -> std::sync::MutexGuard<'_, Vec<Option<Child>>> {
+        self.children.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn start_node(&self, i: usize) {
         let peers: Vec<String> = self
             .addrs
             .iter()
@@ -98,7 +102,7 @@ impl Cluster {
             .stderr(log)
             .spawn()
             .expect("start lineage-node");
-        self.children[i] = Some(child);
+        self.children()[i] = Some(child);
     }
 
     /// Copies the nodes' logs somewhere that outlives the test, for a failure report.
@@ -117,9 +121,35 @@ impl Cluster {
         let _ = std::fs::remove_dir_all(self.data_dir(i));
     }
 
+    /// SIGSTOP: the process is frozen, its sockets stay open.
+    pub fn pause(&self, i: usize) {
+        self.signal(i, "-STOP");
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self, i: usize) {
+        self.signal(i, "-CONT");
+    }
+
+    fn signal(&self, i: usize, signal: &str) {
+        if let Some(child) = &self.children()[i] {
+            let status = Command::new("kill")
+                .arg(signal)
+                .arg(child.id().to_string())
+                .status()
+                .expect("run kill");
+            assert!(status.success(), "kill {signal} failed");
+        }
+    }
+
+    pub fn is_running(&self, i: usize) -> bool {
+        self.children()[i].is_some()
+    }
+
     /// kill -9.
-    pub fn kill(&mut self, i: usize) {
-        if let Some(mut child) = self.children[i].take() {
+    pub fn kill(&self, i: usize) {
+        let taken = self.children()[i].take();
+        if let Some(mut child) = taken {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -151,7 +181,7 @@ impl Cluster {
         while start.elapsed() < limit {
             let mut seen = Vec::new();
             for i in 0..self.addrs.len() {
-                if self.children[i].is_some() {
+                if self.is_running(i) {
                     seen.push(self.leader_seen_by(i).await);
                 }
             }
@@ -264,7 +294,7 @@ impl Cluster {
         loop {
             let mut logs = Vec::new();
             for i in 0..self.addrs.len() {
-                if self.children[i].is_some() {
+                if self.is_running(i) {
                     logs.push(self.local_log(i, agent_id).await);
                 }
             }
@@ -273,10 +303,17 @@ impl Cluster {
                     return first.clone();
                 }
             }
-            assert!(
-                start.elapsed() < limit,
-                "replicas did not converge within {limit:?}: {logs:?}"
-            );
+            if start.elapsed() >= limit {
+                self.keep_logs();
+                let heads: Vec<_> = logs
+                    .iter()
+                    .map(|l| {
+                        l.as_ref()
+                            .map(|l| (l.len(), l.last().map(|r| r["hash"].clone())))
+                    })
+                    .collect();
+                panic!("replicas of {agent_id} did not converge within {limit:?}: (records, last hash) per node: {heads:?}");
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -289,7 +326,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for i in 0..self.children.len() {
+        for i in 0..self.addrs.len() {
             self.kill(i);
         }
     }

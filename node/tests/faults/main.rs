@@ -1,0 +1,378 @@
+//! Fault scenarios under steady load, each judged by the history checker: kill -9 of the
+//! leader, a frozen leader (SIGSTOP), a follower whose disk is wiped. Each run is bounded
+//! in time, and afterwards the cluster must serve again within 5 s of the fault healing.
+//! A last test feeds the checker broken histories and logs to show it catches them.
+
+#[path = "../cluster/util.rs"]
+mod util;
+
+mod history;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use history::{check, summarise, Answer, Event, History};
+use serde_json::{json, Value};
+use util::Cluster;
+
+const AGENTS: usize = 3;
+const CLIENTS_PER_AGENT: usize = 3;
+/// Small enough that agents run out under load, so budget exhaustion races are exercised.
+const BUDGET: u64 = 60;
+/// How long one logical call keeps retrying (same key) before it counts as unanswered.
+const CALL_DEADLINE: Duration = Duration::from_secs(6);
+
+/// One logical call: POST with one idempotency key, retried across nodes on 503 and
+/// transport errors until answered or the deadline passes.
+async fn call(
+    cluster: &Cluster,
+    token: &str,
+    agent: &str,
+    key: &str,
+    start_node: usize,
+    history: &History,
+) -> Option<Answer> {
+    let started = Instant::now();
+    let mut node = start_node;
+    let mut first = None;
+    while started.elapsed() < CALL_DEADLINE {
+        let (status, body) = cluster
+            .post(
+                node,
+                &format!("/v1/agents/{agent}/actions"),
+                token,
+                json!({"tool": "work"}),
+                Some(key),
+            )
+            .await;
+        if status == 200 {
+            history.record(Event::Reply {
+                key: key.to_string(),
+                body: body.clone(),
+            });
+            if first.is_none() {
+                first = Answer::from_json(&body);
+            }
+            return first;
+        }
+        node = (node + 1) % cluster.addrs.len();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    None
+}
+
+struct Load {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    history: Arc<History>,
+}
+
+fn start_load(cluster: &Arc<Cluster>, tokens: &[String], scenario: &str) -> Load {
+    let stop = Arc::new(AtomicBool::new(false));
+    let history = Arc::new(History::default());
+    let mut tasks = Vec::new();
+    for (a, agent_token) in tokens.iter().enumerate() {
+        for c in 0..CLIENTS_PER_AGENT {
+            let (cluster, stop, history) = (cluster.clone(), stop.clone(), history.clone());
+            let token = agent_token.clone();
+            let agent = format!("agent-{a}");
+            let base_id = (a * CLIENTS_PER_AGENT + c) * 1_000;
+            let scenario = scenario.to_string();
+            tasks.push(tokio::spawn(async move {
+                // A client whose call went unanswered continues as a new "thread": its old
+                // call stays open in the history (it may or may not have taken effect).
+                let mut thread = base_id;
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) && n < 400 {
+                    n += 1;
+                    let key = format!("{scenario}-{agent}-{c}-{n}");
+                    history.record(Event::Invoke {
+                        client: thread,
+                        agent: agent.clone(),
+                        key: key.clone(),
+                    });
+                    match call(&cluster, &token, &agent, &key, (c + n) % 3, &history).await {
+                        Some(answer) => history.record(Event::Return {
+                            client: thread,
+                            agent: agent.clone(),
+                            answer,
+                        }),
+                        None => thread += 1,
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }));
+        }
+    }
+    Load {
+        stop,
+        tasks,
+        history,
+    }
+}
+
+async fn stop_load(load: Load) -> Vec<Event> {
+    load.stop.store(true, Ordering::Relaxed);
+    for task in load.tasks {
+        task.await.unwrap();
+    }
+    load.history.events()
+}
+
+async fn setup(cluster: &Cluster) -> Vec<String> {
+    let policy = json!({"budget": BUDGET, "scar_limit": 10, "tools": {"work": {"cost": 1}}});
+    let mut tokens = Vec::new();
+    for a in 0..AGENTS {
+        tokens.push(
+            cluster
+                .create_agent(a % 3, &format!("agent-{a}"), policy.clone())
+                .await,
+        );
+    }
+    tokens
+}
+
+/// Seconds until a fresh request is served after healing.
+async fn time_to_serve(cluster: &Cluster, token: &str) -> Duration {
+    let start = Instant::now();
+    loop {
+        for i in 0..cluster.addrs.len() {
+            if !cluster.is_running(i) {
+                continue;
+            }
+            let (status, _) = cluster.get(i, "/v1/agents/agent-0", token).await;
+            if status == 200 {
+                return start.elapsed();
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "not serving 10 s after healing"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn final_logs(cluster: &Cluster) -> Vec<BTreeMap<String, Vec<Value>>> {
+    let mut all = Vec::new();
+    for a in 0..AGENTS {
+        cluster
+            .converged_log(&format!("agent-{a}"), Duration::from_secs(20))
+            .await;
+    }
+    for i in 0..cluster.addrs.len() {
+        let mut logs = BTreeMap::new();
+        for a in 0..AGENTS {
+            let agent = format!("agent-{a}");
+            logs.insert(
+                agent.clone(),
+                cluster.local_log(i, &agent).await.unwrap_or_default(),
+            );
+        }
+        all.push(logs);
+    }
+    all
+}
+
+async fn run_scenario(name: &str, fault: impl AsyncFnOnce(&Cluster) -> ()) {
+    let cluster = Arc::new(Cluster::start(3).await);
+    let public_key = cluster.public_key().await;
+    let tokens = setup(&cluster).await;
+    let load = start_load(&cluster, &tokens, name);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    fault(&cluster).await;
+    let recovery = time_to_serve(&cluster, &cluster.admin.clone()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let events = stop_load(load).await;
+    let logs = final_logs(&cluster).await;
+    let violations = check(&events, &logs, &public_key, BUDGET);
+    let summary = summarise(&events);
+    let report = json!({
+        "scenario": name,
+        "operations": summary.operations,
+        "acknowledged": summary.acknowledged,
+        "acknowledged_allowed": summary.acknowledged_allowed,
+        "unanswered": summary.unanswered,
+        "recovery_ms": recovery.as_millis() as u64,
+        "violations": violations,
+    });
+    eprintln!("{report}");
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("faults-{name}.json")),
+        serde_json::to_string_pretty(&report).unwrap(),
+    )
+    .unwrap();
+    assert!(violations.is_empty(), "{name}: {violations:#?}");
+    assert!(
+        summary.acknowledged_allowed > 0,
+        "{name}: the load did nothing"
+    );
+    assert!(
+        recovery < Duration::from_secs(5),
+        "{name}: served again only after {recovery:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_and_restarted_under_load() {
+    run_scenario("leader-kill", async |cluster: &Cluster| {
+        let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+        cluster.kill(leader);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        cluster.start_node(leader);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_frozen_with_sigstop_under_load() {
+    run_scenario("leader-sigstop", async |cluster: &Cluster| {
+        let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+        cluster.pause(leader);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        cluster.resume(leader);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_disk_wiped_under_load() {
+    run_scenario("follower-wipe", async |cluster: &Cluster| {
+        let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+        let victim = (leader + 1) % 3;
+        cluster.kill(victim);
+        cluster.wipe(victim);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        cluster.start_node(victim);
+    })
+    .await;
+}
+
+#[test]
+fn the_checker_catches_broken_histories_and_logs() {
+    let key = lineage_core::AuditKey::from_seed([2; 32]);
+    // A real log: create, then three allowed requests.
+    let mut state = lineage_core::guard::AgentState::new();
+    let mut records = Vec::new();
+    let policy = lineage_core::Policy::new(BUDGET).allow("work", lineage_core::ToolRule::cost(1));
+    let mut commands = vec![lineage_core::Command::Create {
+        agent_id: "agent-0".into(),
+        policy,
+    }];
+    for _ in 0..3 {
+        commands.push(lineage_core::Command::Request {
+            tool: "work".into(),
+            input: Value::Null,
+            cost: None,
+        });
+    }
+    for (i, command) in commands.iter().enumerate() {
+        let now = 1_800_000_000_000_000 + i as i64;
+        let decided =
+            lineage_core::guard::decide(&state, command, now, key.public_key_hex()).unwrap();
+        for r in lineage_core::guard::seal(&state, decided.drafts, &key, now) {
+            state.apply(&r).unwrap();
+            records.push(serde_json::to_value(&r).unwrap());
+        }
+    }
+    let log: BTreeMap<String, Vec<Value>> = [("agent-0".to_string(), records)].into();
+    let logs = vec![log.clone(), log.clone(), log.clone()];
+    let allowed = |n: u64| Answer::Allowed {
+        action_id: format!("act-{n}"),
+        remaining: BUDGET - n,
+    };
+    let honest: Vec<Event> = (1..=3u64)
+        .flat_map(|n| {
+            let key = format!("k{n}");
+            let body = json!({"action_id": format!("act-{n}"), "cost": 1, "decision": "allowed", "remaining": BUDGET - n});
+            [
+                Event::Invoke { client: 0, agent: "agent-0".into(), key: key.clone() },
+                Event::Reply { key, body },
+                Event::Return { client: 0, agent: "agent-0".into(), answer: allowed(n) },
+            ]
+        })
+        .collect();
+    assert_eq!(
+        check(&honest, &logs, key.public_key_hex(), BUDGET),
+        Vec::<String>::new()
+    );
+
+    // A client that lies about an answer.
+    let mut lying = honest.clone();
+    if let Event::Return { answer, .. } = &mut lying[5] {
+        *answer = Answer::Allowed {
+            action_id: "act-2".into(),
+            remaining: BUDGET,
+        };
+    }
+    let found = check(&lying, &logs, key.public_key_hex(), BUDGET);
+    assert!(
+        found.iter().any(|v| v.contains("not linearizable")),
+        "{found:?}"
+    );
+
+    // Two answers for one key.
+    let mut twice = honest.clone();
+    twice.push(Event::Reply {
+        key: "k1".into(),
+        body: json!({"decision": "denied"}),
+    });
+    let found = check(&twice, &logs, key.public_key_hex(), BUDGET);
+    assert!(
+        found.iter().any(|v| v.contains("two different answers")),
+        "{found:?}"
+    );
+
+    // An acknowledged decision missing from the final log (a replica lost it).
+    let mut short = log.clone();
+    short.get_mut("agent-0").unwrap().truncate(6);
+    let found = check(
+        &honest,
+        &[short.clone(), short.clone(), short],
+        key.public_key_hex(),
+        BUDGET,
+    );
+    assert!(
+        found.iter().any(|v| v.contains("act-3 appears 0 times")),
+        "{found:?}"
+    );
+
+    // Replicas that differ.
+    let mut other = log.clone();
+    other.get_mut("agent-0").unwrap().pop();
+    let found = check(
+        &honest,
+        &[log.clone(), other, log.clone()],
+        key.public_key_hex(),
+        BUDGET,
+    );
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains("node 2 holds different logs")),
+        "{found:?}"
+    );
+
+    // Overspending (checked with a budget lower than what the log spent).
+    let found = check(&[], &logs, key.public_key_hex(), 2);
+    assert!(
+        found.iter().any(|v| v.contains("spent 3 of a budget of 2")),
+        "{found:?}"
+    );
+
+    // A log signed by another key.
+    let found = check(
+        &honest,
+        &logs,
+        lineage_core::AuditKey::from_seed([3; 32]).public_key_hex(),
+        BUDGET,
+    );
+    assert!(
+        found.iter().any(|v| v.contains("fails verification")),
+        "{found:?}"
+    );
+}
