@@ -19,6 +19,8 @@ pub struct Cluster {
     pub http: reqwest::Client,
     /// Extra flags for every node.
     pub extra_args: Vec<String>,
+    /// Nodes this harness did not start (containers): never killed or restarted here.
+    external: bool,
 }
 
 fn free_port() -> u16 {
@@ -55,11 +57,31 @@ impl Cluster {
                 .build()
                 .expect("client"),
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            external: false,
         };
         for i in 0..n {
             cluster.start_node(i);
         }
         cluster.wait_for_leader(Duration::from_secs(15)).await;
+        cluster
+    }
+
+    /// Talks to nodes someone else runs (for example containers) at `addrs`.
+    pub async fn attach(addrs: Vec<String>, admin: String) -> Cluster {
+        let n = addrs.len();
+        let cluster = Cluster {
+            dir: tempfile::tempdir().expect("tempdir"),
+            addrs,
+            children: std::sync::Mutex::new((0..n).map(|_| None).collect()),
+            admin,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .expect("client"),
+            extra_args: Vec::new(),
+            external: true,
+        };
+        cluster.wait_for_leader(Duration::from_secs(60)).await;
         cluster
     }
 
@@ -143,7 +165,7 @@ impl Cluster {
     }
 
     pub fn is_running(&self, i: usize) -> bool {
-        self.children()[i].is_some()
+        self.external || self.children()[i].is_some()
     }
 
     /// kill -9.

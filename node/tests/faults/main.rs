@@ -6,6 +6,7 @@
 #[path = "../cluster/util.rs"]
 mod util;
 
+mod docker;
 mod history;
 
 use std::collections::BTreeMap;
@@ -177,7 +178,15 @@ async fn final_logs(cluster: &Cluster) -> Vec<BTreeMap<String, Vec<Value>>> {
 }
 
 async fn run_scenario(name: &str, fault: impl AsyncFnOnce(&Cluster) -> ()) {
-    let cluster = Arc::new(Cluster::start(3).await);
+    run_scenario_on(name, Arc::new(Cluster::start(3).await), fault).await;
+}
+
+/// Load, fault, heal, check: the same for processes on loopback and for containers.
+async fn run_scenario_on(
+    name: &str,
+    cluster: Arc<Cluster>,
+    fault: impl AsyncFnOnce(&Cluster) -> (),
+) {
     let public_key = cluster.public_key().await;
     let tokens = setup(&cluster).await;
     let load = start_load(&cluster, &tokens, name);
