@@ -146,7 +146,11 @@ fn verify_fails_precisely_with_exit_1() {
     let head = guard.head();
     drop(guard);
     let original = std::fs::read_to_string(&path).unwrap();
-    std::fs::write(&path, original.replacen("310", "31", 1)).unwrap();
+    std::fs::write(
+        &path,
+        original.replacen("\"amount\":310", "\"amount\":31", 1),
+    )
+    .unwrap();
     let out = lineage(&[
         "audit",
         "verify",

@@ -35,6 +35,8 @@ pub struct App {
     /// One HTTP client for forwarding (and Raft), reused for its connection pool.
     pub http: reqwest::Client,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The committed Raft index, as this node last learned it.
+    pub committed_index: Arc<std::sync::atomic::AtomicU64>,
     batcher: Batcher,
     agent_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -67,10 +69,12 @@ impl App {
         keys: ClusterKeys,
         http: reqwest::Client,
         metrics: Arc<crate::metrics::Metrics>,
+        committed_index: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
         App {
             id,
             metrics,
+            committed_index,
             batcher: Batcher::spawn(raft.clone()),
             raft,
             sm,

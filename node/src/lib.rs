@@ -79,6 +79,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     let metrics = Arc::new(metrics::Metrics::new(config.id));
     let (log_store, state_machine) = store::open(&config.data_dir)?;
     let log_store = log_store.with_append_timer(metrics.log_append_duration.clone());
+    let committed_index = log_store.committed_index.clone();
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_millis(RAFT_CONNECT_TIMEOUT_MS))
         .build()
@@ -130,6 +131,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         keys,
         http,
         metrics,
+        committed_index,
     ));
     let router = api::router(app);
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "lineage-node serving");

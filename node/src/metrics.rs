@@ -48,6 +48,7 @@ pub struct Metrics {
     raft_last_log_index: IntGauge,
     raft_applied_index: IntGauge,
     raft_snapshot_index: IntGauge,
+    raft_commit_index: IntGauge,
     raft_replication_lag: IntGaugeVec,
     pub scrub_quarantined: prometheus::IntCounter,
     pub scrub_last_run: IntGauge,
@@ -155,6 +156,10 @@ impl Metrics {
             raft_applied_index: gauge(
                 "raft_applied_index",
                 "Index of the last entry applied on this node.",
+            ),
+            raft_commit_index: gauge(
+                "raft_commit_index",
+                "Highest log index known to be committed.",
             ),
             raft_snapshot_index: gauge(
                 "raft_snapshot_index",
@@ -293,6 +298,10 @@ impl Metrics {
         self.raft_last_log_index.set(last as i64);
         self.raft_applied_index
             .set(metrics.last_applied.map_or(0, |l| l.index) as i64);
+        self.raft_commit_index.set(
+            app.committed_index
+                .load(std::sync::atomic::Ordering::Relaxed) as i64,
+        );
         self.raft_snapshot_index
             .set(metrics.snapshot.map_or(0, |l| l.index) as i64);
         self.raft_replication_lag.reset();

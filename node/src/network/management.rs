@@ -90,7 +90,8 @@ async fn cluster(
         "node_id": app.id,
         "leader": metrics.current_leader,
         "term": metrics.current_term,
-        "commit_index": metrics.last_log_index,
+        "commit_index": app.committed_index.load(std::sync::atomic::Ordering::Relaxed),
+        "last_log_index": metrics.last_log_index,
         "applied_index": metrics.last_applied.map(|l| l.index),
         "nodes": nodes,
     })))

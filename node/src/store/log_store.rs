@@ -27,6 +27,8 @@ pub struct LogStore {
     db: Arc<Database>,
     /// Observes the duration of each durable append, when metrics are wired.
     append_timer: Option<prometheus::Histogram>,
+    /// The committed index openraft last reported (its metrics do not carry it).
+    pub committed_index: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn read_err(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
@@ -52,6 +54,7 @@ impl LogStore {
         Ok(LogStore {
             db,
             append_timer: None,
+            committed_index: Arc::default(),
         })
     }
 
@@ -156,6 +159,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         &mut self,
         committed: Option<LogId<NodeId>>,
     ) -> Result<(), StorageError> {
+        self.committed_index.store(
+            committed.map_or(0, |l| l.index),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         // Only a hint for re-applying after a restart; the next durable commit (any log
         // append) persists it. Losing it costs re-application, never correctness.
         self.put_meta(COMMITTED_KEY, &committed, redb::Durability::None)

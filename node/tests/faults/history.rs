@@ -95,6 +95,8 @@ pub enum Event {
 #[derive(Default)]
 pub struct History {
     events: Mutex<Vec<Event>>,
+    /// Answers other than 200 (503 during failover, transport errors), retried or not.
+    pub errors: std::sync::atomic::AtomicUsize,
 }
 
 impl History {

@@ -58,6 +58,7 @@ async fn call(
             }
             return first;
         }
+        history.errors.fetch_add(1, Ordering::Relaxed);
         node = (node + 1) % cluster.addrs.len();
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
@@ -114,12 +115,15 @@ fn start_load(cluster: &Arc<Cluster>, tokens: &[String], scenario: &str) -> Load
     }
 }
 
-async fn stop_load(load: Load) -> Vec<Event> {
+async fn stop_load(load: Load) -> (Vec<Event>, usize) {
     load.stop.store(true, Ordering::Relaxed);
     for task in load.tasks {
         task.await.unwrap();
     }
-    load.history.events()
+    (
+        load.history.events(),
+        load.history.errors.load(Ordering::Relaxed),
+    )
 }
 
 async fn setup(cluster: &Cluster) -> Vec<String> {
@@ -194,7 +198,7 @@ async fn run_scenario_on(
     fault(&cluster).await;
     let recovery = time_to_serve(&cluster, &cluster.admin.clone()).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let events = stop_load(load).await;
+    let (events, errors) = stop_load(load).await;
     let logs = final_logs(&cluster).await;
     let violations = check(&events, &logs, &public_key, BUDGET);
     let summary = summarise(&events);
@@ -204,6 +208,7 @@ async fn run_scenario_on(
         "acknowledged": summary.acknowledged,
         "acknowledged_allowed": summary.acknowledged_allowed,
         "unanswered": summary.unanswered,
+        "client_errors_retried": errors,
         "recovery_ms": recovery.as_millis() as u64,
         "violations": violations,
     });
