@@ -73,28 +73,16 @@ fn lock(file: &File, path: &Path) -> Result<(), AuditError> {
 impl AuditLog {
     /// Creates a new log whose genesis names `log_id`. Refuses an existing file.
     pub fn create(path: impl AsRef<Path>, key: AuditKey, log_id: &str) -> Result<Self, AuditError> {
-        let path = path.as_ref();
-        let file = Self::create_file(path)?;
+        let mut log = Self::create_empty(path.as_ref(), key, log_id)?;
         let genesis = Record::seal(
-            &key,
+            &log.key,
             0,
             timestamp::format(timestamp::now_micros()),
             log_id,
             "genesis",
-            serde_json::json!({"log_id": log_id, "public_key": key.public_key_hex()}),
+            serde_json::json!({"log_id": log_id, "public_key": log.key.public_key_hex()}),
             ZERO_HASH,
         );
-        let mut log = AuditLog {
-            path: path.to_path_buf(),
-            file,
-            key,
-            log_id: log_id.to_string(),
-            head: Head {
-                seq: 0,
-                hash: ZERO_HASH.into(),
-            },
-            last_timestamp_micros: 0,
-        };
         log.write_records(std::slice::from_ref(&genesis))?;
         Ok(log)
     }

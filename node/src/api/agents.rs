@@ -122,8 +122,18 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>> {
     }
 }
 
-fn reply(answer: Answer) -> Response {
-    (answer.status, Json(answer.body)).into_response()
+/// The leader's write path for one command, answered as `respond` says.
+async fn write(
+    app: &App,
+    agent_id: &str,
+    headers: &HeaderMap,
+    command: Command,
+    respond: Respond,
+) -> Result<Response> {
+    let answer = app
+        .execute(agent_id, command, idempotency_key(headers)?, respond)
+        .await?;
+    Ok((answer.status, Json(answer.body)).into_response())
 }
 
 fn status_answer(status: lineage_core::Status) -> Answer {
@@ -149,18 +159,17 @@ pub async fn create_agent(
         agent_id: body.agent_id.clone(),
         policy: body.policy,
     };
-    let answer = app
-        .execute(
-            &body.agent_id,
-            command,
-            idempotency_key(&headers)?,
-            Respond::Status(Box::new(move |status| Answer {
-                status: StatusCode::OK,
-                body: json!({"agent": status, "token": token}),
-            })),
-        )
-        .await?;
-    Ok(reply(answer))
+    write(
+        &app,
+        &body.agent_id,
+        &headers,
+        command,
+        Respond::Status(Box::new(move |status| Answer {
+            status: StatusCode::OK,
+            body: json!({"agent": status, "token": token}),
+        })),
+    )
+    .await
 }
 
 pub async fn list_agents(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Json<Value>> {
@@ -221,15 +230,7 @@ pub async fn request_action(
         input: body.input,
         cost: body.cost,
     };
-    let answer = app
-        .execute(
-            &agent_id,
-            command,
-            idempotency_key(&headers)?,
-            Respond::Decision,
-        )
-        .await?;
-    Ok(reply(answer))
+    write(&app, &agent_id, &headers, command, Respond::Decision).await
 }
 
 pub async fn pending_actions(
@@ -274,15 +275,14 @@ pub async fn report_outcome(
             detail: body.detail,
         },
     };
-    let answer = app
-        .execute(
-            &agent_id,
-            command,
-            idempotency_key(&headers)?,
-            Respond::Status(Box::new(status_answer)),
-        )
-        .await?;
-    Ok(reply(answer))
+    write(
+        &app,
+        &agent_id,
+        &headers,
+        command,
+        Respond::Status(Box::new(status_answer)),
+    )
+    .await
 }
 
 pub async fn approve_action(
@@ -298,15 +298,7 @@ pub async fn approve_action(
         approver: body.approver,
         note: body.note,
     };
-    let answer = app
-        .execute(
-            &agent_id,
-            command,
-            idempotency_key(&headers)?,
-            Respond::Decision,
-        )
-        .await?;
-    Ok(reply(answer))
+    write(&app, &agent_id, &headers, command, Respond::Decision).await
 }
 
 pub async fn reject_action(
@@ -323,15 +315,7 @@ pub async fn reject_action(
         reason: body.reason,
         scar: body.scar,
     };
-    let answer = app
-        .execute(
-            &agent_id,
-            command,
-            idempotency_key(&headers)?,
-            Respond::Decision,
-        )
-        .await?;
-    Ok(reply(answer))
+    write(&app, &agent_id, &headers, command, Respond::Decision).await
 }
 
 pub async fn add_scar(
@@ -347,15 +331,14 @@ pub async fn add_scar(
         reason: body.reason,
         action_id: body.action_id,
     };
-    let answer = app
-        .execute(
-            &agent_id,
-            command,
-            idempotency_key(&headers)?,
-            Respond::Status(Box::new(status_answer)),
-        )
-        .await?;
-    Ok(reply(answer))
+    write(
+        &app,
+        &agent_id,
+        &headers,
+        command,
+        Respond::Status(Box::new(status_answer)),
+    )
+    .await
 }
 
 pub async fn terminate(
@@ -370,15 +353,14 @@ pub async fn terminate(
         reason: body.reason,
         by: body.by,
     };
-    let answer = app
-        .execute(
-            &agent_id,
-            command,
-            idempotency_key(&headers)?,
-            Respond::Status(Box::new(status_answer)),
-        )
-        .await?;
-    Ok(reply(answer))
+    write(
+        &app,
+        &agent_id,
+        &headers,
+        command,
+        Respond::Status(Box::new(status_answer)),
+    )
+    .await
 }
 
 pub async fn agent_log(

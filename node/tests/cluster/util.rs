@@ -47,18 +47,7 @@ impl Cluster {
         let addrs: Vec<String> = (0..n)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
-        let cluster = Cluster {
-            dir,
-            addrs,
-            children: std::sync::Mutex::new((0..n).map(|_| None).collect()),
-            admin,
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
-                .expect("client"),
-            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
-            external: false,
-        };
+        let cluster = Cluster::new(dir, addrs, admin, extra_args, false);
         for i in 0..n {
             cluster.start_node(i);
         }
@@ -68,9 +57,22 @@ impl Cluster {
 
     /// Talks to nodes someone else runs (for example containers) at `addrs`.
     pub async fn attach(addrs: Vec<String>, admin: String) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cluster = Cluster::new(dir, addrs, admin, &[], true);
+        cluster.wait_for_leader(Duration::from_secs(60)).await;
+        cluster
+    }
+
+    fn new(
+        dir: tempfile::TempDir,
+        addrs: Vec<String>,
+        admin: String,
+        extra_args: &[&str],
+        external: bool,
+    ) -> Cluster {
         let n = addrs.len();
-        let cluster = Cluster {
-            dir: tempfile::tempdir().expect("tempdir"),
+        Cluster {
+            dir,
             addrs,
             children: std::sync::Mutex::new((0..n).map(|_| None).collect()),
             admin,
@@ -78,11 +80,9 @@ impl Cluster {
                 .timeout(Duration::from_secs(5))
                 .build()
                 .expect("client"),
-            extra_args: Vec::new(),
-            external: true,
-        };
-        cluster.wait_for_leader(Duration::from_secs(60)).await;
-        cluster
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            external,
+        }
     }
 
     fn data_dir(&self, i: usize) -> PathBuf {
