@@ -14,6 +14,7 @@ pub mod log_file;
 pub mod policy;
 pub mod record;
 pub mod token;
+pub mod transparency;
 pub mod verify;
 
 pub use embedded::{Guard, GuardFileError};
