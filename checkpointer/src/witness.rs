@@ -1,0 +1,386 @@
+//! A C2SP tlog-witness: cosigns a log's checkpoint only if it extends the last one it
+//! cosigned for that origin, and keeps what it cosigned on disk before it answers.
+//!
+//! It trusts nothing the log says: each origin and its verifier key are configured here
+//! (`add-log`), never learned from requests. Check-old-size, verify, sign and persist run
+//! under one lock and one durable redb transaction, so no two requests can both extend
+//! the same size. A request signed by the log's key that is inconsistent with what was
+//! cosigned is kept whole as evidence of misbehaviour.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use ed25519_dalek::Signer as _;
+use lineage_core::transparency::{verify_consistency, Checkpoint, Hash};
+use redb::{Database, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// origin → JSON `LogState`.
+const LOGS: TableDefinition<&str, &[u8]> = TableDefinition::new("logs");
+/// sequence → the full body of a signed but inconsistent request.
+const EVIDENCE: TableDefinition<u64, &[u8]> = TableDefinition::new("evidence");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const LAST_SIGNED_AT: &str = "last_signed_at";
+/// The spec caps consistency proofs at 63 lines.
+pub const MAX_PROOF_LINES: usize = 63;
+/// Requests larger than this are refused before parsing.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LogState {
+    pub vkey: String,
+    pub size: u64,
+    /// Base64 root of the latest cosigned checkpoint (empty tree until the first one).
+    pub root: String,
+    /// The latest cosigned checkpoint note with the log's and this witness's signatures.
+    pub note: Option<String>,
+}
+
+/// What the HTTP layer sends back.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+impl Reply {
+    fn text(status: u16, body: impl Into<String>) -> Reply {
+        Reply {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            body: body.into(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WitnessError {
+    #[error("storage: {0}")]
+    Storage(String),
+    #[error("{0}")]
+    Config(String),
+}
+
+fn storage(e: impl std::fmt::Display) -> WitnessError {
+    WitnessError::Storage(e.to_string())
+}
+
+pub struct Witness {
+    name: String,
+    key: ed25519_dalek::SigningKey,
+    key_id: [u8; 4],
+    db: Database,
+    /// Serialises check-and-persist across requests.
+    lock: Mutex<()>,
+}
+
+/// SHA-256 of the empty string: the root of an empty tree.
+fn empty_root() -> Hash {
+    Sha256::digest(b"").into()
+}
+
+impl Witness {
+    /// Opens (or creates) the witness state in `dir` with the signing key `seed`.
+    pub fn open(dir: &Path, name: &str, seed: [u8; 32]) -> Result<Witness, WitnessError> {
+        if !signed_note::is_key_name_valid(name) {
+            return Err(WitnessError::Config(format!(
+                "{name:?} is not a valid key name"
+            )));
+        }
+        std::fs::create_dir_all(dir).map_err(storage)?;
+        let db = Database::create(dir.join("witness.redb")).map_err(storage)?;
+        let txn = db.begin_write().map_err(storage)?;
+        txn.open_table(LOGS).map_err(storage)?;
+        txn.open_table(EVIDENCE).map_err(storage)?;
+        txn.open_table(META).map_err(storage)?;
+        txn.commit().map_err(storage)?;
+        let key = ed25519_dalek::SigningKey::from_bytes(&seed);
+        let mut encoded = vec![0x04];
+        encoded.extend_from_slice(key.verifying_key().as_bytes());
+        let key_id = signed_note::key_id(name, &encoded).to_be_bytes();
+        Ok(Witness {
+            name: name.to_string(),
+            key,
+            key_id,
+            db,
+            lock: Mutex::new(()),
+        })
+    }
+
+    /// The cosignature verifier key: `name+keyid+base64(0x04 || pubkey)`.
+    pub fn vkey(&self) -> String {
+        let mut encoded = vec![0x04];
+        encoded.extend_from_slice(self.key.verifying_key().as_bytes());
+        format!(
+            "{}+{}+{}",
+            self.name,
+            hex::encode(self.key_id),
+            B64.encode(encoded)
+        )
+    }
+
+    /// Trusts `origin` with the log verifier key `vkey`. A log is never removed, and an
+    /// origin, once added, cannot be re-added with another key.
+    pub fn add_log(&self, origin: &str, vkey: &str) -> Result<(), WitnessError> {
+        signed_note::StandardVerifier::new(vkey)
+            .map_err(|e| WitnessError::Config(format!("bad log verifier key: {e}")))?;
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let txn = self.db.begin_write().map_err(storage)?;
+        {
+            let mut logs = txn.open_table(LOGS).map_err(storage)?;
+            if let Some(existing) = logs.get(origin).map_err(storage)? {
+                let state: LogState = serde_json::from_slice(existing.value()).map_err(storage)?;
+                return if state.vkey == vkey {
+                    Ok(())
+                } else {
+                    Err(WitnessError::Config(format!(
+                        "{origin} is already configured with another key"
+                    )))
+                };
+            }
+            let state = LogState {
+                vkey: vkey.to_string(),
+                size: 0,
+                root: B64.encode(empty_root()),
+                note: None,
+            };
+            let bytes = serde_json::to_vec(&state).map_err(storage)?;
+            logs.insert(origin, bytes.as_slice()).map_err(storage)?;
+        }
+        txn.commit().map_err(storage)
+    }
+
+    pub fn log_state(&self, origin: &str) -> Result<Option<LogState>, WitnessError> {
+        let txn = self.db.begin_read().map_err(storage)?;
+        let logs = txn.open_table(LOGS).map_err(storage)?;
+        let state = logs.get(origin).map_err(storage)?;
+        state
+            .map(|v| serde_json::from_slice(v.value()).map_err(storage))
+            .transpose()
+    }
+
+    /// The latest cosigned checkpoint for the origin whose SHA-256 is `origin_hash_hex`.
+    pub fn monitoring_checkpoint(
+        &self,
+        origin_hash_hex: &str,
+    ) -> Result<Option<String>, WitnessError> {
+        let txn = self.db.begin_read().map_err(storage)?;
+        let logs = txn.open_table(LOGS).map_err(storage)?;
+        for item in logs.iter().map_err(storage)? {
+            let (origin, value) = item.map_err(storage)?;
+            if hex::encode(Sha256::digest(origin.value().as_bytes())) == origin_hash_hex {
+                let state: LogState = serde_json::from_slice(value.value()).map_err(storage)?;
+                return Ok(state.note);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Evidence kept so far (full request bodies).
+    pub fn evidence(&self) -> Result<Vec<String>, WitnessError> {
+        let txn = self.db.begin_read().map_err(storage)?;
+        let table = txn.open_table(EVIDENCE).map_err(storage)?;
+        let mut out = Vec::new();
+        for item in table.iter().map_err(storage)? {
+            let (_, v) = item.map_err(storage)?;
+            out.push(String::from_utf8_lossy(v.value()).into_owned());
+        }
+        Ok(out)
+    }
+
+    /// `POST /add-checkpoint`, at `now` (POSIX seconds).
+    pub fn add_checkpoint(&self, body: &[u8], now: u64) -> Result<Reply, WitnessError> {
+        if body.len() > MAX_REQUEST_BYTES {
+            return Ok(Reply::text(400, "request too large\n"));
+        }
+        let Ok(text) = std::str::from_utf8(body) else {
+            return Ok(Reply::text(400, "request is not UTF-8\n"));
+        };
+        let request = match parse_request(text) {
+            Ok(r) => r,
+            Err(e) => return Ok(Reply::text(400, format!("{e}\n"))),
+        };
+        let note = match signed_note::Note::from_bytes(request.note.as_bytes()) {
+            Ok(n) => n,
+            Err(e) => {
+                return Ok(Reply::text(
+                    400,
+                    format!("malformed checkpoint note: {e}\n"),
+                ))
+            }
+        };
+        let note_text = String::from_utf8_lossy(note.text()).into_owned();
+        let origin = note_text.split('\n').next().unwrap_or_default().to_string();
+
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(mut state) = self.log_state(&origin)? else {
+            return Ok(Reply::text(404, format!("unknown origin {origin:?}\n")));
+        };
+        let verifier = signed_note::StandardVerifier::new(&state.vkey)
+            .map_err(|e| WitnessError::Config(format!("stored verifier key: {e}")))?;
+        if note
+            .verify(&signed_note::VerifierList::new(vec![Box::new(verifier)]))
+            .is_err()
+        {
+            return Ok(Reply::text(
+                403,
+                "no valid signature by the log's trusted key\n",
+            ));
+        }
+        let checkpoint = match Checkpoint::parse(&note_text) {
+            Ok(c) => c,
+            Err(e) => return Ok(Reply::text(400, format!("malformed checkpoint: {e}\n"))),
+        };
+        if request.old > checkpoint.size {
+            return Ok(Reply::text(
+                400,
+                "old size is larger than the checkpoint's size\n",
+            ));
+        }
+        if request.old != state.size {
+            if checkpoint.size < state.size {
+                // A signed checkpoint smaller than one already cosigned: a rollback.
+                self.keep_evidence(body)?;
+            }
+            return Ok(Reply {
+                status: 409,
+                content_type: "text/x.tlog.size",
+                body: format!("{}\n", state.size),
+            });
+        }
+        if checkpoint.size == 0 && checkpoint.root != empty_root() {
+            return Ok(Reply::text(
+                422,
+                "a size-0 checkpoint must have the empty root\n",
+            ));
+        }
+        if request.old == 0 && !request.proof.is_empty() {
+            return Ok(Reply::text(
+                422,
+                "no consistency proof is sent from size 0\n",
+            ));
+        }
+        let stored_root: Hash = B64
+            .decode(&state.root)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| WitnessError::Storage("stored root is not 32 bytes".into()))?;
+        if let Err(e) = verify_consistency(
+            &stored_root,
+            state.size,
+            &checkpoint.root,
+            checkpoint.size,
+            &request.proof,
+        ) {
+            // Signed by the log, yet not an extension of what was cosigned: keep it.
+            self.keep_evidence(body)?;
+            return Ok(Reply::text(
+                422,
+                format!("checkpoint is not consistent with the cosigned one: {e}\n"),
+            ));
+        }
+
+        // Sign, then persist, then answer: never answer before the state is durable.
+        let last_signed_at = self.last_signed_at()?;
+        if now < last_signed_at {
+            return Ok(Reply::text(
+                500,
+                "the witness clock went backwards; refusing to sign\n",
+            ));
+        }
+        let cosignature = self.cosign(&note_text, now);
+        let mut cosigned = request.note.clone();
+        cosigned.push_str(&cosignature);
+        state.size = checkpoint.size;
+        state.root = B64.encode(checkpoint.root);
+        state.note = Some(cosigned);
+        let txn = self.db.begin_write().map_err(storage)?;
+        {
+            let mut logs = txn.open_table(LOGS).map_err(storage)?;
+            let bytes = serde_json::to_vec(&state).map_err(storage)?;
+            logs.insert(origin.as_str(), bytes.as_slice())
+                .map_err(storage)?;
+            let mut meta = txn.open_table(META).map_err(storage)?;
+            meta.insert(LAST_SIGNED_AT, now).map_err(storage)?;
+        }
+        txn.commit().map_err(storage)?;
+        Ok(Reply::text(200, cosignature))
+    }
+
+    fn last_signed_at(&self) -> Result<u64, WitnessError> {
+        let txn = self.db.begin_read().map_err(storage)?;
+        let meta = txn.open_table(META).map_err(storage)?;
+        Ok(meta
+            .get(LAST_SIGNED_AT)
+            .map_err(storage)?
+            .map_or(0, |v| v.value()))
+    }
+
+    fn keep_evidence(&self, body: &[u8]) -> Result<(), WitnessError> {
+        let txn = self.db.begin_write().map_err(storage)?;
+        {
+            let mut table = txn.open_table(EVIDENCE).map_err(storage)?;
+            let next = table
+                .last()
+                .map_err(storage)?
+                .map_or(0, |(k, _)| k.value() + 1);
+            table.insert(next, body).map_err(storage)?;
+        }
+        txn.commit().map_err(storage)
+    }
+
+    /// A `cosignature/v1` line: `— name base64(keyid || timestamp || signature)`.
+    fn cosign(&self, checkpoint_text: &str, now: u64) -> String {
+        let message = format!("cosignature/v1\ntime {now}\n{checkpoint_text}");
+        let signature = self.key.sign(message.as_bytes());
+        let mut blob = Vec::with_capacity(76);
+        blob.extend_from_slice(&self.key_id);
+        blob.extend_from_slice(&now.to_be_bytes());
+        blob.extend_from_slice(&signature.to_bytes());
+        format!("\u{2014} {} {}\n", self.name, B64.encode(blob))
+    }
+}
+
+struct Request {
+    old: u64,
+    proof: Vec<Hash>,
+    note: String,
+}
+
+fn parse_request(text: &str) -> Result<Request, String> {
+    let (head, note) = text
+        .split_once("\n\n")
+        .ok_or("request has no blank line before the checkpoint")?;
+    let mut lines = head.split('\n');
+    let old_line = lines.next().unwrap_or_default();
+    let old = old_line
+        .strip_prefix("old ")
+        .filter(|n| {
+            !n.is_empty()
+                && (n == &"0" || !n.starts_with('0'))
+                && n.bytes().all(|b| b.is_ascii_digit())
+        })
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("first line must be `old <size>`, got {old_line:?}"))?;
+    let mut proof = Vec::new();
+    for line in lines {
+        if proof.len() == MAX_PROOF_LINES {
+            return Err(format!("more than {MAX_PROOF_LINES} proof lines"));
+        }
+        let hash: Hash = B64
+            .decode(line)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| format!("proof line is not a base64 32-byte hash: {line:?}"))?;
+        proof.push(hash);
+    }
+    Ok(Request {
+        old,
+        proof,
+        note: note.to_string(),
+    })
+}

@@ -1,0 +1,341 @@
+//! The witness as a real process, driven through every case of the tlog-witness protocol,
+//! and killed with -9 between requests without losing what it cosigned.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use ed25519_dalek::Verifier as _;
+use lineage_core::transparency::{consistency_proof, root, Checkpoint, Hash, NoteSigner};
+use lineage_core::AuditKey;
+use sha2::{Digest, Sha256};
+
+const ORIGIN: &str = "lineage.test/heads";
+const FRESH: &str = "lineage.test/fresh";
+
+struct Witness {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    listen: String,
+    vkey: String,
+}
+
+impl Drop for Witness {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn witness_cmd(dir: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_lineage-witness"));
+    command
+        .arg("--data-dir")
+        .arg(dir)
+        .arg("--name")
+        .arg("witness.test/w1");
+    command
+}
+
+impl Witness {
+    fn setup(log_vkey: &str) -> Witness {
+        let dir = tempfile::tempdir().unwrap();
+        let out = witness_cmd(dir.path()).arg("keygen").output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let vkey = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        for origin in [ORIGIN, FRESH] {
+            let status = witness_cmd(dir.path())
+                .args(["add-log", "--origin", origin, "--vkey", log_vkey])
+                .stdout(Stdio::null())
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Witness {
+            child: None,
+            dir,
+            listen: format!("127.0.0.1:{port}"),
+            vkey,
+        }
+    }
+
+    async fn start(&mut self) {
+        let child = witness_cmd(self.dir.path())
+            .args(["--listen", &self.listen])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let start = Instant::now();
+        while tokio::net::TcpStream::connect(&self.listen).await.is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "witness did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    async fn submit(&self, body: String) -> (u16, String, String) {
+        let reply = reqwest::Client::new()
+            .post(format!("http://{}/add-checkpoint", self.listen))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = reply.status().as_u16();
+        let content_type = reply
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        (status, content_type, reply.text().await.unwrap())
+    }
+}
+
+fn leaves(n: u32, salt: &str) -> Vec<Hash> {
+    (0..n)
+        .map(|i| Sha256::digest(format!("{salt}{i}")).into())
+        .collect()
+}
+
+/// An add-checkpoint body: `old N`, proof lines, blank line, the signed checkpoint.
+fn request(
+    key: &AuditKey,
+    origin: &str,
+    old: u64,
+    tree: &[Hash],
+    proof: Option<Vec<Hash>>,
+) -> String {
+    let checkpoint = Checkpoint {
+        origin: origin.into(),
+        size: tree.len() as u64,
+        root: root(tree),
+    };
+    let proof = proof.unwrap_or_else(|| {
+        if old <= tree.len() as u64 {
+            consistency_proof(tree, old).unwrap()
+        } else {
+            Vec::new()
+        }
+    });
+    let mut body = format!("old {old}\n");
+    for hash in proof {
+        body.push_str(&B64.encode(hash));
+        body.push('\n');
+    }
+    body.push('\n');
+    body.push_str(&checkpoint.sign(key).unwrap());
+    body
+}
+
+/// Checks a cosignature line against the witness vkey and the checkpoint text.
+fn check_cosignature(line: &str, vkey: &str, checkpoint_text: &str) {
+    let (name_and_id, key_b64) = vkey.rsplit_once('+').unwrap();
+    let (name, id_hex) = name_and_id.rsplit_once('+').unwrap();
+    let key_bytes = B64.decode(key_b64).unwrap();
+    assert_eq!(key_bytes[0], 0x04, "timestamped Ed25519 cosignature key");
+    let public =
+        ed25519_dalek::VerifyingKey::from_bytes(&key_bytes[1..].try_into().unwrap()).unwrap();
+    let rest = line.strip_prefix("\u{2014} ").unwrap().trim_end();
+    let (line_name, blob_b64) = rest.split_once(' ').unwrap();
+    assert_eq!(line_name, name);
+    let blob = B64.decode(blob_b64).unwrap();
+    assert_eq!(blob.len(), 76);
+    assert_eq!(hex::encode(&blob[..4]), id_hex);
+    let timestamp = u64::from_be_bytes(blob[4..12].try_into().unwrap());
+    assert!(timestamp > 1_700_000_000);
+    let message = format!("cosignature/v1\ntime {timestamp}\n{checkpoint_text}");
+    let signature = ed25519_dalek::Signature::from_bytes(&blob[12..].try_into().unwrap());
+    public
+        .verify(message.as_bytes(), &signature)
+        .expect("cosignature verifies");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_case_of_the_protocol_and_a_kill_between_requests() {
+    let log_key = AuditKey::from_seed([11; 32]);
+    let log_vkey = NoteSigner::new(ORIGIN, &log_key).unwrap().vkey();
+    // Both origins are trusted with the same log key (named after ORIGIN).
+    let mut witness = Witness::setup(&log_vkey);
+    witness.start().await;
+    let tree = leaves(12, "honest");
+    let sign_as = |origin: &str, old: u64, t: &[Hash], proof: Option<Vec<Hash>>| {
+        // A FRESH checkpoint is signed under the ORIGIN key name, as the witness expects.
+        let body = request(&log_key, origin, old, t, proof);
+        if origin == ORIGIN {
+            body
+        } else {
+            let checkpoint = Checkpoint {
+                origin: origin.into(),
+                size: t.len() as u64,
+                root: root(t),
+            };
+            let mut note = signed_note::Note::new(checkpoint.text().as_bytes(), &[]).unwrap();
+            let signer = NoteSigner::new(ORIGIN, &log_key).unwrap();
+            note.add_sigs(&[&signer]).unwrap();
+            let head = body.split_once("\n\n").unwrap().0;
+            format!("{head}\n\n{}", String::from_utf8(note.to_bytes()).unwrap())
+        }
+    };
+
+    // First checkpoint, then growth with a consistency proof.
+    let (status, _, body) = witness.submit(sign_as(ORIGIN, 0, &tree[..4], None)).await;
+    assert_eq!(status, 200, "{body}");
+    let text4 = Checkpoint {
+        origin: ORIGIN.into(),
+        size: 4,
+        root: root(&tree[..4]),
+    }
+    .text();
+    check_cosignature(&body, &witness.vkey, &text4);
+    let (status, _, body) = witness.submit(sign_as(ORIGIN, 4, &tree[..8], None)).await;
+    assert_eq!(status, 200, "{body}");
+
+    // Stale old size: 409 with the size the witness holds.
+    let (status, content_type, body) = witness.submit(sign_as(ORIGIN, 4, &tree[..10], None)).await;
+    assert_eq!(
+        (status, content_type.as_str(), body.as_str()),
+        (409, "text/x.tlog.size", "8\n")
+    );
+
+    // Rewritten history: a different tree of 10 with its own (valid-for-it) proof.
+    let forged = leaves(10, "rewritten");
+    let (status, _, body) = witness
+        .submit(sign_as(
+            ORIGIN,
+            8,
+            &forged,
+            Some(consistency_proof(&forged, 8).unwrap()),
+        ))
+        .await;
+    assert_eq!(status, 422, "{body}");
+
+    // Truncation: a checkpoint smaller than the old size it claims.
+    let (status, _, _) = witness
+        .submit(sign_as(ORIGIN, 8, &tree[..6], Some(Vec::new())))
+        .await;
+    assert_eq!(status, 400);
+
+    // Same size, another root.
+    let (status, _, _) = witness
+        .submit(sign_as(ORIGIN, 8, &forged[..8], Some(Vec::new())))
+        .await;
+    assert_eq!(status, 422);
+
+    // Size 0 with a wrong root, and a proof sent with old 0 (fresh origin, still at 0).
+    let zero_body = sign_as(FRESH, 0, &[], None);
+    let wrong_zero = {
+        let checkpoint = Checkpoint {
+            origin: FRESH.into(),
+            size: 0,
+            root: [7; 32],
+        };
+        let mut note = signed_note::Note::new(checkpoint.text().as_bytes(), &[]).unwrap();
+        note.add_sigs(&[&NoteSigner::new(ORIGIN, &log_key).unwrap()])
+            .unwrap();
+        format!("old 0\n\n{}", String::from_utf8(note.to_bytes()).unwrap())
+    };
+    let (status, _, _) = witness.submit(wrong_zero).await;
+    assert_eq!(status, 422);
+    let with_proof = sign_as(FRESH, 0, &tree[..3], Some(vec![tree[0]]));
+    let (status, _, _) = witness.submit(with_proof).await;
+    assert_eq!(status, 422);
+    let (status, _, _) = witness.submit(zero_body).await;
+    assert_eq!(status, 200, "the empty tree with the empty root is fine");
+
+    // Unknown origin; a key the witness does not trust; a broken signature.
+    let (status, _, _) = witness
+        .submit(request(&log_key, "unknown.test/log", 0, &tree[..2], None))
+        .await;
+    assert_eq!(status, 404);
+    let stranger = AuditKey::from_seed([99; 32]);
+    let (status, _, _) = witness
+        .submit(request(&stranger, ORIGIN, 8, &tree[..9], None))
+        .await;
+    assert_eq!(status, 403);
+    let honest = sign_as(ORIGIN, 8, &tree[..9], None);
+    let sig_start = honest.rfind(' ').unwrap() + 1;
+    let mut broken = honest.clone();
+    let flipped = if &honest[sig_start + 10..sig_start + 11] == "A" {
+        "B"
+    } else {
+        "A"
+    };
+    broken.replace_range(sig_start + 10..sig_start + 11, flipped);
+    let (status, _, _) = witness.submit(broken).await;
+    assert_eq!(status, 403);
+    for malformed in ["", "old x\n\n", "old 01\n\nfoo", "nonsense"] {
+        let (status, _, _) = witness.submit(malformed.to_string()).await;
+        assert_eq!(status, 400, "{malformed:?}");
+    }
+
+    // kill -9 between requests: what was cosigned survives.
+    witness.kill();
+    witness.start().await;
+    let (status, _, body) = witness.submit(sign_as(ORIGIN, 4, &tree[..9], None)).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (409, "8\n"),
+        "the cosigned size survived kill -9"
+    );
+    let (status, _, body) = witness.submit(honest).await;
+    assert_eq!(status, 200, "{body}");
+
+    // Monitoring: the latest cosigned checkpoint, with both signatures.
+    let origin_hash = hex::encode(Sha256::digest(ORIGIN.as_bytes()));
+    let monitored = reqwest::get(format!(
+        "http://{}/{origin_hash}/checkpoint",
+        witness.listen
+    ))
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    assert!(
+        monitored.starts_with(&format!("{ORIGIN}\n9\n")),
+        "{monitored}"
+    );
+    assert!(monitored.contains("\u{2014} witness.test/w1 "));
+    let unknown = reqwest::get(format!(
+        "http://{}/{}/checkpoint",
+        witness.listen,
+        "00".repeat(32)
+    ))
+    .await
+    .unwrap();
+    assert_eq!(unknown.status().as_u16(), 404);
+
+    // Evidence: the rewritten-history and same-size-other-root requests were kept.
+    witness.kill();
+    let seed =
+        lineage_core::keys::read_secret_file(&witness.dir.path().join("witness.key")).unwrap();
+    let state =
+        lineage_checkpointer::witness::Witness::open(witness.dir.path(), "witness.test/w1", seed)
+            .unwrap();
+    let evidence = state.evidence().unwrap();
+    assert!(evidence.len() >= 2, "{}", evidence.len());
+    assert!(evidence
+        .iter()
+        .any(|e| e.contains(&format!("{ORIGIN}\n10\n"))));
+}
