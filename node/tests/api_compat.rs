@@ -5,6 +5,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use base64::Engine;
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -547,6 +548,90 @@ async fn every_endpoint_and_error_case() {
     assert_eq!(
         verified["records"],
         status["head"]["seq"].as_u64().unwrap() + 1
+    );
+
+    // Transparency proofs over the agent's record hashes, readable without a token.
+    let size = status["head"]["seq"].as_u64().unwrap() + 1;
+    let (_, full_log) = node
+        .get(&format!("/v1/agents/bot/log?limit={size}"), admin)
+        .await;
+    let hashes: Vec<[u8; 32]> = full_log["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            hex::decode(r["hash"].as_str().unwrap())
+                .unwrap()
+                .try_into()
+                .unwrap()
+        })
+        .collect();
+    let root = lineage_core::transparency::root(&hashes);
+    let b64 = |v: &Value| -> [u8; 32] {
+        base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().unwrap())
+            .unwrap()
+            .try_into()
+            .unwrap()
+    };
+    let (status_code, inclusion) = node
+        .get(
+            &format!("/v1/agents/bot/proof/inclusion?index=2&size={size}"),
+            None,
+        )
+        .await;
+    assert_eq!(status_code, StatusCode::OK, "{inclusion}");
+    assert_eq!(b64(&inclusion["root"]), root);
+    let path: Vec<[u8; 32]> = inclusion["proof"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(b64)
+        .collect();
+    lineage_core::transparency::verify_inclusion(&root, size, 2, &hashes[2], &path).unwrap();
+    let (_, consistency) = node
+        .get(
+            &format!("/v1/agents/bot/proof/consistency?old=3&size={size}"),
+            None,
+        )
+        .await;
+    let path: Vec<[u8; 32]> = consistency["proof"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(b64)
+        .collect();
+    lineage_core::transparency::verify_consistency(
+        &b64(&consistency["old_root"]),
+        3,
+        &root,
+        size,
+        &path,
+    )
+    .unwrap();
+    assert_error(
+        node.get("/v1/agents/bot/proof/inclusion?size=3", None)
+            .await,
+        400,
+        "bad_request",
+        "index is required",
+    );
+    assert_error(
+        node.get(
+            &format!("/v1/agents/bot/proof/inclusion?index=0&size={}", size + 1),
+            None,
+        )
+        .await,
+        400,
+        "bad_request",
+        &format!("size must be between 1 and {size}"),
+    );
+    assert_error(
+        node.get("/v1/agents/bot/proof/consistency?old=5&size=4", None)
+            .await,
+        400,
+        "bad_request",
+        "old must be between 1 and 4",
     );
 
     // Precise JSON errors for malformed input (an addition to the reference).

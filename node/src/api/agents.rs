@@ -7,7 +7,9 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use base64::Engine;
 use lineage_core::guard::{Command, Outcome, OutcomeStatus, Severity};
+use lineage_core::transparency::{self, Hash};
 use lineage_core::verify::{verify_records, VerifyOptions};
 use lineage_core::{token, Policy};
 use serde::Deserialize;
@@ -409,4 +411,108 @@ pub async fn verify_agent(
     } else {
         json!({"ok": false, "records": report.records, "failure": report.failure})
     }))
+}
+
+/// Numeric query parameters for the proof endpoints, parsed with precise errors.
+fn query_numbers(query: Option<&str>, names: &[&str]) -> Result<Vec<u64>> {
+    let mut values = vec![None; names.len()];
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if let Some(i) = names.iter().position(|n| *n == key) {
+            let number = value.parse::<u64>().map_err(|_| {
+                ApiError::BadRequest(format!(
+                    "{key} must be a non-negative integer, got {value:?}"
+                ))
+            })?;
+            values[i] = Some(number);
+        }
+    }
+    names
+        .iter()
+        .zip(values)
+        .map(|(name, v)| v.ok_or_else(|| ApiError::BadRequest(format!("{name} is required"))))
+        .collect()
+}
+
+/// The agent's record hashes for a tree of `size` leaves (its first `size` records).
+fn record_hashes(app: &App, agent_id: &str, size: u64) -> Result<Vec<Hash>> {
+    let head = app.with_agent(agent_id, |s| s.next_seq())?;
+    if size == 0 || size > head {
+        return Err(ApiError::BadRequest(format!(
+            "size must be between 1 and {head}"
+        )));
+    }
+    let records = app
+        .sm
+        .records(agent_id, 0, size as usize)
+        .map_err(ApiError::Internal)?;
+    records
+        .iter()
+        .map(|r| {
+            let mut hash = [0u8; 32];
+            hex::decode_to_slice(&r.hash, &mut hash)
+                .map(|()| hash)
+                .map_err(|e| ApiError::Internal(format!("stored hash: {e}")))
+        })
+        .collect()
+}
+
+fn b64(hash: &Hash) -> String {
+    base64::engine::general_purpose::STANDARD.encode(hash)
+}
+
+/// `GET /v1/agents/:id/proof/inclusion?index=I&size=N`: record I is in the agent's tree
+/// of size N (leaves are record hashes).
+pub async fn inclusion_proof(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>> {
+    validate_agent_id(&agent_id)?;
+    let [index, size] = query_numbers(query.as_deref(), &["index", "size"])?[..] else {
+        return Err(ApiError::Internal("query parsing".into()));
+    };
+    let leaves = record_hashes(&app, &agent_id, size)?;
+    if index >= size {
+        return Err(ApiError::BadRequest(format!(
+            "index must be below size {size}"
+        )));
+    }
+    let proof = transparency::inclusion_proof(&leaves, index)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    Ok(Json(json!({
+        "index": index,
+        "size": size,
+        "leaf": b64(&leaves[index as usize]),
+        "root": b64(&transparency::root(&leaves)),
+        "proof": proof.iter().map(b64).collect::<Vec<_>>(),
+    })))
+}
+
+/// `GET /v1/agents/:id/proof/consistency?old=M&size=N`: the agent's tree of size M is a
+/// prefix of its tree of size N.
+pub async fn consistency_proof(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>> {
+    validate_agent_id(&agent_id)?;
+    let [old, size] = query_numbers(query.as_deref(), &["old", "size"])?[..] else {
+        return Err(ApiError::Internal("query parsing".into()));
+    };
+    let leaves = record_hashes(&app, &agent_id, size)?;
+    if old == 0 || old > size {
+        return Err(ApiError::BadRequest(format!(
+            "old must be between 1 and {size}"
+        )));
+    }
+    let proof = transparency::consistency_proof(&leaves, old)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    Ok(Json(json!({
+        "old": old,
+        "size": size,
+        "old_root": b64(&transparency::root(&leaves[..old as usize])),
+        "root": b64(&transparency::root(&leaves)),
+        "proof": proof.iter().map(b64).collect::<Vec<_>>(),
+    })))
 }

@@ -44,6 +44,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/agents/{id}/terminate", post(terminate))
         .route("/v1/agents/{id}/log", get(agent_log))
         .route("/v1/agents/{id}/verify", get(verify_agent))
+        .route("/v1/agents/{id}/proof/inclusion", get(inclusion_proof))
+        .route("/v1/agents/{id}/proof/consistency", get(consistency_proof))
         .merge(crate::network::management::cluster_routes())
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
