@@ -192,8 +192,13 @@ impl Witness {
         Ok(out)
     }
 
-    /// `POST /add-checkpoint`, at `now` (POSIX seconds).
-    pub fn add_checkpoint(&self, body: &[u8], now: u64) -> Result<Reply, WitnessError> {
+    /// `POST /add-checkpoint`. `clock` gives POSIX seconds; it is read under the lock, so
+    /// concurrent requests sign with non-decreasing timestamps.
+    pub fn add_checkpoint(
+        &self,
+        body: &[u8],
+        clock: impl Fn() -> u64,
+    ) -> Result<Reply, WitnessError> {
         if body.len() > MAX_REQUEST_BYTES {
             return Ok(Reply::text(400, "request too large\n"));
         }
@@ -285,6 +290,7 @@ impl Witness {
         }
 
         // Sign, then persist, then answer: never answer before the state is durable.
+        let now = clock();
         let last_signed_at = self.last_signed_at()?;
         if now < last_signed_at {
             return Ok(Reply::text(

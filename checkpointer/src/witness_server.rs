@@ -28,8 +28,7 @@ fn now_secs() -> u64 {
 }
 
 async fn add_checkpoint(State(witness): State<Arc<Witness>>, body: Bytes) -> Response {
-    let result =
-        tokio::task::spawn_blocking(move || witness.add_checkpoint(&body, now_secs())).await;
+    let result = tokio::task::spawn_blocking(move || witness.add_checkpoint(&body, now_secs)).await;
     match result {
         Ok(Ok(reply)) => {
             let status =

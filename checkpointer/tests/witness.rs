@@ -339,3 +339,52 @@ async fn every_case_of_the_protocol_and_a_kill_between_requests() {
         .iter()
         .any(|e| e.contains(&format!("{ORIGIN}\n10\n"))));
 }
+
+#[test]
+fn it_refuses_to_sign_when_its_clock_went_backwards() {
+    let dir = tempfile::tempdir().unwrap();
+    let witness =
+        lineage_checkpointer::witness::Witness::open(dir.path(), "witness.test/w2", [5; 32])
+            .unwrap();
+    let log_key = AuditKey::from_seed([12; 32]);
+    witness
+        .add_log(ORIGIN, &NoteSigner::new(ORIGIN, &log_key).unwrap().vkey())
+        .unwrap();
+    let tree = leaves(6, "clock");
+    let first = witness
+        .add_checkpoint(
+            request(&log_key, ORIGIN, 0, &tree[..2], None).as_bytes(),
+            || 2_000_000_000,
+        )
+        .unwrap();
+    assert_eq!(first.status, 200, "{}", first.body);
+    let back = witness
+        .add_checkpoint(
+            request(&log_key, ORIGIN, 2, &tree[..4], None).as_bytes(),
+            || 1_999_999_999,
+        )
+        .unwrap();
+    assert_eq!(back.status, 500);
+    assert!(back.body.contains("clock went backwards"));
+    assert_eq!(
+        witness.log_state(ORIGIN).unwrap().unwrap().size,
+        2,
+        "nothing was cosigned"
+    );
+    let later = witness
+        .add_checkpoint(
+            request(&log_key, ORIGIN, 2, &tree[..4], None).as_bytes(),
+            || 2_000_000_001,
+        )
+        .unwrap();
+    assert_eq!(later.status, 200);
+    // A log is never re-added under another key.
+    assert!(witness
+        .add_log(
+            ORIGIN,
+            &NoteSigner::new(ORIGIN, &AuditKey::from_seed([13; 32]))
+                .unwrap()
+                .vkey()
+        )
+        .is_err());
+}

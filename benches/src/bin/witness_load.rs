@@ -1,0 +1,181 @@
+//! Witness benchmark: add-checkpoint requests per second against a real `lineage-witness`
+//! process, each a growing checkpoint with its consistency proof, from C concurrent logs
+//! (one origin each, as the witness serialises per origin). Printed beside the machine's
+//! durable-commit rate measured in the same run, since each cosignature is persisted.
+//!
+//!   cargo build --release -p lineage-checkpointer -p lineage-benches
+//!   target/release/witness_load [--logs 8] [--seconds 10]
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use lineage_core::transparency::{consistency_proof, root, Checkpoint, Hash, NoteSigner};
+use lineage_core::{AuditKey, AuditLog};
+use sha2::{Digest, Sha256};
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("witness_load: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let logs = arg("--logs", 8).clamp(1, 64) as usize;
+    let seconds = arg("--seconds", 10).clamp(1, 120);
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let witness_bin = exe.with_file_name("lineage-witness");
+    if !witness_bin.exists() {
+        return Err(format!(
+            "{} not found: cargo build --release -p lineage-checkpointer",
+            witness_bin.display()
+        ));
+    }
+
+    // The ceiling: durable single-record appends per second on this disk.
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut log = AuditLog::create(
+        dir.path().join("c.jsonl"),
+        AuditKey::from_seed([1; 32]),
+        "c",
+    )
+    .map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let mut fsyncs = 0u64;
+    while start.elapsed() < Duration::from_secs(1) {
+        log.append("c", "tick", serde_json::json!({}))
+            .map_err(|e| e.to_string())?;
+        fsyncs += 1;
+    }
+    let fsync_rate = fsyncs as f64 / start.elapsed().as_secs_f64();
+
+    let data = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let witness = |args: &[&str]| {
+        Command::new(&witness_bin)
+            .arg("--data-dir")
+            .arg(data.path())
+            .args(["--name", "bench.witness/w"])
+            .args(args)
+            .stdout(Stdio::null())
+            .status()
+            .map_err(|e| e.to_string())
+    };
+    witness(&["keygen"])?;
+    let key = AuditKey::from_seed([2; 32]);
+    let origins: Vec<String> = (0..logs).map(|i| format!("bench.log/{i}")).collect();
+    for origin in &origins {
+        let vkey = NoteSigner::new(origin, &key)
+            .map_err(|e| e.to_string())?
+            .vkey();
+        witness(&["add-log", "--origin", origin, "--vkey", &vkey])?;
+    }
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = Command::new(&witness_bin)
+        .arg("--data-dir")
+        .arg(data.path())
+        .args(["--name", "bench.witness/w", "--listen", &listen])
+        .env("LINEAGE_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    let result = runtime.block_on(async {
+        let http = reqwest::Client::new();
+        let ready = Instant::now();
+        while tokio::net::TcpStream::connect(&listen).await.is_err() {
+            if ready.elapsed() > Duration::from_secs(10) {
+                return Err("witness did not start".to_string());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for origin in origins {
+            let (http, listen, key) = (http.clone(), listen.clone(), key.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut leaves: Vec<Hash> = Vec::new();
+                let (mut ok, mut failed) = (0u64, 0u64);
+                while Instant::now() < deadline {
+                    let old = leaves.len() as u64;
+                    leaves.push(Sha256::digest(format!("{origin}{old}")).into());
+                    let checkpoint = Checkpoint {
+                        origin: origin.clone(),
+                        size: leaves.len() as u64,
+                        root: root(&leaves),
+                    };
+                    let mut body = format!("old {old}\n");
+                    for hash in consistency_proof(&leaves, old).unwrap_or_default() {
+                        body.push_str(&B64.encode(hash));
+                        body.push('\n');
+                    }
+                    body.push('\n');
+                    body.push_str(&checkpoint.sign(&key).unwrap_or_default());
+                    let reply = http
+                        .post(format!("http://{listen}/add-checkpoint"))
+                        .body(body)
+                        .send()
+                        .await;
+                    match reply {
+                        Ok(r) if r.status().is_success() => ok += 1,
+                        Ok(r) => {
+                            if failed == 0 {
+                                let status = r.status();
+                                eprintln!(
+                                    "{origin}: first failure {status}: {}",
+                                    r.text().await.unwrap_or_default().trim()
+                                );
+                            }
+                            failed += 1;
+                            // The witness did not take this size: retry from where it is.
+                            leaves.pop();
+                        }
+                        Err(e) => {
+                            if failed == 0 {
+                                eprintln!("{origin}: first failure: {e}");
+                            }
+                            failed += 1;
+                            leaves.pop();
+                        }
+                    }
+                }
+                (ok, failed)
+            }));
+        }
+        let (mut ok, mut failed) = (0, 0);
+        for task in tasks {
+            let (o, f) = task.await.map_err(|e| e.to_string())?;
+            ok += o;
+            failed += f;
+        }
+        Ok((ok, failed, started.elapsed()))
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let (ok, failed, elapsed) = result?;
+    let rate = ok as f64 / elapsed.as_secs_f64();
+    println!("machine ceiling: {fsync_rate:.0} durable appends/s");
+    println!(
+        "witness: {rate:.0} add-checkpoint/s cosigned ({ok} ok, {failed} failed, {logs} logs, {seconds} s) = {:.2}x the durable-append ceiling",
+        rate / fsync_rate
+    );
+    Ok(())
+}
