@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lineage_core::record::{timestamp, Record};
-use lineage_core::{AuditKey, AuditLog};
+use lineage_core::AuditKey;
 use serde_json::{json, Value};
 
 struct Args {
@@ -293,25 +293,6 @@ fn sign_ceiling() -> f64 {
     n as f64 / start.elapsed().as_secs_f64()
 }
 
-/// Durable appends (one fdatasync each) per second on this disk.
-fn fsync_ceiling() -> Result<f64, String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let mut log = AuditLog::create(
-        dir.path().join("c.jsonl"),
-        AuditKey::from_seed([6; 32]),
-        "c",
-    )
-    .map_err(|e| e.to_string())?;
-    let start = Instant::now();
-    let mut n = 0u64;
-    while start.elapsed() < Duration::from_secs(1) {
-        log.append("c", "tick", json!({"n": n}))
-            .map_err(|e| e.to_string())?;
-        n += 1;
-    }
-    Ok(n as f64 / start.elapsed().as_secs_f64())
-}
-
 fn main() {
     if let Err(e) = real_main() {
         eprintln!("cluster_load: {e}");
@@ -323,7 +304,7 @@ fn real_main() -> Result<(), String> {
     let args = parse_args()?;
     let binary = node_binary()?;
     let sign = sign_ceiling();
-    let fsync = fsync_ceiling()?;
+    let fsync = lineage_benches::durable_appends_per_second()?;
     println!("machine ceiling: {sign:.0} records sealed/s on one core, {fsync:.0} durable appends/s (1 fsync each)");
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     for nodes in [1usize, 3] {

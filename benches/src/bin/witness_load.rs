@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use lineage_core::transparency::{consistency_proof, root, Checkpoint, Hash, NoteSigner};
-use lineage_core::{AuditKey, AuditLog};
+use lineage_core::AuditKey;
 use sha2::{Digest, Sha256};
 
 fn arg(name: &str, default: u64) -> u64 {
@@ -44,22 +44,7 @@ fn run() -> Result<(), String> {
         ));
     }
 
-    // The ceiling: durable single-record appends per second on this disk.
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let mut log = AuditLog::create(
-        dir.path().join("c.jsonl"),
-        AuditKey::from_seed([1; 32]),
-        "c",
-    )
-    .map_err(|e| e.to_string())?;
-    let start = Instant::now();
-    let mut fsyncs = 0u64;
-    while start.elapsed() < Duration::from_secs(1) {
-        log.append("c", "tick", serde_json::json!({}))
-            .map_err(|e| e.to_string())?;
-        fsyncs += 1;
-    }
-    let fsync_rate = fsyncs as f64 / start.elapsed().as_secs_f64();
+    let fsync_rate = lineage_benches::durable_appends_per_second()?;
 
     let data = tempfile::tempdir().map_err(|e| e.to_string())?;
     let witness = |args: &[&str]| {
