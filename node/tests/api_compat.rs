@@ -1,7 +1,9 @@
 //! Every endpoint and error case of the reference guard server's HTTP API, driven
 //! against `lineage-node` started the reference's way (no subcommand, GUARD_* env).
 
-use std::net::TcpListener;
+#[path = "cluster/util.rs"]
+mod util;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,11 +29,7 @@ impl Drop for Node {
 
 fn start_reference_mode(admin: Option<&str>) -> (tempfile::TempDir, String, Child) {
     let dir = tempfile::tempdir().unwrap();
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = util::free_port();
     let bind = format!("127.0.0.1:{port}");
     let mut command = Command::new(env!("CARGO_BIN_EXE_lineage-node"));
     command

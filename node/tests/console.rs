@@ -2,7 +2,6 @@
 //! sign in, see the exact pending input rendered as text (a `<script>` in it stays
 //! inert), approve it, and save a screenshot as a test artifact.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,6 +11,10 @@ use futures_util::{SinkExt, StreamExt};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
+use util::{free_port, program_or_skip};
+
+#[path = "cluster/util.rs"]
+mod util;
 
 const ADMIN: &str = "console-test-admin-token-0123456789abcdef";
 const HOSTILE_INPUT: &str =
@@ -24,21 +27,6 @@ impl Drop for Kill {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn find_chromium() -> Option<PathBuf> {
-    let paths = std::env::var_os("PATH")?;
-    std::env::split_paths(&paths)
-        .flat_map(|p| ["chromium", "chromium-browser", "google-chrome"].map(|n| p.join(n)))
-        .find(|p| p.is_file())
 }
 
 type Socket =
@@ -184,12 +172,10 @@ async fn open_page(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sign_in_see_the_exact_input_as_text_and_approve() {
-    let Some(chromium) = find_chromium() else {
-        assert!(
-            std::env::var_os("LINEAGE_REQUIRE_CHROMIUM").is_none(),
-            "chromium is required here but not installed"
-        );
-        eprintln!("SKIPPED: chromium is not installed (apt-get install chromium)");
+    let Some(chromium) = program_or_skip(
+        &["chromium", "chromium-browser", "google-chrome"],
+        "LINEAGE_REQUIRE_CHROMIUM",
+    ) else {
         return;
     };
     let http = reqwest::Client::builder()

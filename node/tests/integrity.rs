@@ -2,7 +2,9 @@
 //! replayed, by the scrub when a checkpoint skipped them — and the agent is quarantined
 //! (503 `quarantined`) while other agents keep working.
 
-use std::net::TcpListener;
+#[path = "cluster/util.rs"]
+mod util;
+
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,11 +26,7 @@ struct Node {
 
 impl Node {
     fn new() -> Node {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = util::free_port();
         let bind = format!("127.0.0.1:{port}");
         Node {
             child: None,

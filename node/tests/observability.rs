@@ -5,13 +5,12 @@
 mod util;
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use util::Cluster;
+use util::{free_port, program_or_skip, Cluster};
 
 /// `name{labels} value` lines of the exposition format, keyed by `name{labels}` without
 /// the `node` label.
@@ -204,14 +203,6 @@ impl Drop for Prometheus {
     }
 }
 
-fn find_prometheus() -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join("prometheus"))
-            .find(|p| p.is_file())
-    })
-}
-
 fn start_prometheus(binary: &Path, targets: &[String]) -> Prometheus {
     let dir = tempfile::tempdir().unwrap();
     let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus/alerts.yml");
@@ -222,11 +213,7 @@ fn start_prometheus(binary: &Path, targets: &[String]) -> Prometheus {
         targets.join(", ")
     );
     std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let child = Command::new(binary)
         .arg(format!(
             "--config.file={}",
@@ -268,12 +255,7 @@ const RECORDS: redb::TableDefinition<(&str, u64), &str> = redb::TableDefinition:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_fires_the_quarantine_and_scar_burst_alerts() {
-    let Some(binary) = find_prometheus() else {
-        assert!(
-            std::env::var_os("LINEAGE_REQUIRE_PROMETHEUS").is_none(),
-            "prometheus is required here but not installed"
-        );
-        eprintln!("SKIPPED: prometheus is not installed (apt-get install prometheus)");
+    let Some(binary) = program_or_skip(&["prometheus"], "LINEAGE_REQUIRE_PROMETHEUS") else {
         return;
     };
     let cluster = Cluster::start(3).await;

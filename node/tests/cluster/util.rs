@@ -23,9 +23,29 @@ pub struct Cluster {
     external: bool,
 }
 
-fn free_port() -> u16 {
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     listener.local_addr().expect("local addr").port()
+}
+
+/// The first of `names` on PATH. When none is installed the calling test skips and says
+/// so, unless `require_env` is set (CI sets it), in which case it fails.
+pub fn program_or_skip(names: &[&str], require_env: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .flat_map(|dir| names.iter().map(move |n| dir.join(n)))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        let name = names[0];
+        assert!(
+            std::env::var_os(require_env).is_none(),
+            "{name} is required here but not installed"
+        );
+        eprintln!("SKIPPED: {name} is not installed (apt-get install {name})");
+    }
+    found
 }
 
 impl Cluster {

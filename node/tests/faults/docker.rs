@@ -3,14 +3,13 @@
 //! `docker network disconnect`. Needs a Docker engine and docker-compose; says clearly
 //! when it skips (and fails instead when `LINEAGE_REQUIRE_DOCKER` is set).
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::run_scenario_on;
-use super::util::Cluster;
+use super::util::{free_port, Cluster};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -65,15 +64,7 @@ impl Stack {
             .arg("-R")
             .arg("10001:10001")
             .arg(keys.path())));
-        let ports = (0..3)
-            .map(|_| {
-                TcpListener::bind("127.0.0.1:0")
-                    .unwrap()
-                    .local_addr()
-                    .unwrap()
-                    .port()
-            })
-            .collect();
+        let ports = (0..3).map(|_| free_port()).collect();
         let stack = Stack {
             project: format!("lineagetest{}{}", std::process::id(), name.replace('-', "")),
             keys,
