@@ -9,6 +9,7 @@
 pub mod canonical;
 pub mod embedded;
 pub mod guard;
+pub mod heads;
 pub mod keys;
 pub mod log_file;
 pub mod policy;

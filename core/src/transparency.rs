@@ -257,3 +257,211 @@ pub fn leaf_hash(leaf: &Hash) -> Hash {
     hasher.update(leaf);
     hasher.finalize().into()
 }
+
+/// The right edge of an RFC 6962 tree: the roots of its perfect subtrees, largest
+/// first (one per set bit of the size). Enough to append a leaf and compute the root in
+/// O(log n) without the leaves, so a node keeps every agent's root current as it
+/// applies records, and the checkpointer follows the heads log with constant state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Frontier {
+    size: u64,
+    subtrees: Vec<Hash>,
+}
+
+fn node_hash(left: &Hash, right: &Hash) -> Hash {
+    let mut hasher = sha2::Sha256::new();
+    hasher.update([1u8]);
+    hasher.update(left);
+    hasher.update(right);
+    hasher.finalize().into()
+}
+
+/// RFC 6962 leaf hash of arbitrary leaf bytes: `SHA-256(0x00 || data)`.
+pub fn leaf_hash_of(data: &[u8]) -> Hash {
+    let mut hasher = sha2::Sha256::new();
+    hasher.update([0u8]);
+    hasher.update(data);
+    hasher.finalize().into()
+}
+
+impl Frontier {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Appends a leaf given its data (for agent logs: the record's 32-byte hash).
+    pub fn push(&mut self, data: &[u8]) {
+        let mut hash = leaf_hash_of(data);
+        let mut size = self.size;
+        // Each trailing 1 bit of the old size is a subtree of the new leaf's height that
+        // now merges with it.
+        while size & 1 == 1 {
+            let Some(left) = self.subtrees.pop() else {
+                break;
+            };
+            hash = node_hash(&left, &hash);
+            size >>= 1;
+        }
+        self.subtrees.push(hash);
+        self.size += 1;
+    }
+
+    /// The tree's root (`SHA-256("")` when empty).
+    pub fn root(&self) -> Hash {
+        let mut subtrees = self.subtrees.iter().rev();
+        let Some(last) = subtrees.next() else {
+            return sha2::Sha256::digest([]).into();
+        };
+        subtrees.fold(*last, |right, left| node_hash(left, &right))
+    }
+
+    /// Whether this is a well-formed frontier (one subtree per set bit of the size), as
+    /// a frontier read back from storage must be.
+    pub fn is_well_formed(&self) -> bool {
+        self.subtrees.len() == self.size.count_ones() as usize
+    }
+}
+
+/// A whole RFC 6962 tree kept as levels of perfect-subtree hashes (level 0 = leaf
+/// hashes, level k = every complete, aligned subtree of 2^k leaves): about two hashes
+/// per leaf, and inclusion and consistency proofs for any earlier size in O(log² n)
+/// without rehashing leaves. The heads log keeps one in memory on every node.
+#[derive(Debug, Clone, Default)]
+pub struct MerkleLevels {
+    levels: Vec<Vec<Hash>>,
+}
+
+impl MerkleLevels {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn size(&self) -> u64 {
+        self.levels.first().map_or(0, |l| l.len() as u64)
+    }
+
+    /// Appends a leaf by its leaf hash (`SHA-256(0x00 || data)`).
+    pub fn push_leaf_hash(&mut self, hash: Hash) {
+        let mut level = 0;
+        let mut hash = hash;
+        loop {
+            if self.levels.len() == level {
+                self.levels.push(Vec::new());
+            }
+            let nodes = &mut self.levels[level];
+            nodes.push(hash);
+            if nodes.len() % 2 == 1 {
+                return;
+            }
+            hash = node_hash(&nodes[nodes.len() - 2], &nodes[nodes.len() - 1]);
+            level += 1;
+        }
+    }
+
+    pub fn leaf_hash(&self, index: u64) -> Option<Hash> {
+        self.levels.first()?.get(index as usize).copied()
+    }
+
+    /// `MTH(D[start..start+len])`, for ranges within the tree and `len > 0`.
+    fn subtree(&self, start: u64, len: u64) -> Hash {
+        if len.is_power_of_two() && start % len == 0 {
+            let level = len.trailing_zeros() as usize;
+            if let Some(hash) = self
+                .levels
+                .get(level)
+                .and_then(|l| l.get((start / len) as usize))
+            {
+                return *hash;
+            }
+        }
+        let k = split_point(len);
+        node_hash(&self.subtree(start, k), &self.subtree(start + k, len - k))
+    }
+
+    /// The root of the tree of the first `size` leaves.
+    pub fn root_at(&self, size: u64) -> Result<Hash, TransparencyError> {
+        if size > self.size() {
+            return Err(err(format!(
+                "size {size} is above the tree's {}",
+                self.size()
+            )));
+        }
+        Ok(if size == 0 {
+            sha2::Sha256::digest([]).into()
+        } else {
+            self.subtree(0, size)
+        })
+    }
+
+    /// RFC 6962 `PATH(index, D[0:size])`, leaf to root.
+    pub fn inclusion_proof(&self, index: u64, size: u64) -> Result<Vec<Hash>, TransparencyError> {
+        if size > self.size() || index >= size {
+            return Err(err(format!(
+                "index {index} must be below size {size}, at most {}",
+                self.size()
+            )));
+        }
+        let mut proof = Vec::new();
+        self.path(index, 0, size, &mut proof);
+        Ok(proof)
+    }
+
+    fn path(&self, index: u64, start: u64, len: u64, proof: &mut Vec<Hash>) {
+        if len <= 1 {
+            return;
+        }
+        let k = split_point(len);
+        if index < k {
+            self.path(index, start, k, proof);
+            proof.push(self.subtree(start + k, len - k));
+        } else {
+            self.path(index - k, start + k, len - k, proof);
+            proof.push(self.subtree(start, k));
+        }
+    }
+
+    /// RFC 6962 `PROOF(old, D[0:size])`; empty when `old` is 0 or `size`.
+    pub fn consistency_proof(&self, old: u64, size: u64) -> Result<Vec<Hash>, TransparencyError> {
+        if size > self.size() || old > size {
+            return Err(err(format!(
+                "old size {old} must not exceed size {size}, at most {}",
+                self.size()
+            )));
+        }
+        let mut proof = Vec::new();
+        if old > 0 && old < size {
+            self.subproof(old, 0, size, true, &mut proof);
+        }
+        Ok(proof)
+    }
+
+    fn subproof(&self, m: u64, start: u64, len: u64, whole: bool, proof: &mut Vec<Hash>) {
+        if m == len {
+            if !whole {
+                proof.push(self.subtree(start, len));
+            }
+            return;
+        }
+        let k = split_point(len);
+        if m <= k {
+            self.subproof(m, start, k, whole, proof);
+            proof.push(self.subtree(start + k, len - k));
+        } else {
+            self.subproof(m - k, start + k, len - k, false, proof);
+            proof.push(self.subtree(start, k));
+        }
+    }
+}
+
+/// The largest power of two below `n` (n > 1), where RFC 6962 splits a tree.
+fn split_point(n: u64) -> u64 {
+    let mut k = 1;
+    while k << 1 < n {
+        k <<= 1;
+    }
+    k
+}

@@ -2,8 +2,8 @@
 //! against a direct transcription of the RFC's definitions.
 
 use lineage_core::transparency::{
-    consistency_proof, inclusion_proof, root, verify_consistency, verify_inclusion, Checkpoint,
-    Hash, NoteSigner,
+    consistency_proof, inclusion_proof, leaf_hash_of, root, verify_consistency, verify_inclusion,
+    Checkpoint, Frontier, Hash, MerkleLevels, NoteSigner,
 };
 use lineage_core::AuditKey;
 use sha2::{Digest, Sha256};
@@ -233,4 +233,56 @@ fn checkpoints_sign_verify_and_parse_strictly() {
         assert!(Checkpoint::parse(bad).is_err(), "{bad:?}");
     }
     assert!(NoteSigner::new("bad name+plus", &key).is_err());
+}
+
+#[test]
+fn frontier_and_levels_agree_with_the_rfc_definitions() {
+    let mut leaves = reference_leaves();
+    for i in 8..70u32 {
+        leaves.push(h(&[&i.to_be_bytes()]).to_vec());
+    }
+    let mut frontier = Frontier::new();
+    let mut levels = MerkleLevels::new();
+    assert_eq!(hex::encode(frontier.root()), REFERENCE_ROOTS[0]);
+    for (i, leaf) in leaves.iter().enumerate() {
+        frontier.push(leaf);
+        levels.push_leaf_hash(leaf_hash_of(leaf));
+        let size = i + 1;
+        assert!(frontier.is_well_formed());
+        assert_eq!(frontier.size(), size as u64);
+        assert_eq!(
+            frontier.root(),
+            mth(&leaves[..size]),
+            "frontier root, size {size}"
+        );
+        if size < REFERENCE_ROOTS.len() {
+            assert_eq!(hex::encode(frontier.root()), REFERENCE_ROOTS[size]);
+        }
+    }
+    // Every proof for every earlier size, from the levels alone.
+    for size in 0..=leaves.len() {
+        let d = &leaves[..size];
+        assert_eq!(
+            levels.root_at(size as u64).unwrap(),
+            mth(d),
+            "root at {size}"
+        );
+        for index in 0..size {
+            let proof = levels.inclusion_proof(index as u64, size as u64).unwrap();
+            assert_eq!(proof, path(index, d), "inclusion {index} of {size}");
+        }
+        for old in 0..=size {
+            let proof = levels.consistency_proof(old as u64, size as u64).unwrap();
+            let expected = if old == 0 || old == size {
+                Vec::new()
+            } else {
+                subproof(old, d, true)
+            };
+            assert_eq!(proof, expected, "consistency {old} -> {size}");
+        }
+    }
+    let n = leaves.len() as u64;
+    assert!(levels.inclusion_proof(n, n).is_err());
+    assert!(levels.consistency_proof(3, n + 1).is_err());
+    assert!(levels.root_at(n + 1).is_err());
 }

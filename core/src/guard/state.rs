@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::types::{Action, ActionStatus, OutcomeStatus, PendingAction, Scar, Severity, Status};
 use crate::policy::Policy;
 use crate::record::{timestamp, Head, Record};
+use crate::transparency::Frontier;
 
 /// A log that verifies but cannot be a guard log.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -58,6 +59,10 @@ pub struct AgentState {
     /// Timestamps of the most recent allowed actions, oldest first; at most
     /// `rate_limit.max_actions` are kept, which is all the rate check needs.
     recent_allowed: VecDeque<i64>,
+    /// The log as an RFC 6962 tree over its record hashes (size = records applied), so
+    /// the agent's Merkle root is known without reading its records.
+    #[serde(default)]
+    pub tree: Frontier,
 }
 
 fn str_field<'a>(payload: &'a Value, field: &str, kind: &str) -> Result<&'a str, ReplayError> {
@@ -118,6 +123,10 @@ impl AgentState {
     /// Folds one record in. The record's chain position is the caller's to check
     /// (see [`crate::verify`]); this checks that it makes sense as a guard record.
     pub fn apply(&mut self, record: &Record) -> Result<(), ReplayError> {
+        // Checked first: a refused record must leave the state untouched.
+        let mut leaf = [0u8; 32];
+        hex::decode_to_slice(&record.hash, &mut leaf)
+            .map_err(|_| ReplayError(format!("seq {}: hash is not 64 hex digits", record.seq)))?;
         let payload = &record.payload;
         let kind = record.kind.as_str();
         if self.policy.is_none() && kind != "genesis" && kind != "policy" {
@@ -261,6 +270,7 @@ impl AgentState {
         if let Some(at) = timestamp::parse(&record.timestamp) {
             self.last_timestamp_micros = self.last_timestamp_micros.max(at);
         }
+        self.tree.push(&leaf);
         self.head = Some(record.head());
         Ok(())
     }
