@@ -37,6 +37,8 @@ pub struct App {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The committed Raft index, as this node last learned it.
     pub committed_index: Arc<std::sync::atomic::AtomicU64>,
+    /// The heads log's origin (cluster name) this node proposes for the first round.
+    pub heads_origin: String,
     batcher: Batcher,
     agent_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -81,7 +83,14 @@ impl App {
             keys,
             http,
             agent_locks: Mutex::new(HashMap::new()),
+            heads_origin: String::new(),
         }
+    }
+
+    /// Sets the heads log's origin (the cluster name).
+    pub fn with_heads_origin(mut self, origin: String) -> Self {
+        self.heads_origin = origin;
+        self
     }
 
     /// Confirms leadership with a quorum and waits until everything committed is applied

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use crate::raft_types::{AppendRecords, ApplyOutcome, Batch, Raft};
+use crate::raft_types::{AppendRecords, ApplyOutcome, Batch, Proposal, Raft};
 use openraft::error::{ClientWriteError, RaftError};
 
 /// Most writes in one Raft entry.
@@ -70,7 +70,7 @@ async fn run(raft: Raft, mut receiver: mpsc::Receiver<(AppendRecords, Reply)>) {
         }
         let raft = raft.clone();
         tokio::spawn(async move {
-            let result = raft.client_write(Batch(appends)).await;
+            let result = raft.client_write(Proposal::Writes(Batch(appends))).await;
             drop(permit);
             match result {
                 Ok(response) => {

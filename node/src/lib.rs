@@ -9,6 +9,7 @@ pub mod api;
 pub mod app;
 pub mod batcher;
 pub mod console;
+pub mod heads_rounds;
 pub mod keys;
 pub mod metrics;
 pub mod network;
@@ -48,7 +49,14 @@ pub struct NodeConfig {
     pub snapshot_every: u64,
     /// Re-verify every stored record this often; `None` disables the scrub.
     pub scrub_interval: Option<Duration>,
+    /// The heads log's origin and checkpoint key name (a schema-less URL).
+    pub cluster_name: String,
+    /// How often the leader appends a heads round for the agents that changed.
+    pub heads_interval: Duration,
 }
+
+/// Default [`NodeConfig::cluster_name`].
+pub const DEFAULT_CLUSTER_NAME: &str = "lineage.local/cluster";
 
 /// Default seconds between scrub passes.
 pub const DEFAULT_SCRUB_INTERVAL_SECS: u64 = 300;
@@ -76,6 +84,9 @@ fn raft_config(id: NodeId, snapshot_every: u64) -> Result<openraft::Config, Stri
 /// Starts a node and serves until SIGINT or SIGTERM.
 pub async fn run(config: NodeConfig) -> Result<(), String> {
     let keys = keys::load(&config.keys_dir, config.admin_token.clone())?;
+    // Refuse a name no note can be signed under before anything starts.
+    lineage_core::transparency::NoteSigner::new(&config.cluster_name, &keys.audit)
+        .map_err(|e| format!("--cluster-name: {e}"))?;
     let metrics = Arc::new(metrics::Metrics::new(config.id));
     let (log_store, state_machine) = store::open(&config.data_dir)?;
     let log_store = log_store.with_append_timer(metrics.log_append_duration.clone());
@@ -124,15 +135,25 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
             metrics.clone(),
         );
     }
-    let app = Arc::new(App::new(
-        config.id,
+    heads_rounds::spawn(
         raft.clone(),
         state_machine.clone(),
-        keys,
-        http,
-        metrics,
-        committed_index,
-    ));
+        config.id,
+        config.cluster_name.clone(),
+        config.heads_interval,
+    );
+    let app = Arc::new(
+        App::new(
+            config.id,
+            raft.clone(),
+            state_machine.clone(),
+            keys,
+            http,
+            metrics,
+            committed_index,
+        )
+        .with_heads_origin(config.cluster_name.clone()),
+    );
     let router = api::router(app);
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "lineage-node serving");
     axum::serve(listener, router)

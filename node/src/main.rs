@@ -59,6 +59,12 @@ enum Command {
         /// Seconds between integrity scrubs of the stored records (0 disables)
         #[arg(long, env = "LINEAGE_SCRUB_INTERVAL_SECS", default_value_t = lineage_node::DEFAULT_SCRUB_INTERVAL_SECS)]
         scrub_interval_secs: u64,
+        /// The heads log's origin, also the checkpoint key name (a schema-less URL)
+        #[arg(long, env = "LINEAGE_CLUSTER_NAME", default_value = lineage_node::DEFAULT_CLUSTER_NAME)]
+        cluster_name: String,
+        /// Milliseconds between heads-log rounds
+        #[arg(long, env = "LINEAGE_HEADS_INTERVAL_MS", default_value_t = lineage_node::heads_rounds::DEFAULT_HEADS_INTERVAL_MS)]
+        heads_interval_ms: u64,
     },
     /// Run a local cluster on 127.0.0.1 (ports P, P+1, …) until Ctrl-C
     Dev {
@@ -118,6 +124,8 @@ fn main() -> ExitCode {
             peers,
             snapshot_every,
             scrub_interval_secs,
+            cluster_name,
+            heads_interval_ms,
         }) => parse_peers(&peers).and_then(|peers| {
             serve(NodeConfig {
                 id,
@@ -129,6 +137,8 @@ fn main() -> ExitCode {
                 admin_token: None,
                 snapshot_every,
                 scrub_interval: scrub_interval(scrub_interval_secs),
+                cluster_name,
+                heads_interval: std::time::Duration::from_millis(heads_interval_ms.max(10)),
             })
         }),
         Some(Command::Dev {
@@ -198,6 +208,11 @@ fn reference_mode() -> Result<(), String> {
         admin_token,
         snapshot_every: lineage_node::DEFAULT_SNAPSHOT_EVERY,
         scrub_interval: scrub_interval(scrub_secs),
+        cluster_name: std::env::var("LINEAGE_CLUSTER_NAME")
+            .unwrap_or_else(|_| lineage_node::DEFAULT_CLUSTER_NAME.into()),
+        heads_interval: std::time::Duration::from_millis(
+            lineage_node::heads_rounds::DEFAULT_HEADS_INTERVAL_MS,
+        ),
     })
 }
 

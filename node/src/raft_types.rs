@@ -13,6 +13,19 @@ pub type NodeId = u64;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Batch(pub Vec<AppendRecords>);
 
+/// What a Raft entry asks the state machine to do.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Proposal {
+    /// Agents' records, many agents per entry (group commit).
+    Writes(Batch),
+    /// A heads-log round: a head statement for every agent whose log grew since its
+    /// last statement, built by each node from its own applied state. `origin` names
+    /// the heads log the first time.
+    HeadsRound { origin: String },
+    /// A cosigned heads checkpoint, kept for auditors to fetch.
+    Witnessed { note: String },
+}
+
 /// One outcome per write of a batch, in order.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct BatchOutcome(pub Vec<ApplyOutcome>);
@@ -45,7 +58,7 @@ pub enum ApplyOutcome {
 
 openraft::declare_raft_types!(
     pub TypeConfig:
-        D = Batch,
+        D = Proposal,
         R = BatchOutcome,
         NodeId = NodeId,
         Node = openraft::BasicNode,

@@ -2,7 +2,9 @@
 
 use lineage_core::guard::{decide, seal, AgentState, Command};
 use lineage_core::{AuditKey, Policy, ToolRule};
-use lineage_node::raft_types::{AppendRecords, ApplyOutcome, Batch, BatchOutcome, TypeConfig};
+use lineage_node::raft_types::{
+    AppendRecords, ApplyOutcome, Batch, BatchOutcome, Proposal, TypeConfig,
+};
 use lineage_node::store::{self, AgentSlot, LogStore, StateMachine};
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::testing::{log_id, StoreBuilder, Suite};
@@ -68,7 +70,7 @@ async fn applied_records_and_log_entries_survive_reopen() {
         .enumerate()
         .map(|(i, a)| Entry {
             log_id: log_id(1, 1, i as u64 + 1),
-            payload: EntryPayload::Normal(Batch(vec![a.clone()])),
+            payload: EntryPayload::Normal(Proposal::Writes(Batch(vec![a.clone()]))),
         })
         .collect();
     {
@@ -110,7 +112,7 @@ fn as_entries(appends: &[AppendRecords], first_index: u64) -> Vec<Entry<TypeConf
         .enumerate()
         .map(|(i, a)| Entry {
             log_id: log_id(1, 1, first_index + i as u64),
-            payload: EntryPayload::Normal(Batch(vec![a.clone()])),
+            payload: EntryPayload::Normal(Proposal::Writes(Batch(vec![a.clone()]))),
         })
         .collect()
 }

@@ -414,7 +414,7 @@ pub async fn verify_agent(
 }
 
 /// Numeric query parameters for the proof endpoints, parsed with precise errors.
-fn query_numbers(query: Option<&str>, names: &[&str]) -> Result<Vec<u64>> {
+pub(super) fn query_numbers(query: Option<&str>, names: &[&str]) -> Result<Vec<u64>> {
     let mut values = vec![None; names.len()];
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));

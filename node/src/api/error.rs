@@ -22,6 +22,11 @@ pub enum ApiError {
     Unauthorized,
     #[error("this token may not access this resource")]
     Forbidden,
+    #[error("{0}")]
+    NotFound(String),
+    /// The cluster refused what was sent, as stated (409).
+    #[error("{0}")]
+    Rejected(String),
     #[error("agent not found")]
     AgentNotFound,
     #[error("action not found")]
@@ -60,6 +65,8 @@ impl ApiError {
             ApiError::AgentNotFound | ApiError::ActionNotFound => {
                 (StatusCode::NOT_FOUND, "not_found")
             }
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::Rejected(_) => (StatusCode::CONFLICT, "rejected"),
             ApiError::UnknownRoute(_) => (StatusCode::NOT_FOUND, "unknown_route"),
             ApiError::AgentExists => (StatusCode::CONFLICT, "agent_exists"),
             ApiError::Quarantined(_) => (StatusCode::SERVICE_UNAVAILABLE, "quarantined"),

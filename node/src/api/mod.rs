@@ -6,6 +6,7 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod forward;
+pub mod transparency;
 
 use std::sync::Arc;
 
@@ -46,6 +47,18 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/agents/{id}/verify", get(verify_agent))
         .route("/v1/agents/{id}/proof/inclusion", get(inclusion_proof))
         .route("/v1/agents/{id}/proof/consistency", get(consistency_proof))
+        .route("/v1/agents/{id}/head-proof", get(transparency::head_proof))
+        .route("/v1/transparency/vkey", get(transparency::vkey))
+        .route("/v1/transparency/checkpoint", get(transparency::checkpoint))
+        .route(
+            "/v1/transparency/checkpoint/witnessed",
+            get(transparency::witnessed).post(transparency::store_witnessed),
+        )
+        .route(
+            "/v1/transparency/proof/consistency",
+            get(transparency::consistency),
+        )
+        .route("/v1/transparency/leaves", get(transparency::leaves))
         .merge(crate::network::management::cluster_routes())
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),

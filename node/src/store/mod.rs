@@ -1,6 +1,7 @@
 //! Durable storage on one redb file: the Raft log and vote (`log_store`) and the
 //! replicated state machine (`state_machine`). The engine stays behind this module.
 
+pub mod heads;
 pub mod log_store;
 pub mod state_machine;
 

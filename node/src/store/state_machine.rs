@@ -22,8 +22,10 @@ use openraft::{
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
+use super::heads::{self, HeadsLog, HeadsSnapshot};
 use crate::raft_types::{
-    AppendRecords, ApplyOutcome, BatchOutcome, IdempotentAnswer, NodeId, StorageError, TypeConfig,
+    AppendRecords, ApplyOutcome, Batch, BatchOutcome, IdempotentAnswer, NodeId, Proposal,
+    StorageError, TypeConfig,
 };
 
 /// (agent_id, seq) → the record's line.
@@ -56,6 +58,7 @@ pub struct SmData {
     dirty: std::collections::BTreeSet<String>,
     /// Records folded while loading from disk (what start-up cost).
     pub records_replayed_at_open: u64,
+    pub heads: HeadsLog,
 }
 
 /// The whole state machine as a snapshot carries it.
@@ -63,6 +66,8 @@ pub struct SmData {
 struct SnapshotBody {
     records: BTreeMap<String, Vec<String>>,
     idempotency: Vec<(String, IdempotentAnswer)>,
+    #[serde(default)]
+    heads: HeadsSnapshot,
 }
 
 /// The last snapshot built or installed, served to followers that need one.
@@ -155,6 +160,9 @@ impl StateMachine {
             txn.open_table(SM_META).map_err(sm_write_err)?;
             txn.open_table(AGENT_INDEX).map_err(sm_write_err)?;
             txn.open_table(AGENT_CHECKPOINTS).map_err(sm_write_err)?;
+            txn.open_table(heads::HEADS_LEAVES).map_err(sm_write_err)?;
+            txn.open_table(heads::HEADS_ROUNDS).map_err(sm_write_err)?;
+            txn.open_table(heads::HEADS_META).map_err(sm_write_err)?;
             txn.commit().map_err(sm_write_err)?;
         }
         let sm = StateMachine {
@@ -197,6 +205,13 @@ impl StateMachine {
                 Some(bytes) => serde_json::from_slice(bytes.value()).map_err(sm_read_err)?,
                 None => AgentState::new(),
             };
+            // A checkpoint whose Merkle frontier does not cover exactly its records
+            // (written before the tree was kept, or damaged) is not used: replay all.
+            let start = if start.tree.size() == start.next_seq() && start.tree.is_well_formed() {
+                start
+            } else {
+                AgentState::new()
+            };
             let mut slot = AgentSlot::Active(Box::new(start));
             let from = match &slot {
                 AgentSlot::Active(state) => state.next_seq(),
@@ -221,6 +236,7 @@ impl StateMachine {
             }
             data.agents.insert(agent_id.to_string(), slot);
         }
+        data.heads = HeadsLog::load(&txn, &data.agents).map_err(sm_read_err)?;
         Ok(data)
     }
 
@@ -238,6 +254,12 @@ impl StateMachine {
             out.push(Record::from_line(line.value()).map_err(|e| e.to_string())?);
         }
         Ok(out)
+    }
+
+    /// Heads-log leaves `start..end` from this node's copy.
+    pub fn heads_leaves(&self, start: u64, end: u64) -> Result<Vec<String>, String> {
+        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+        HeadsLog::leaves(&txn, start, end.max(start)).map_err(|e| e.to_string())
     }
 
     /// Marks an agent's copy on this node as untrustworthy: nothing is served or applied
@@ -298,10 +320,31 @@ impl StateMachine {
                         outcomes.push(BatchOutcome::default());
                         continue;
                     }
-                    EntryPayload::Normal(batch) => batch,
+                    EntryPayload::Normal(Proposal::Writes(batch)) => batch,
+                    EntryPayload::Normal(Proposal::HeadsRound { origin }) => {
+                        let SmData { heads, agents, .. } = &mut *data;
+                        heads
+                            .apply_round(&origin, agents, &txn)
+                            .map_err(sm_write_err)?;
+                        outcomes.push(BatchOutcome(vec![ApplyOutcome::Applied]));
+                        continue;
+                    }
+                    EntryPayload::Normal(Proposal::Witnessed { note }) => {
+                        let outcome = match data
+                            .heads
+                            .apply_witnessed(&note, &txn)
+                            .map_err(sm_write_err)?
+                        {
+                            Ok(()) => ApplyOutcome::Applied,
+                            Err(reason) => ApplyOutcome::Rejected(reason),
+                        };
+                        outcomes.push(BatchOutcome(vec![outcome]));
+                        continue;
+                    }
                 };
-                let mut batch_outcomes = Vec::with_capacity(batch.0.len());
-                for append in &batch.0 {
+                let Batch(batch) = batch;
+                let mut batch_outcomes = Vec::with_capacity(batch.len());
+                for append in &batch {
                     let slot = data
                         .agents
                         .entry(append.agent_id.clone())
@@ -315,6 +358,7 @@ impl StateMachine {
                                 .map_err(sm_write_err)?;
                         }
                         data.dirty.insert(append.agent_id.clone());
+                        data.heads.mark_if_grown(&append.agent_id, slot);
                     } else if matches!(slot, AgentSlot::Active(s) if s.head.is_none()) {
                         // A rejected first write leaves no agent behind.
                         data.agents.remove(&append.agent_id);
@@ -362,6 +406,7 @@ impl StateMachine {
         let mut body = SnapshotBody {
             records: BTreeMap::new(),
             idempotency: Vec::new(),
+            heads: HeadsLog::snapshot(&txn).map_err(sm_read_err)?,
         };
         for item in records.iter().map_err(sm_read_err)? {
             let (key, line) = item.map_err(sm_read_err)?;
@@ -505,6 +550,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 idem.insert(key.as_str(), value.as_slice())
                     .map_err(sm_write_err)?;
             }
+            HeadsLog::install(&txn, &body.heads).map_err(sm_write_err)?;
             let mut sm_meta = txn.open_table(SM_META).map_err(sm_write_err)?;
             let applied = serde_json::to_vec(&meta.last_log_id).map_err(sm_write_err)?;
             sm_meta

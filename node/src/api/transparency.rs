@@ -1,0 +1,215 @@
+//! The heads log over HTTP: its verifier key, signed and witnessed checkpoints, proofs,
+//! leaves, and each agent's latest head with its inclusion proof. Readable without a
+//! token, like the public key; only storing a cosigned checkpoint needs the admin token.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine;
+use lineage_core::heads::{HeadProof, HeadStatement};
+use lineage_core::transparency::{Checkpoint, Hash, NoteSigner};
+use serde_json::{json, Value};
+
+use super::agents::query_numbers;
+use super::auth::{require_admin, validate_agent_id};
+use super::error::ApiError;
+use crate::app::App;
+use crate::raft_types::{ApplyOutcome, Proposal};
+use crate::store::heads::MAX_WITNESSED_NOTE;
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+/// Most leaves one `leaves` request returns.
+pub const MAX_LEAVES_PER_PAGE: u64 = 1000;
+
+fn b64(hash: &Hash) -> String {
+    base64::engine::general_purpose::STANDARD.encode(hash)
+}
+
+fn text(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+}
+
+/// The origin every replica signs under: the one the first round fixed, else this
+/// node's configured name.
+fn origin(app: &App) -> String {
+    app.sm
+        .read_data()
+        .heads
+        .origin
+        .clone()
+        .unwrap_or_else(|| app.heads_origin.clone())
+}
+
+fn signer(app: &App) -> Result<NoteSigner> {
+    NoteSigner::new(&origin(app), &app.keys.audit).map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+/// The heads checkpoint at `size`, signed (deterministically) by the cluster key.
+fn signed_checkpoint(app: &App, size: u64) -> Result<String> {
+    let root = app
+        .sm
+        .read_data()
+        .heads
+        .tree
+        .root_at(size)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    Checkpoint {
+        origin: origin(app),
+        size,
+        root,
+    }
+    .sign(&app.keys.audit)
+    .map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+/// `GET /v1/transparency/vkey`: the note verifier key for the heads checkpoints.
+pub async fn vkey(State(app): State<Arc<App>>) -> Result<Response> {
+    Ok(text(format!("{}\n", signer(&app)?.vkey())))
+}
+
+/// `GET /v1/transparency/checkpoint`: the latest round's checkpoint (size 0 before any).
+pub async fn checkpoint(State(app): State<Arc<App>>) -> Result<Response> {
+    let size = app.sm.read_data().heads.rounds.last().copied().unwrap_or(0);
+    Ok(text(signed_checkpoint(&app, size)?))
+}
+
+/// `GET /v1/transparency/checkpoint/witnessed`: the latest cosigned checkpoint.
+pub async fn witnessed(State(app): State<Arc<App>>) -> Result<Response> {
+    let note = app.sm.read_data().heads.witnessed.clone();
+    note.map(text)
+        .ok_or_else(|| ApiError::NotFound("no checkpoint has been witnessed yet".into()))
+}
+
+/// `POST /v1/transparency/checkpoint/witnessed` (admin): stores a cosigned checkpoint of
+/// this log, replicated like everything else, so any node serves it to auditors.
+pub async fn store_witnessed(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>> {
+    require_admin(&headers, &app.keys)?;
+    if body.len() > MAX_WITNESSED_NOTE {
+        return Err(ApiError::BodyTooLarge(MAX_WITNESSED_NOTE));
+    }
+    let note = String::from_utf8(body.to_vec())
+        .map_err(|_| ApiError::BadRequest("the note is not UTF-8".into()))?;
+    let response = app
+        .raft
+        .client_write(Proposal::Witnessed { note })
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("not stored: {e}")))?;
+    match response.data.0.first() {
+        Some(ApplyOutcome::Applied) => Ok(Json(json!({"stored": true}))),
+        Some(ApplyOutcome::Rejected(reason)) => Err(ApiError::Rejected(reason.clone())),
+        None => Err(ApiError::Internal("no outcome".into())),
+    }
+}
+
+/// `GET /v1/transparency/proof/consistency?old=M&size=N`.
+pub async fn consistency(
+    State(app): State<Arc<App>>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>> {
+    let [old, size] = query_numbers(query.as_deref(), &["old", "size"])?[..] else {
+        return Err(ApiError::Internal("query parsing".into()));
+    };
+    let data = app.sm.read_data();
+    let tree = &data.heads.tree;
+    let proof = tree
+        .consistency_proof(old, size)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let roots = (tree.root_at(old), tree.root_at(size));
+    let (Ok(old_root), Ok(root)) = roots else {
+        return Err(ApiError::BadRequest("size out of range".into()));
+    };
+    Ok(Json(json!({
+        "old": old,
+        "size": size,
+        "old_root": b64(&old_root),
+        "root": b64(&root),
+        "proof": proof.iter().map(b64).collect::<Vec<_>>(),
+    })))
+}
+
+/// `GET /v1/transparency/leaves?start=S&end=E`: head statements `S..E` (at most
+/// [`MAX_LEAVES_PER_PAGE`]; fewer means "ask again from where this stopped").
+pub async fn leaves(State(app): State<Arc<App>>, RawQuery(query): RawQuery) -> Result<Json<Value>> {
+    let [start, end] = query_numbers(query.as_deref(), &["start", "end"])?[..] else {
+        return Err(ApiError::Internal("query parsing".into()));
+    };
+    let size = app.sm.read_data().heads.tree.size();
+    if start > end || end > size {
+        return Err(ApiError::BadRequest(format!(
+            "need start <= end <= {size} (the heads log's size)"
+        )));
+    }
+    let end = end.min(start.saturating_add(MAX_LEAVES_PER_PAGE));
+    let leaves = app
+        .sm
+        .heads_leaves(start, end)
+        .map_err(ApiError::Internal)?;
+    let statements = leaves
+        .iter()
+        .map(|leaf| HeadStatement::from_leaf(leaf))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| ApiError::Internal(format!("stored heads leaf: {e}")))?;
+    Ok(Json(json!({"start": start, "leaves": statements})))
+}
+
+/// `GET /v1/agents/:id/head-proof[?size=N]`: the agent's latest head statement in the
+/// heads tree of size N (default: the latest round), its index and inclusion proof, and
+/// the signed checkpoint of that size.
+pub async fn head_proof(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>> {
+    validate_agent_id(&agent_id)?;
+    let size = match query.as_deref().filter(|q| q.contains("size=")) {
+        Some(q) => query_numbers(Some(q), &["size"])?[0],
+        None => app.sm.read_data().heads.rounds.last().copied().unwrap_or(0),
+    };
+    let (index, proof) = {
+        let data = app.sm.read_data();
+        let heads = &data.heads;
+        if size > heads.tree.size() {
+            return Err(ApiError::BadRequest(format!(
+                "size must be at most {} (the heads log's size)",
+                heads.tree.size()
+            )));
+        }
+        let index = heads.statement_below(&agent_id, size).ok_or_else(|| {
+            ApiError::NotFound(format!("the agent has no head statement below size {size}"))
+        })?;
+        let proof = heads
+            .tree
+            .inclusion_proof(index, size)
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        (index, proof)
+    };
+    let leaf = app
+        .sm
+        .heads_leaves(index, index + 1)
+        .map_err(ApiError::Internal)?;
+    let statement = leaf
+        .first()
+        .map(|l| HeadStatement::from_leaf(l))
+        .transpose()
+        .map_err(|e| ApiError::Internal(format!("stored heads leaf: {e}")))?
+        .ok_or_else(|| ApiError::Internal("heads leaf missing".into()))?;
+    let head_proof = HeadProof {
+        statement,
+        index,
+        tree_size: size,
+        proof: proof.iter().map(b64).collect(),
+    };
+    let mut body =
+        serde_json::to_value(&head_proof).map_err(|e| ApiError::Internal(e.to_string()))?;
+    body["checkpoint"] = Value::String(signed_checkpoint(&app, size)?);
+    Ok(Json(body))
+}

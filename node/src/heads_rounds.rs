@@ -1,0 +1,32 @@
+//! The leader's heads-log clock: every interval, if some agent's log grew since its last
+//! head statement, propose a round. Followers do nothing; a new leader picks up where
+//! the old one stopped, since what is pending is derived from the applied state.
+
+use std::time::Duration;
+
+use crate::raft_types::{NodeId, Proposal, Raft};
+use crate::store::StateMachine;
+
+/// Default interval between heads rounds.
+pub const DEFAULT_HEADS_INTERVAL_MS: u64 = 1000;
+
+pub fn spawn(raft: Raft, sm: StateMachine, id: NodeId, origin: String, interval: Duration) {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let leading = raft.metrics().borrow().current_leader == Some(id);
+            if !leading || sm.read_data().heads.pending.is_empty() {
+                continue;
+            }
+            let round = Proposal::HeadsRound {
+                origin: origin.clone(),
+            };
+            if let Err(e) = raft.client_write(round).await {
+                // Lost leadership or shutting down: the next leader's clock takes over.
+                tracing::debug!(error = %e, "heads round not committed");
+            }
+        }
+    });
+}

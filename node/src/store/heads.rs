@@ -1,0 +1,279 @@
+//! The heads log, part of the replicated state machine: one head statement per agent
+//! whose log grew, appended in rounds, as an RFC 6962 tree whose checkpoints witnesses
+//! cosign.
+//!
+//! A round is a Raft entry that carries nothing but the origin: every node builds the
+//! round's statements from its own applied state at the entry's place in the log, so all
+//! replicas append the same leaves (apply is deterministic) and the leader never has to
+//! ship them. Checkpoints are signed when served: Ed25519 is deterministic, so every node
+//! signs a given tree head identically.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use lineage_core::heads::HeadStatement;
+use lineage_core::transparency::{Hash, MerkleLevels};
+use redb::{ReadableTable, TableDefinition};
+
+use super::state_machine::AgentSlot;
+
+/// Leaf index → head statement (canonical JSON).
+pub const HEADS_LEAVES: TableDefinition<u64, &str> = TableDefinition::new("heads_leaves");
+/// Tree sizes at which a round ended: the checkpoints this log ever had.
+pub const HEADS_ROUNDS: TableDefinition<u64, ()> = TableDefinition::new("heads_rounds");
+/// "origin" and "witnessed" (the latest cosigned checkpoint note).
+pub const HEADS_META: TableDefinition<&str, &str> = TableDefinition::new("heads_meta");
+const ORIGIN_KEY: &str = "origin";
+const WITNESSED_KEY: &str = "witnessed";
+
+/// Largest cosigned note accepted (a checkpoint with many cosignatures is ~2 KiB).
+pub const MAX_WITNESSED_NOTE: usize = 64 * 1024;
+
+#[derive(Debug, Default)]
+pub struct HeadsLog {
+    pub origin: Option<String>,
+    pub tree: MerkleLevels,
+    /// Sizes at which rounds ended, ascending.
+    pub rounds: Vec<u64>,
+    /// Each agent's statements: leaf indexes, ascending.
+    pub statements: BTreeMap<String, Vec<u64>>,
+    /// The size each agent was last stated at.
+    stated: BTreeMap<String, u64>,
+    /// Agents whose logs grew since their last statement.
+    pub pending: BTreeSet<String>,
+    pub witnessed: Option<String>,
+}
+
+type StorageResult<T> = Result<T, redb::Error>;
+
+impl HeadsLog {
+    /// Rebuilds the heads log from its tables; `agents` decides what is pending.
+    pub fn load(
+        txn: &redb::ReadTransaction,
+        agents: &BTreeMap<String, AgentSlot>,
+    ) -> StorageResult<HeadsLog> {
+        let mut heads = HeadsLog::default();
+        let meta = txn.open_table(HEADS_META)?;
+        heads.origin = meta.get(ORIGIN_KEY)?.map(|v| v.value().to_string());
+        heads.witnessed = meta.get(WITNESSED_KEY)?.map(|v| v.value().to_string());
+        for item in txn.open_table(HEADS_LEAVES)?.iter()? {
+            let (index, leaf) = item?;
+            let statement = HeadStatement::from_leaf(leaf.value()).map_err(|e| {
+                redb::Error::Corrupted(format!("heads leaf {}: {e}", index.value()))
+            })?;
+            heads.record(index.value(), &statement);
+        }
+        for item in txn.open_table(HEADS_ROUNDS)?.iter()? {
+            heads.rounds.push(item?.0.value());
+        }
+        for (agent_id, slot) in agents {
+            heads.mark_if_grown(agent_id, slot);
+        }
+        Ok(heads)
+    }
+
+    fn record(&mut self, index: u64, statement: &HeadStatement) {
+        self.tree.push_leaf_hash(statement.leaf_hash());
+        self.statements
+            .entry(statement.agent_id.clone())
+            .or_default()
+            .push(index);
+        self.stated
+            .insert(statement.agent_id.clone(), statement.size);
+    }
+
+    /// Notes that `agent_id` may have grown (called for every applied write).
+    pub fn mark_if_grown(&mut self, agent_id: &str, slot: &AgentSlot) {
+        if let AgentSlot::Active(state) = slot {
+            if self.stated.get(agent_id).copied().unwrap_or(0) != state.next_seq() {
+                self.pending.insert(agent_id.to_string());
+            }
+        }
+    }
+
+    /// Applies a round: appends a statement for every pending agent (sorted by id) and
+    /// records the new tree size as a round. Returns how many statements it appended.
+    pub fn apply_round(
+        &mut self,
+        origin: &str,
+        agents: &BTreeMap<String, AgentSlot>,
+        txn: &redb::WriteTransaction,
+    ) -> StorageResult<usize> {
+        let mut leaves = txn.open_table(HEADS_LEAVES)?;
+        let mut appended = 0;
+        for agent_id in std::mem::take(&mut self.pending) {
+            let Some(AgentSlot::Active(state)) = agents.get(&agent_id) else {
+                continue;
+            };
+            let Some(head) = &state.head else {
+                continue;
+            };
+            if self.stated.get(&agent_id) == Some(&state.next_seq()) {
+                continue;
+            }
+            let statement = HeadStatement {
+                agent_id: agent_id.clone(),
+                size: state.next_seq(),
+                root: hex::encode(state.tree.root()),
+                head_hash: head.hash.clone(),
+            };
+            let index = self.tree.size();
+            leaves.insert(index, statement.to_leaf().as_str())?;
+            self.record(index, &statement);
+            appended += 1;
+        }
+        if appended > 0 {
+            let mut meta = txn.open_table(HEADS_META)?;
+            // The first round fixes the origin; a node configured with another name
+            // later does not change what every replica already signs under.
+            if self.origin.is_none() {
+                meta.insert(ORIGIN_KEY, origin)?;
+                self.origin = Some(origin.to_string());
+            }
+            txn.open_table(HEADS_ROUNDS)?.insert(self.tree.size(), ())?;
+            self.rounds.push(self.tree.size());
+        }
+        Ok(appended)
+    }
+
+    /// Whether `size` with `root` is a checkpoint this log had.
+    pub fn had_checkpoint(&self, size: u64, root: &Hash) -> bool {
+        self.rounds.binary_search(&size).is_ok()
+            && self.tree.root_at(size).ok().as_ref() == Some(root)
+    }
+
+    /// Stores a cosigned note for a checkpoint this log had, unless a later one is
+    /// stored already; cosignatures for the stored size are merged.
+    pub fn apply_witnessed(
+        &mut self,
+        note: &str,
+        txn: &redb::WriteTransaction,
+    ) -> StorageResult<Result<(), String>> {
+        let merged = match self.accept_witnessed(note) {
+            Ok(merged) => merged,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        txn.open_table(HEADS_META)?
+            .insert(WITNESSED_KEY, merged.as_str())?;
+        self.witnessed = Some(merged);
+        Ok(Ok(()))
+    }
+
+    fn accept_witnessed(&self, note: &str) -> Result<String, String> {
+        if note.len() > MAX_WITNESSED_NOTE {
+            return Err(format!("note is over {MAX_WITNESSED_NOTE} bytes"));
+        }
+        let (text, signatures) = split_note(note)?;
+        let checkpoint = lineage_core::transparency::Checkpoint::parse(text)
+            .map_err(|e| format!("not a checkpoint: {e}"))?;
+        if self.origin.as_deref() != Some(checkpoint.origin.as_str()) {
+            return Err(format!("origin {:?} is not this log's", checkpoint.origin));
+        }
+        if !self.had_checkpoint(checkpoint.size, &checkpoint.root) {
+            return Err(format!(
+                "size {} with this root is not a checkpoint of this log",
+                checkpoint.size
+            ));
+        }
+        let Some(current) = &self.witnessed else {
+            return Ok(note.to_string());
+        };
+        let (current_text, current_signatures) = split_note(current)?;
+        let current_size = lineage_core::transparency::Checkpoint::parse(current_text)
+            .map(|c| c.size)
+            .unwrap_or(0);
+        if checkpoint.size < current_size {
+            return Err(format!(
+                "a checkpoint of size {current_size} is witnessed already"
+            ));
+        }
+        if checkpoint.size > current_size {
+            return Ok(note.to_string());
+        }
+        let mut lines: Vec<&str> = current_signatures.lines().collect();
+        for line in signatures.lines() {
+            if !lines.contains(&line) {
+                lines.push(line);
+            }
+        }
+        Ok(format!("{text}\n{}\n", lines.join("\n")))
+    }
+
+    /// The leaves `start..end`, as stored.
+    pub fn leaves(txn: &redb::ReadTransaction, start: u64, end: u64) -> StorageResult<Vec<String>> {
+        let table = txn.open_table(HEADS_LEAVES)?;
+        let mut out = Vec::new();
+        for item in table.range(start..end)? {
+            out.push(item?.1.value().to_string());
+        }
+        Ok(out)
+    }
+
+    /// The agent's latest statement index below `size`.
+    pub fn statement_below(&self, agent_id: &str, size: u64) -> Option<u64> {
+        let indexes = self.statements.get(agent_id)?;
+        let below = indexes.partition_point(|&i| i < size);
+        below.checked_sub(1).map(|i| indexes[i])
+    }
+
+    /// Replaces the tables' content (snapshot install).
+    pub fn install(txn: &redb::WriteTransaction, body: &HeadsSnapshot) -> StorageResult<()> {
+        let mut leaves = txn.open_table(HEADS_LEAVES)?;
+        leaves.retain(|_, _| false)?;
+        for (index, leaf) in body.leaves.iter().enumerate() {
+            leaves.insert(index as u64, leaf.as_str())?;
+        }
+        let mut rounds = txn.open_table(HEADS_ROUNDS)?;
+        rounds.retain(|_, _| false)?;
+        for size in &body.rounds {
+            rounds.insert(*size, ())?;
+        }
+        let mut meta = txn.open_table(HEADS_META)?;
+        meta.retain(|_, _| false)?;
+        if let Some(origin) = &body.origin {
+            meta.insert(ORIGIN_KEY, origin.as_str())?;
+        }
+        if let Some(note) = &body.witnessed {
+            meta.insert(WITNESSED_KEY, note.as_str())?;
+        }
+        Ok(())
+    }
+
+    /// The tables' content for a snapshot.
+    pub fn snapshot(txn: &redb::ReadTransaction) -> StorageResult<HeadsSnapshot> {
+        let meta = txn.open_table(HEADS_META)?;
+        let mut rounds = Vec::new();
+        for item in txn.open_table(HEADS_ROUNDS)?.iter()? {
+            rounds.push(item?.0.value());
+        }
+        Ok(HeadsSnapshot {
+            leaves: Self::leaves(txn, 0, u64::MAX)?,
+            rounds,
+            origin: meta.get(ORIGIN_KEY)?.map(|v| v.value().to_string()),
+            witnessed: meta.get(WITNESSED_KEY)?.map(|v| v.value().to_string()),
+        })
+    }
+}
+
+/// The heads log as a snapshot carries it.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct HeadsSnapshot {
+    pub leaves: Vec<String>,
+    pub rounds: Vec<u64>,
+    pub origin: Option<String>,
+    pub witnessed: Option<String>,
+}
+
+/// Splits a signed note into its text (with final newline) and its signature lines.
+pub fn split_note(note: &str) -> Result<(&str, &str), String> {
+    let at = note
+        .rfind("\n\n")
+        .ok_or("note has no blank line before its signatures")?;
+    let signatures = &note[at + 2..];
+    if signatures.is_empty() || !signatures.ends_with('\n') {
+        return Err("note has no signature lines".into());
+    }
+    if !signatures.lines().all(|l| l.starts_with("\u{2014} ")) {
+        return Err("a signature line does not start with an em dash and a space".into());
+    }
+    Ok((&note[..at + 1], signatures))
+}
