@@ -368,7 +368,7 @@ impl MerkleLevels {
 
     /// `MTH(D[start..start+len])`, for ranges within the tree and `len > 0`.
     fn subtree(&self, start: u64, len: u64) -> Hash {
-        if len.is_power_of_two() && start % len == 0 {
+        if len.is_power_of_two() && start.is_multiple_of(len) {
             let level = len.trailing_zeros() as usize;
             if let Some(hash) = self
                 .levels
