@@ -1,5 +1,8 @@
-//! `lineage_checkpointer`: the external tlog-witness (`lineage-witness`). The
-//! checkpointer itself (monitor and witness client) is still to come (issue #5).
+//! `lineage_checkpointer`: the checkpointer (heads-log monitor and witness client,
+//! `lineage-checkpointer`) and an external tlog-witness (`lineage-witness`).
 
+pub mod checkpointer;
+pub mod checkpointer_metrics;
+pub mod cluster_client;
 pub mod witness;
 pub mod witness_server;
