@@ -113,14 +113,7 @@ impl Witness {
 
     /// The cosignature verifier key: `name+keyid+base64(0x04 || pubkey)`.
     pub fn vkey(&self) -> String {
-        let mut encoded = vec![0x04];
-        encoded.extend_from_slice(self.key.verifying_key().as_bytes());
-        format!(
-            "{}+{}+{}",
-            self.name,
-            hex::encode(self.key_id),
-            B64.encode(encoded)
-        )
+        vkey_for(&self.name, &self.key)
     }
 
     /// Trusts `origin` with the log verifier key `vkey`. A log is never removed, and an
@@ -349,6 +342,15 @@ impl Witness {
         blob.extend_from_slice(&signature.to_bytes());
         format!("\u{2014} {} {}\n", self.name, B64.encode(blob))
     }
+}
+
+/// A witness's cosignature verifier key from its name and key alone (no storage), so
+/// `lineage-witness vkey` works while the witness is serving.
+pub fn vkey_for(name: &str, key: &ed25519_dalek::SigningKey) -> String {
+    let mut encoded = vec![0x04];
+    encoded.extend_from_slice(key.verifying_key().as_bytes());
+    let key_id = signed_note::key_id(name, &encoded);
+    format!("{name}+{key_id:08x}+{}", B64.encode(encoded))
 }
 
 struct Request {

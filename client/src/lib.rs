@@ -3,5 +3,6 @@
 
 pub mod audit_cli;
 pub mod client;
+pub mod witnessed_cli;
 
 pub use client::{Client, ClientError};

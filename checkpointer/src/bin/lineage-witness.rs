@@ -79,7 +79,15 @@ fn main() -> ExitCode {
             })
             .and_then(|_| open(&cli.data_dir, &cli.name))
             .map(|w| println!("{}", w.vkey())),
-        Some(Command::Vkey) => open(&cli.data_dir, &cli.name).map(|w| println!("{}", w.vkey())),
+        Some(Command::Vkey) => read_secret_file(&cli.data_dir.join(KEY_FILE))
+            .map_err(|e| format!("{e} (run `lineage-witness keygen`)"))
+            .map(|seed| {
+                let key = ed25519_dalek::SigningKey::from_bytes(&seed);
+                println!(
+                    "{}",
+                    lineage_checkpointer::witness::vkey_for(&cli.name, &key)
+                );
+            }),
         Some(Command::AddLog { origin, vkey }) => open(&cli.data_dir, &cli.name)
             .and_then(|w| w.add_log(&origin, &vkey).map_err(|e| e.to_string()))
             .map(|()| println!("trusting {origin}")),

@@ -161,18 +161,31 @@ pub async fn leaves(State(app): State<Arc<App>>, RawQuery(query): RawQuery) -> R
     Ok(Json(json!({"start": start, "leaves": statements})))
 }
 
-/// `GET /v1/agents/:id/head-proof[?size=N]`: the agent's latest head statement in the
-/// heads tree of size N (default: the latest round), its index and inclusion proof, and
-/// the signed checkpoint of that size.
+/// `GET /v1/agents/:id/head-proof[?size=N][&before=I]`: the agent's latest head
+/// statement (with index below I, default N) in the heads tree of size N (default: the
+/// latest round), its index and inclusion proof, and the signed checkpoint of size N.
 pub async fn head_proof(
     State(app): State<Arc<App>>,
     Path(agent_id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>> {
     validate_agent_id(&agent_id)?;
-    let size = match query.as_deref().filter(|q| q.contains("size=")) {
-        Some(q) => query_numbers(Some(q), &["size"])?[0],
-        None => app.sm.read_data().heads.rounds.last().copied().unwrap_or(0),
+    let has = |name: &str| {
+        query
+            .as_deref()
+            .is_some_and(|q| q.split('&').any(|p| p.starts_with(&format!("{name}="))))
+    };
+    let size = if has("size") {
+        query_numbers(query.as_deref(), &["size"])?[0]
+    } else {
+        app.sm.read_data().heads.rounds.last().copied().unwrap_or(0)
+    };
+    // `before=I` walks back through the agent's earlier statements, still proved in
+    // the tree of `size` (an auditor narrows down where a log was rewritten).
+    let before = if has("before") {
+        query_numbers(query.as_deref(), &["before"])?[0].min(size)
+    } else {
+        size
     };
     let (index, proof) = {
         let data = app.sm.read_data();
@@ -183,8 +196,10 @@ pub async fn head_proof(
                 heads.tree.size()
             )));
         }
-        let index = heads.statement_below(&agent_id, size).ok_or_else(|| {
-            ApiError::NotFound(format!("the agent has no head statement below size {size}"))
+        let index = heads.statement_below(&agent_id, before).ok_or_else(|| {
+            ApiError::NotFound(format!(
+                "the agent has no head statement below index {before}"
+            ))
         })?;
         let proof = heads
             .tree
