@@ -90,10 +90,10 @@ pub fn verify_log(
             return EXIT_FAILED;
         }
     };
-    let Some(latest) = proofs.first() else {
+    if proofs.is_empty() {
         let _ = writeln!(err, "error: no head proof for agent {agent_id}");
         return EXIT_USAGE;
-    };
+    }
     for proof in proofs {
         if proof.statement.agent_id != agent_id {
             let _ = writeln!(
@@ -119,10 +119,21 @@ pub fn verify_log(
             return EXIT_USAGE;
         }
     };
-    let earlier: Vec<_> = proofs[1..].iter().map(|p| p.statement.clone()).collect();
+    // Every witnessed statement must hold, not only the latest: a log cut short and then
+    // extended has a latest statement that matches it, and an earlier one that does not.
+    let statements: Vec<_> = proofs.iter().map(|p| p.statement.clone()).collect();
     let witnesses = witnessed.witnesses.join(", ");
-    let statement = &latest.statement;
-    match check_log_against_head(&records, statement, &earlier) {
+    let mut verdict = None;
+    for (i, statement) in statements.iter().enumerate() {
+        let check = check_log_against_head(&records, statement, &statements[i + 1..]);
+        if !matches!(check, HeadCheck::Complete { .. }) || verdict.is_none() {
+            verdict = Some((statement, check));
+        }
+    }
+    let Some((statement, check)) = verdict else {
+        return EXIT_USAGE;
+    };
+    match check {
         HeadCheck::Complete { size, later } => {
             let _ = writeln!(
                 out,

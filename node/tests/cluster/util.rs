@@ -105,7 +105,7 @@ impl Cluster {
         }
     }
 
-    fn data_dir(&self, i: usize) -> PathBuf {
+    pub fn data_dir(&self, i: usize) -> PathBuf {
         self.dir.path().join(format!("node-{}", i + 1))
     }
 
@@ -186,6 +186,18 @@ impl Cluster {
 
     pub fn is_running(&self, i: usize) -> bool {
         self.external || self.children()[i].is_some()
+    }
+
+    /// SIGTERM, then wait: a graceful stop (agent states checkpointed, all durable).
+    pub fn stop_gracefully(&self, i: usize) {
+        let taken = self.children()[i].take();
+        if let Some(mut child) = taken {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
+            let _ = child.wait();
+        }
     }
 
     /// kill -9.

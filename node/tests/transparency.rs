@@ -1,0 +1,396 @@
+//! End to end, with real processes: three nodes, an external witness and the
+//! checkpointer. Agents act; the checkpointer gets the heads checkpoint cosigned. Then an
+//! operator with disk access and the signing key truncates one agent's log on every
+//! node and rewrites another's. The checkpointer raises the alarm (metric + evidence
+//! file), and the auditor's check fails precisely for both, while an honest log passes.
+//!
+//! The witness and checkpointer binaries belong to another package: this test runs them
+//! from the same target directory, which `cargo test --workspace` builds.
+
+#[path = "cluster/util.rs"]
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lineage_client::witnessed_cli::{fetch_head_proofs, verify_log, WitnessedInput};
+use lineage_core::record::Record;
+use lineage_core::AuditKey;
+use redb::{ReadableTable, TableDefinition};
+use serde_json::{json, Value};
+use util::{free_port, Cluster};
+
+const RECORDS: TableDefinition<(&str, u64), &str> = TableDefinition::new("records");
+const AGENT_CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("agent_checkpoints");
+const ORIGIN: &str = "lineage.local/cluster";
+
+/// A binary built beside this test (same target dir and profile).
+fn sibling_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build --workspace` (or `cargo test --workspace`) first",
+        path.display()
+    );
+    path
+}
+
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run_ok(program: &Path, args: &[&str]) -> String {
+    let output = Command::new(program).args(args).output().expect("run");
+    assert!(
+        output.status.success(),
+        "{} {args:?}: {}",
+        program.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+async fn text(url: &str) -> (u16, String) {
+    match reqwest::get(url).await {
+        Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+        Err(_) => (0, String::new()),
+    }
+}
+
+/// Acts `n` times for an agent (the admin may act for any agent).
+async fn act(cluster: &Cluster, agent: &str, n: usize, tag: &str) {
+    for i in 0..n {
+        let (status, body) = cluster
+            .post_until_served(
+                i % 3,
+                &format!("/v1/agents/{agent}/actions"),
+                &cluster.admin.clone(),
+                json!({"tool": "pay", "input": {"amount": 1, "tag": tag, "i": i}}),
+                &format!("{agent}-{tag}-{i}"),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+}
+
+/// Waits until the witnessed checkpoint covers every agent's current log.
+async fn wait_witnessed(cluster: &Cluster, agents: &[&str]) -> String {
+    let start = Instant::now();
+    loop {
+        let (status, note) = text(&cluster.url(0, "/v1/transparency/checkpoint/witnessed")).await;
+        if status == 200 {
+            let size: u64 = note
+                .lines()
+                .nth(1)
+                .and_then(|l| l.parse().ok())
+                .unwrap_or(0);
+            let mut covered = true;
+            for agent in agents {
+                let log = cluster.converged_log(agent, Duration::from_secs(10)).await;
+                let (_, proof) =
+                    text(&cluster.url(0, &format!("/v1/agents/{agent}/head-proof?size={size}")))
+                        .await;
+                let proof: Value = serde_json::from_str(&proof).unwrap_or(Value::Null);
+                covered &= proof["statement"]["size"].as_u64() == Some(log.len() as u64);
+            }
+            if covered {
+                return note;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no witnessed checkpoint covering every agent within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What an operator with disk access does to one node's database: cut `cut` back to
+/// `keep` records, and rewrite `rewritten` from seq `from` (re-signed with the real key,
+/// so its chain still verifies). Agent-state checkpoints are dropped so the node
+/// rebuilds the agents from the edited records.
+fn tamper(db_path: &Path, key: &AuditKey, keep: u64, from: u64) {
+    let db = redb::Database::create(db_path).expect("open node db");
+    let txn = db.begin_write().unwrap();
+    {
+        let mut records = txn.open_table(RECORDS).unwrap();
+        let cut_seqs: Vec<u64> = records
+            .range(("cut", keep)..=("cut", u64::MAX))
+            .unwrap()
+            .map(|item| item.unwrap().0.value().1)
+            .collect();
+        assert!(!cut_seqs.is_empty(), "nothing to cut");
+        for seq in cut_seqs {
+            records.remove(("cut", seq)).unwrap();
+        }
+        let originals: Vec<Record> = records
+            .range(("rewritten", 0)..=("rewritten", u64::MAX))
+            .unwrap()
+            .map(|item| Record::from_line(item.unwrap().1.value()).unwrap())
+            .collect();
+        let mut prev = originals[from as usize - 1].hash.clone();
+        for original in &originals[from as usize..] {
+            let mut payload = original.payload.clone();
+            if original.seq == from {
+                payload["input"]["amount"] = json!(999);
+            }
+            let record = Record::seal(
+                key,
+                original.seq,
+                original.timestamp.clone(),
+                &original.actor,
+                &original.kind,
+                payload,
+                &prev,
+            );
+            prev = record.hash.clone();
+            records
+                .insert(("rewritten", record.seq), record.to_line().as_str())
+                .unwrap();
+        }
+        let mut checkpoints = txn.open_table(AGENT_CHECKPOINTS).unwrap();
+        checkpoints.remove("cut").unwrap();
+        checkpoints.remove("rewritten").unwrap();
+    }
+    txn.commit().unwrap();
+}
+
+async fn audit(
+    cluster: &Cluster,
+    agent: &str,
+    public_key: &str,
+    note: &str,
+    witness_vkey: &str,
+) -> (i32, String) {
+    let log = cluster.converged_log(agent, Duration::from_secs(10)).await;
+    let path = cluster.dir.path().join(format!("{agent}.jsonl"));
+    let lines: String = log
+        .iter()
+        .map(|r| {
+            let record: Record = serde_json::from_value(r.clone()).unwrap();
+            record.to_line() + "\n"
+        })
+        .collect();
+    std::fs::write(&path, lines).unwrap();
+    let size: u64 = note.lines().nth(1).unwrap().parse().unwrap();
+    let urls: Vec<String> = cluster
+        .addrs
+        .iter()
+        .map(|a| format!("http://{a}"))
+        .collect();
+    let proofs = fetch_head_proofs(&urls, agent, size)
+        .await
+        .expect("head proofs");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let keys = vec![witness_vkey.to_string()];
+    let code = verify_log(
+        &path,
+        public_key,
+        &WitnessedInput {
+            note,
+            witness_keys: &keys,
+            quorum: 1,
+        },
+        &proofs,
+        &mut out,
+        &mut err,
+    );
+    let output = String::from_utf8_lossy(&out).to_string() + &String::from_utf8_lossy(&err);
+    (code, output)
+}
+
+fn alarms(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("lineage_checkpointer_inconsistencies_total{witness=\"monitor\"}")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncation_and_rewrite_are_caught_by_checkpointer_and_auditor() {
+    let witness_bin = sibling_binary("lineage-witness");
+    let checkpointer_bin = sibling_binary("lineage-checkpointer");
+    let cluster = Cluster::start_with(3, &["--heads-interval-ms", "200"]).await;
+    let dir = cluster.dir.path().to_path_buf();
+    let public_key = cluster.public_key().await;
+    let (_, log_vkey) = text(&cluster.url(0, "/v1/transparency/vkey")).await;
+    let log_vkey = log_vkey.trim().to_string();
+    assert!(log_vkey.starts_with(&format!("{ORIGIN}+")), "{log_vkey}");
+
+    // The witness: its own key and storage, trusting the cluster's origin and key.
+    let wdir = dir.join("witness");
+    let wdir_s = wdir.to_str().unwrap();
+    let witness_vkey = run_ok(
+        &witness_bin,
+        &["--data-dir", wdir_s, "--name", "w1.test", "keygen"],
+    );
+    run_ok(
+        &witness_bin,
+        &[
+            "--data-dir",
+            wdir_s,
+            "--name",
+            "w1.test",
+            "add-log",
+            "--origin",
+            ORIGIN,
+            "--vkey",
+            &log_vkey,
+        ],
+    );
+    let witness_addr = format!("127.0.0.1:{}", free_port());
+    let _witness = Process(
+        Command::new(&witness_bin)
+            .args([
+                "--data-dir",
+                wdir_s,
+                "--name",
+                "w1.test",
+                "--listen",
+                &witness_addr,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+
+    let policy = json!({"budget": 1000, "scar_limit": 10, "tools": {"pay": {"cost": 1}}});
+    for agent in ["honest", "cut", "rewritten"] {
+        cluster.create_agent(0, agent, policy.clone()).await;
+        act(&cluster, agent, 4, "before").await;
+    }
+
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let cluster_urls: Vec<String> = cluster
+        .addrs
+        .iter()
+        .map(|a| format!("http://{a}"))
+        .collect();
+    let cp_dir = dir.join("checkpointer");
+    let _checkpointer = Process(
+        Command::new(&checkpointer_bin)
+            .arg("--cluster")
+            .arg(cluster_urls.join(","))
+            .arg("--witness")
+            .arg(format!("http://{witness_addr}={witness_vkey}"))
+            .arg("--data-dir")
+            .arg(&cp_dir)
+            .arg("--admin-token-file")
+            .arg(dir.join("keys/admin.token"))
+            .args(["--interval-ms", "200", "--metrics-listen", &metrics_addr])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("checkpointer.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let note = wait_witnessed(&cluster, &["honest", "cut", "rewritten"]).await;
+
+    // Before any tampering every log passes the auditor's check.
+    for agent in ["honest", "cut", "rewritten"] {
+        let (code, output) = audit(&cluster, agent, &public_key, &note, &witness_vkey).await;
+        assert_eq!(code, 0, "{agent}: {output}");
+        assert!(
+            output.contains("complete up to its witnessed head"),
+            "{output}"
+        );
+    }
+    let (_, metrics) = text(&format!("http://{metrics_addr}/metrics")).await;
+    assert_eq!(alarms(&metrics), 0, "no alarm while honest: {metrics}");
+
+    // The operator stops every node, edits every copy, restarts.
+    let key = AuditKey::load(dir.join("keys/audit.key")).expect("audit key");
+    for i in 0..3 {
+        cluster.stop_gracefully(i);
+    }
+    for i in 0..3 {
+        tamper(&cluster.data_dir(i).join("node.redb"), &key, 5, 4);
+    }
+    for i in 0..3 {
+        cluster.start_node(i);
+    }
+    cluster.wait_for_leader(Duration::from_secs(15)).await;
+    // Both agents act again, so the cluster states new heads for them.
+    act(&cluster, "cut", 1, "after").await;
+    act(&cluster, "rewritten", 1, "after").await;
+
+    // The checkpointer raises the alarm: metric and evidence files naming both agents.
+    let start = Instant::now();
+    let evidence = loop {
+        let (_, metrics) = text(&format!("http://{metrics_addr}/metrics")).await;
+        let files: Vec<String> = std::fs::read_dir(cp_dir.join("evidence"))
+            .map(|d| {
+                d.filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let named = |agent: &str| files.iter().any(|f| f.contains(&format!("agent {agent}:")));
+        if alarms(&metrics) >= 2 && named("cut") && named("rewritten") {
+            break files;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "checkpointer raised no alarm for both agents: {metrics}\n{files:?}\n{}",
+            std::fs::read_to_string(dir.join("checkpointer.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let cut_evidence = evidence.iter().find(|f| f.contains("agent cut:")).unwrap();
+    assert!(cut_evidence.contains("log cut short"), "{cut_evidence}");
+    assert!(
+        cut_evidence.contains("lineage.local/cluster\n"),
+        "the signed checkpoint is kept"
+    );
+    let rewrite_evidence = evidence
+        .iter()
+        .find(|f| f.contains("agent rewritten:"))
+        .unwrap();
+    assert!(
+        rewrite_evidence.contains("log rewritten"),
+        "{rewrite_evidence}"
+    );
+    assert!(!evidence.iter().any(|f| f.contains("agent honest:")));
+
+    // The auditor, with the note witnessed before the tampering and with the latest one.
+    let latest = wait_witnessed(&cluster, &["honest", "cut", "rewritten"]).await;
+    for note in [&note, &latest] {
+        let (code, output) = audit(&cluster, "honest", &public_key, note, &witness_vkey).await;
+        assert_eq!(code, 0, "honest: {output}");
+        let (code, output) = audit(&cluster, "cut", &public_key, note, &witness_vkey).await;
+        assert_eq!(code, 1, "cut: {output}");
+        assert!(
+            output.contains("log cut short") && output.contains("are missing"),
+            "cut: {output}"
+        );
+        let (code, output) = audit(&cluster, "rewritten", &public_key, note, &witness_vkey).await;
+        assert_eq!(code, 1, "rewritten: {output}");
+        assert!(output.contains("log rewritten"), "rewritten: {output}");
+    }
+    // A note checked against a witness the auditor trusts but that never cosigned it:
+    // refused.
+    let w2 = dir.join("witness2");
+    let stranger = run_ok(
+        &witness_bin,
+        &[
+            "--data-dir",
+            w2.to_str().unwrap(),
+            "--name",
+            "w2.test",
+            "keygen",
+        ],
+    );
+    let (code, output) = audit(&cluster, "honest", &public_key, &note, &stranger).await;
+    assert_eq!(code, 1, "{output}");
+    assert!(output.contains("0 of the required 1"), "{output}");
+}
