@@ -240,10 +240,20 @@ fn dev(nodes: u64, base_port: u16, data_dir: &Path) -> Result<(), String> {
             .map_err(|e| format!("cannot start node {i}: {e}"))?;
         children.push(child);
     }
+    let urls: Vec<String> = (1..=nodes).map(|i| format!("http://{}", addr(i))).collect();
+    let witness_port = base_port as u64 + nodes;
+    match start_transparency(&exe, data_dir, &keys_dir, &urls, witness_port) {
+        Ok(mut started) => children.append(&mut started),
+        Err(e) => println!("  (no witness or checkpointer: {e})"),
+    }
     println!("Lineage Cluster: {nodes} nodes");
     for i in 1..=nodes {
         println!("  node {i}  http://{}", addr(i));
     }
+    println!(
+        "  witness http://127.0.0.1:{witness_port}, checkpointer metrics http://127.0.0.1:{}/metrics",
+        witness_port + 1
+    );
     let token_path = keys_dir.join(keys::ADMIN_TOKEN);
     println!("  admin token  {}", token_path.display());
     println!(
@@ -263,4 +273,73 @@ fn dev(nodes: u64, base_port: u16, data_dir: &Path) -> Result<(), String> {
         let _ = child.wait();
     }
     Ok(())
+}
+
+/// Starts a witness (trusting this cluster's heads log) and a checkpointer beside the
+/// dev cluster, from the binaries built next to this one.
+fn start_transparency(
+    exe: &Path,
+    data_dir: &Path,
+    keys_dir: &Path,
+    urls: &[String],
+    witness_port: u64,
+) -> Result<Vec<std::process::Child>, String> {
+    let witness_bin = exe.with_file_name("lineage-witness");
+    let checkpointer_bin = exe.with_file_name("lineage-checkpointer");
+    if !witness_bin.exists() || !checkpointer_bin.exists() {
+        return Err("build them with `cargo build --release --bins`".into());
+    }
+    let audit = lineage_core::AuditKey::load(keys_dir.join(keys::AUDIT_KEY))
+        .map_err(|e| format!("audit key: {e}"))?;
+    let log_vkey =
+        lineage_core::transparency::NoteSigner::new(lineage_node::DEFAULT_CLUSTER_NAME, &audit)
+            .map_err(|e| e.to_string())?
+            .vkey();
+    let wdir = data_dir.join("witness");
+    let witness = |args: &[&str]| {
+        std::process::Command::new(&witness_bin)
+            .arg("--data-dir")
+            .arg(&wdir)
+            .args(["--name", "dev.witness/w1"])
+            .args(args)
+            .output()
+            .map_err(|e| format!("lineage-witness: {e}"))
+    };
+    if !wdir.join("witness.key").exists() {
+        witness(&["keygen"])?;
+    }
+    // Refused harmlessly when this origin is trusted already.
+    witness(&[
+        "add-log",
+        "--origin",
+        lineage_node::DEFAULT_CLUSTER_NAME,
+        "--vkey",
+        &log_vkey,
+    ])?;
+    let vkey_out = witness(&["vkey"])?;
+    let witness_vkey = String::from_utf8_lossy(&vkey_out.stdout).trim().to_string();
+    let witness_addr = format!("127.0.0.1:{witness_port}");
+    let witness_child = std::process::Command::new(&witness_bin)
+        .arg("--data-dir")
+        .arg(&wdir)
+        .args(["--name", "dev.witness/w1", "--listen", &witness_addr])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start the witness: {e}"))?;
+    let checkpointer_child = std::process::Command::new(&checkpointer_bin)
+        .arg("--cluster")
+        .arg(urls.join(","))
+        .arg("--witness")
+        .arg(format!("http://{witness_addr}={witness_vkey}"))
+        .arg("--log-vkey")
+        .arg(&log_vkey)
+        .arg("--data-dir")
+        .arg(data_dir.join("checkpointer"))
+        .arg("--admin-token-file")
+        .arg(keys_dir.join(keys::ADMIN_TOKEN))
+        .arg("--metrics-listen")
+        .arg(format!("127.0.0.1:{}", witness_port + 1))
+        .spawn()
+        .map_err(|e| format!("cannot start the checkpointer: {e}"))?;
+    Ok(vec![witness_child, checkpointer_child])
 }
