@@ -150,8 +150,13 @@ fn request(
 
 /// Checks a cosignature line against the witness vkey and the checkpoint text.
 fn check_cosignature(line: &str, vkey: &str, checkpoint_text: &str) {
-    let (name_and_id, key_b64) = vkey.rsplit_once('+').unwrap();
-    let (name, id_hex) = name_and_id.rsplit_once('+').unwrap();
+    // name+hexid+base64: the name has no '+', the base64 key may.
+    let mut parts = vkey.splitn(3, '+');
+    let (name, id_hex, key_b64) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
     let key_bytes = B64.decode(key_b64).unwrap();
     assert_eq!(key_bytes[0], 0x04, "timestamped Ed25519 cosignature key");
     let public =
