@@ -6,3 +6,14 @@ pub mod checkpointer_metrics;
 pub mod cluster_client;
 pub mod witness;
 pub mod witness_server;
+
+/// Log lines to stderr, filtered by `LINEAGE_LOG` (default `info`), for both binaries.
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LINEAGE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -252,10 +252,7 @@ impl signed_note::Signer for NoteSigner {
 
 /// The RFC 6962 leaf hash of a record hash (for callers that store leaf hashes).
 pub fn leaf_hash(leaf: &Hash) -> Hash {
-    let mut hasher = sha2::Sha256::new();
-    hasher.update([0u8]);
-    hasher.update(leaf);
-    hasher.finalize().into()
+    leaf_hash_of(leaf)
 }
 
 /// The right edge of an RFC 6962 tree: the roots of its perfect subtrees, largest

@@ -59,13 +59,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LINEAGE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    lineage_checkpointer::init_tracing();
     let result = tokio::runtime::Runtime::new()
         .map_err(|e| e.to_string())
         .and_then(|runtime| runtime.block_on(run(cli)));

@@ -64,13 +64,7 @@ fn open(dir: &Path, name: &str) -> Result<Witness, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LINEAGE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    lineage_checkpointer::init_tracing();
     let result = match cli.command {
         Some(Command::Keygen) => std::fs::create_dir_all(&cli.data_dir)
             .map_err(|e| e.to_string())

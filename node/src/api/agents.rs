@@ -457,7 +457,7 @@ fn record_hashes(app: &App, agent_id: &str, size: u64) -> Result<Vec<Hash>> {
         .collect()
 }
 
-fn b64(hash: &Hash) -> String {
+pub(super) fn b64(hash: &Hash) -> String {
     base64::engine::general_purpose::STANDARD.encode(hash)
 }
 

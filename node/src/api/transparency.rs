@@ -9,12 +9,11 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use base64::Engine;
 use lineage_core::heads::{HeadProof, HeadStatement};
-use lineage_core::transparency::{Checkpoint, Hash, NoteSigner};
+use lineage_core::transparency::{Checkpoint, NoteSigner};
 use serde_json::{json, Value};
 
-use super::agents::query_numbers;
+use super::agents::{b64, query_numbers};
 use super::auth::{require_admin, validate_agent_id};
 use super::error::ApiError;
 use crate::app::App;
@@ -25,10 +24,6 @@ type Result<T> = std::result::Result<T, ApiError>;
 
 /// Most leaves one `leaves` request returns.
 pub const MAX_LEAVES_PER_PAGE: u64 = 1000;
-
-fn b64(hash: &Hash) -> String {
-    base64::engine::general_purpose::STANDARD.encode(hash)
-}
 
 fn text(body: String) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
