@@ -19,6 +19,9 @@ use crate::batcher::{Batcher, WriteError};
 use crate::raft_types::{AppendRecords, ApplyOutcome, IdempotentAnswer, NodeId, Raft};
 use crate::store::{AgentSlot, StateMachine};
 
+/// How long a read waits for this leader to apply its whole log before answering 503.
+const READ_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Secrets every node of a cluster shares.
 pub struct ClusterKeys {
     pub audit: AuditKey,
@@ -97,7 +100,22 @@ impl App {
     /// here; otherwise says where the leader is.
     pub async fn lead(&self) -> Result<Lead, ApiError> {
         match self.raft.ensure_linearizable().await {
-            Ok(_) => Ok(Lead::Here),
+            Ok(_) => {
+                // openraft 0.9 reads at max(committed, the leader's first entry of its
+                // term). A leader restarted within its term (kill -9 of every node) has
+                // a committed index rolled back to what was on disk and an old first
+                // entry, so entries acknowledged before the restart may not be applied
+                // yet. Reading at the leader's last log index covers all of them.
+                let last = self.raft.metrics().borrow().last_log_index;
+                self.raft
+                    .wait(Some(READ_CATCH_UP))
+                    .applied_index_at_least(last, "linearizable read")
+                    .await
+                    .map_err(|e| {
+                        ApiError::Unavailable(format!("not caught up for a read yet: {e}"))
+                    })?;
+                Ok(Lead::Here)
+            }
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => match f.leader_node
             {
                 Some(node) if f.leader_id != Some(self.id) => Ok(Lead::Forward(node.addr)),
