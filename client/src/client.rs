@@ -90,6 +90,17 @@ impl Client {
         path: &str,
         body: Option<Value>,
     ) -> Result<T, ClientError> {
+        let text = self.call_text(method, path, body).await?;
+        serde_json::from_str(&text).map_err(|e| ClientError::Decode(format!("{e}: {text}")))
+    }
+
+    /// One logical call with failover and retries; the body of the first 2xx answer.
+    async fn call_text(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<String, ClientError> {
         let key = (method == Method::POST).then(new_idempotency_key);
         let start = Instant::now();
         let mut attempt = 0usize;
@@ -122,8 +133,7 @@ impl Client {
                         .await
                         .map_err(|e| ClientError::Decode(e.to_string()))?;
                     if status.is_success() {
-                        return serde_json::from_str(&text)
-                            .map_err(|e| ClientError::Decode(format!("{e}: {text}")));
+                        return Ok(text);
                     }
                     let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
                     return Err(ClientError::Api {
@@ -305,6 +315,24 @@ impl Client {
     }
 
     /// `GET /v1/cluster` (admin).
+    /// The latest witnessed heads checkpoint (a signed note; public).
+    pub async fn witnessed_checkpoint(&self) -> Result<String, ClientError> {
+        self.call_text(Method::GET, "/v1/transparency/checkpoint/witnessed", None)
+            .await
+    }
+
+    /// The agent's latest head statement with index below `before`, proved in the heads
+    /// tree of `size` (public).
+    pub async fn head_proof(
+        &self,
+        agent_id: &str,
+        size: u64,
+        before: u64,
+    ) -> Result<lineage_core::heads::HeadProof, ClientError> {
+        let path = format!("/v1/agents/{agent_id}/head-proof?size={size}&before={before}");
+        self.call(Method::GET, &path, None).await
+    }
+
     pub async fn cluster(&self) -> Result<Value, ClientError> {
         self.call(Method::GET, "/v1/cluster", None).await
     }

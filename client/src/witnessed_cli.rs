@@ -5,17 +5,16 @@
 //! Everything fetched from the cluster (head proofs, the note) is checked against
 //! those, so a lying cluster can make the check fail but never pass.
 
-use std::io::Write;
-use std::path::Path;
-use std::time::Duration;
-
 use lineage_core::heads::{
     check_log_against_head, log_vkey, verify_witnessed, HeadCheck, HeadProof, Witnessed,
 };
 use lineage_core::record::Record;
 use lineage_core::verify::{verify_file, VerifyOptions};
+use std::io::Write;
+use std::path::Path;
 
 use crate::audit_cli::{EXIT_FAILED, EXIT_OK, EXIT_USAGE};
+use crate::client::{Client, ClientError};
 
 /// Earlier statements fetched to narrow down where a log was rewritten.
 const MAX_EARLIER_STATEMENTS: usize = 64;
@@ -191,18 +190,16 @@ pub async fn fetch_head_proofs(
     agent_id: &str,
     tree_size: u64,
 ) -> Result<Vec<HeadProof>, String> {
-    let http = http_client()?;
+    // The transparency endpoints are public: no token.
+    let client = Client::new(urls, "").map_err(|e| e.to_string())?;
     let mut proofs: Vec<HeadProof> = Vec::new();
     let mut before = tree_size;
     while proofs.len() <= MAX_EARLIER_STATEMENTS {
-        let path = format!("/v1/agents/{agent_id}/head-proof?size={tree_size}&before={before}");
-        let body = match get(&http, urls, &path).await {
-            Ok(body) => body,
-            Err(e) if !proofs.is_empty() && e.contains("404") => break,
-            Err(e) => return Err(e),
+        let proof = match client.head_proof(agent_id, tree_size, before).await {
+            Ok(proof) => proof,
+            Err(ClientError::Api { status: 404, .. }) if !proofs.is_empty() => break,
+            Err(e) => return Err(e.to_string()),
         };
-        let proof: HeadProof =
-            serde_json::from_str(&body).map_err(|e| format!("malformed head proof: {e}"))?;
         if proof.index >= before {
             return Err("the cluster returned a statement out of order".into());
         }
@@ -215,43 +212,11 @@ pub async fn fetch_head_proofs(
     Ok(proofs)
 }
 
-fn http_client() -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| e.to_string())
-}
-
-/// GETs `path` from the first node that answers; a 4xx is the cluster's answer.
-async fn get(http: &reqwest::Client, urls: &[String], path: &str) -> Result<String, String> {
-    let mut last = String::from("no URL given");
-    for base in urls {
-        let url = format!("{}{path}", base.trim_end_matches('/'));
-        match http.get(&url).send().await {
-            Ok(reply) if reply.status().is_server_error() => {
-                last = format!("{url}: {}", reply.status());
-            }
-            Ok(reply) => {
-                let status = reply.status();
-                let body = reply.text().await.map_err(|e| format!("{url}: {e}"))?;
-                return if status.is_success() {
-                    Ok(body)
-                } else {
-                    Err(format!("{url}: {status}: {}", body.trim()))
-                };
-            }
-            Err(e) => last = format!("{url}: {e}"),
-        }
-    }
-    Err(last)
-}
-
 /// `checkpoint fetch`: the cluster's latest witnessed heads checkpoint.
 pub async fn fetch_witnessed(urls: &[String]) -> Result<String, String> {
-    get(
-        &http_client()?,
-        urls,
-        "/v1/transparency/checkpoint/witnessed",
-    )
-    .await
+    let client = Client::new(urls, "").map_err(|e| e.to_string())?;
+    client
+        .witnessed_checkpoint()
+        .await
+        .map_err(|e| e.to_string())
 }

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lineage_client::witnessed_cli::{fetch_head_proofs, verify_log, WitnessedInput};
+use lineage_client::witnessed_cli::{
+    fetch_head_proofs, fetch_witnessed, verify_log, WitnessedInput,
+};
 use lineage_core::record::Record;
 use lineage_core::AuditKey;
 use redb::{ReadableTable, TableDefinition};
@@ -296,6 +298,8 @@ async fn truncation_and_rewrite_are_caught_by_checkpointer_and_auditor() {
             .unwrap(),
     );
     let note = wait_witnessed(&cluster, &["honest", "cut", "rewritten"]).await;
+    // `lineage checkpoint fetch` gets the same note through the client's failover.
+    assert_eq!(fetch_witnessed(&cluster_urls).await.expect("fetch"), note);
 
     // Before any tampering every log passes the auditor's check.
     for agent in ["honest", "cut", "rewritten"] {
