@@ -218,13 +218,21 @@ impl Checkpointer {
             .transpose()
     }
 
-    fn agent_head(&self, agent_id: &str) -> Result<Option<AgentHead>, CheckpointerError> {
+    /// The last accepted heads of these agents, read in one transaction.
+    fn agent_heads<'a>(
+        &self,
+        agent_ids: impl Iterator<Item = &'a str>,
+    ) -> Result<HashMap<String, AgentHead>, CheckpointerError> {
         let txn = self.db.begin_read().map_err(storage)?;
         let table = txn.open_table(AGENT_HEADS).map_err(storage)?;
-        let value = table.get(agent_id).map_err(storage)?;
-        value
-            .map(|v| serde_json::from_str(v.value()).map_err(storage))
-            .transpose()
+        let mut heads = HashMap::new();
+        for agent_id in agent_ids {
+            if let Some(value) = table.get(agent_id).map_err(storage)? {
+                let head = serde_json::from_str(value.value()).map_err(storage)?;
+                heads.insert(agent_id.to_string(), head);
+            }
+        }
+        Ok(heads)
     }
 
     fn witness_size(&self, name: &str) -> Result<u64, CheckpointerError> {
@@ -401,14 +409,13 @@ impl Checkpointer {
             return Ok((accepted, vec![a]));
         }
         let mut alarms = Vec::new();
-        let mut heads: HashMap<String, AgentHead> = HashMap::new();
+        // Each statement is checked against the agent's previous head: the stored one,
+        // or an earlier statement of this same batch.
+        let mut heads = self
+            .agent_heads(statements.iter().map(|s| s.agent_id.as_str()))
+            .map_err(|e| FetchError::Refused(e.to_string()))?;
         for s in &statements {
-            let previous = match heads.get(&s.agent_id) {
-                Some(h) => Some(h.clone()),
-                None => self
-                    .agent_head(&s.agent_id)
-                    .map_err(|e| FetchError::Refused(e.to_string()))?,
-            };
+            let previous = heads.get(&s.agent_id).cloned();
             if let Some(problem) = self.check_statement(previous.as_ref(), s).await? {
                 alarms.push(alarm(
                     "agent_head_inconsistent",
