@@ -17,3 +17,20 @@ pub fn init_tracing() {
         .with_writer(std::io::stderr)
         .init();
 }
+
+/// Resolves on SIGINT or SIGTERM (what `docker stop` and systemd send), for both
+/// binaries' graceful shutdown.
+pub async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = terminate => {},
+    }
+}

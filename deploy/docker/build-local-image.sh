@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
-# Builds a minimal image from a lineage-node binary built on this machine (no registry
-# needed): FROM scratch, the binary, the shared libraries it links, an unprivileged user.
+# Builds a minimal image from binaries built on this machine (no registry needed):
+# FROM scratch, lineage-node with lineage-witness and lineage-checkpointer from the same
+# directory, the shared libraries they link, an unprivileged user. The entrypoint is
+# lineage-node; deploy/compose.yaml runs the witness and checkpointer from the same image.
 # Usage: deploy/docker/build-local-image.sh [BINARY] [TAG]
+#   (cargo build --release --bins first)
 set -euo pipefail
 bin=${1:-target/release/lineage-node}
 tag=${2:-lineage-node:local}
-[ -x "$bin" ] || { echo "no executable at $bin (cargo build --release -p lineage-node)" >&2; exit 2; }
+dir=$(dirname "$bin")
+bins=("$bin" "$dir/lineage-witness" "$dir/lineage-checkpointer")
+for b in "${bins[@]}"; do
+  [ -x "$b" ] || { echo "no executable at $b (cargo build --release --bins)" >&2; exit 2; }
+done
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
 mkdir -p "$ctx/rootfs/bin" "$ctx/rootfs/tmp" "$ctx/rootfs/etc" "$ctx/data"
 cp "$bin" "$ctx/rootfs/bin/lineage-node"
-# The dynamic loader and every library the binary links.
-for lib in $(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
-  mkdir -p "$ctx/rootfs$(dirname "$lib")"
-  cp -L "$lib" "$ctx/rootfs$lib"
+cp "$dir/lineage-witness" "$dir/lineage-checkpointer" "$ctx/rootfs/bin/"
+# The dynamic loader and every library the binaries link.
+for b in "${bins[@]}"; do
+  for lib in $(ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
+    mkdir -p "$ctx/rootfs$(dirname "$lib")"
+    cp -L "$lib" "$ctx/rootfs$lib"
+  done
 done
 echo 'lineage:x:10001:10001:lineage:/data:/bin/lineage-node' > "$ctx/rootfs/etc/passwd"
 echo 'lineage:x:10001:' > "$ctx/rootfs/etc/group"

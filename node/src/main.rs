@@ -77,6 +77,24 @@ enum Command {
     },
     /// Create audit.key, token.key, admin.token and cluster.secret in DIR (0600)
     Keygen { dir: PathBuf },
+    /// Print the heads log's checkpoint verifier key (what a witness is told to trust)
+    Vkey {
+        /// Directory with audit.key
+        #[arg(long, env = "LINEAGE_KEYS_DIR")]
+        keys_dir: PathBuf,
+        /// The heads log's origin, as the nodes are given it
+        #[arg(long, env = "LINEAGE_CLUSTER_NAME", default_value = lineage_node::DEFAULT_CLUSTER_NAME)]
+        cluster_name: String,
+    },
+}
+
+/// The heads log's note verifier key for `cluster_name`, from the audit key in `keys_dir`.
+fn heads_vkey(keys_dir: &Path, cluster_name: &str) -> Result<String, String> {
+    let audit = lineage_core::AuditKey::load(keys_dir.join(keys::AUDIT_KEY))
+        .map_err(|e| format!("audit key: {e}"))?;
+    lineage_core::transparency::NoteSigner::new(cluster_name, &audit)
+        .map(|signer| signer.vkey())
+        .map_err(|e| format!("--cluster-name {cluster_name:?}: {e}"))
 }
 
 fn parse_peers(peers: &[String]) -> Result<Vec<(NodeId, String)>, String> {
@@ -115,6 +133,10 @@ fn main() -> ExitCode {
         Some(Command::Keygen { dir }) => keys::keygen(&dir).map(|()| {
             println!("keys written to {} (mode 0600)", dir.display());
         }),
+        Some(Command::Vkey {
+            keys_dir,
+            cluster_name,
+        }) => heads_vkey(&keys_dir, &cluster_name).map(|vkey| println!("{vkey}")),
         Some(Command::Run {
             id,
             listen,
@@ -289,12 +311,7 @@ fn start_transparency(
     if !witness_bin.exists() || !checkpointer_bin.exists() {
         return Err("build them with `cargo build --release --bins`".into());
     }
-    let audit = lineage_core::AuditKey::load(keys_dir.join(keys::AUDIT_KEY))
-        .map_err(|e| format!("audit key: {e}"))?;
-    let log_vkey =
-        lineage_core::transparency::NoteSigner::new(lineage_node::DEFAULT_CLUSTER_NAME, &audit)
-            .map_err(|e| e.to_string())?
-            .vkey();
+    let log_vkey = heads_vkey(keys_dir, lineage_node::DEFAULT_CLUSTER_NAME)?;
     let wdir = data_dir.join("witness");
     let witness = |args: &[&str]| {
         std::process::Command::new(&witness_bin)
@@ -308,14 +325,6 @@ fn start_transparency(
     if !wdir.join("witness.key").exists() {
         witness(&["keygen"])?;
     }
-    // Refused harmlessly when this origin is trusted already.
-    witness(&[
-        "add-log",
-        "--origin",
-        lineage_node::DEFAULT_CLUSTER_NAME,
-        "--vkey",
-        &log_vkey,
-    ])?;
     let vkey_out = witness(&["vkey"])?;
     let witness_vkey = String::from_utf8_lossy(&vkey_out.stdout).trim().to_string();
     let witness_addr = format!("127.0.0.1:{witness_port}");
@@ -323,6 +332,8 @@ fn start_transparency(
         .arg("--data-dir")
         .arg(&wdir)
         .args(["--name", "dev.witness/w1", "--listen", &witness_addr])
+        .arg("--trust-log")
+        .arg(&log_vkey)
         .stdout(std::process::Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start the witness: {e}"))?;

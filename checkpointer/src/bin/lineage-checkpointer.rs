@@ -128,7 +128,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut done = 0u64;
-    let stop = shutdown_signal();
+    let stop = lineage_checkpointer::shutdown_signal();
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -149,20 +149,5 @@ async fn run(cli: Cli) -> Result<(), String> {
         if cli.rounds.is_some_and(|n| done >= n) {
             return Ok(());
         }
-    }
-}
-
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = terminate => {},
     }
 }

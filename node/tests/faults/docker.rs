@@ -1,5 +1,6 @@
-//! Network partitions between real hosts: the three-node `deploy/compose.yaml` stack, run
-//! from an image built from this build's own binary, with links cut by
+//! Network partitions between real hosts: the `deploy/compose.yaml` stack (three nodes, a
+//! witness, a checkpointer), provisioned by `deploy/provision-keys.sh` and run from an
+//! image built from this build's own binaries, with links cut by
 //! `docker network disconnect`. Needs a Docker engine and docker-compose; says clearly
 //! when it skips (and fails instead when `LINEAGE_REQUIRE_DOCKER` is set).
 
@@ -27,23 +28,28 @@ fn docker_available() -> bool {
     run(Command::new("docker").arg("info")) && run(Command::new("docker-compose").arg("version"))
 }
 
-/// One compose project: three containers, their keys, their published ports.
+/// One compose project: its containers, their keys, their published ports.
 struct Stack {
     project: String,
     keys: tempfile::TempDir,
     ports: Vec<u16>,
+    witness_port: u16,
 }
 
 impl Stack {
     fn compose(&self) -> Command {
         let mut command = Command::new("docker-compose");
         command
+            .arg("--env-file")
+            .arg(self.keys.path().join("compose.env"))
             .arg("-p")
             .arg(&self.project)
             .arg("-f")
             .arg(repo().join("deploy/compose.yaml"))
-            .env("LINEAGE_KEYS", self.keys.path())
-            .env("LINEAGE_IMAGE", "lineage-node:test");
+            .env("LINEAGE_IMAGE", "lineage-node:test")
+            .env("LINEAGE_WITNESS_PORT", self.witness_port.to_string())
+            // Not scraped here; any free port keeps parallel stacks apart.
+            .env("LINEAGE_CHECKPOINTER_PORT", free_port().to_string());
         for (i, port) in self.ports.iter().enumerate() {
             command.env(format!("LINEAGE_PORT_{}", i + 1), port.to_string());
         }
@@ -52,14 +58,16 @@ impl Stack {
 
     fn up(name: &str) -> Stack {
         let keys = tempfile::tempdir().unwrap();
-        assert!(run(Command::new(env!("CARGO_BIN_EXE_lineage-node"))
-            .arg("keygen")
-            .arg(keys.path().join("k"))));
+        let bin_dir = Path::new(env!("CARGO_BIN_EXE_lineage-node"))
+            .parent()
+            .unwrap();
+        assert!(
+            run(Command::new(repo().join("deploy/provision-keys.sh"))
+                .arg(keys.path())
+                .arg(bin_dir)),
+            "deploy/provision-keys.sh failed"
+        );
         // Secrets are bind-mounted: the container's unprivileged user must read them.
-        for entry in std::fs::read_dir(keys.path().join("k")).unwrap() {
-            let entry = entry.unwrap();
-            std::fs::rename(entry.path(), keys.path().join(entry.file_name())).unwrap();
-        }
         assert!(run(Command::new("chown")
             .arg("-R")
             .arg("10001:10001")
@@ -69,6 +77,7 @@ impl Stack {
             project: format!("lineagetest{}{}", std::process::id(), name.replace('-', "")),
             keys,
             ports,
+            witness_port: free_port(),
         };
         assert!(
             run(stack.compose().args(["up", "-d"])),
@@ -86,6 +95,14 @@ impl Stack {
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect()
+    }
+
+    /// A value `provision-keys.sh` wrote into compose.env.
+    fn env_value(&self, name: &str) -> String {
+        let env = std::fs::read_to_string(self.keys.path().join("compose.env")).unwrap();
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")).map(str::to_string))
+            .unwrap_or_else(|| panic!("{name} missing from compose.env"))
     }
 
     fn container(&self, i: usize) -> String {
@@ -118,6 +135,43 @@ impl Stack {
     }
 }
 
+/// Waits (bounded) until the cluster serves a heads checkpoint of at least one statement
+/// cosigned by the stack's witness: the checkpointer fetched it, the witness trusted the
+/// cluster's key and cosigned, and the checkpointer stored the cosigned note back.
+async fn assert_witnessed(stack: &Stack, cluster: &Cluster) {
+    let log_vkey = stack.env_value("LINEAGE_CLUSTER_VKEY");
+    let witness_vkey = stack.env_value("LINEAGE_WITNESS_VKEY");
+    let mut last = String::from("nothing fetched");
+    for _ in 0..120 {
+        for i in 0..3 {
+            let reply = cluster
+                .http
+                .get(cluster.url(i, "/v1/transparency/checkpoint/witnessed"))
+                .send()
+                .await;
+            let Ok(reply) = reply else { continue };
+            let status = reply.status().as_u16();
+            let note = reply.text().await.unwrap_or_default();
+            if status != 200 {
+                last = format!("{status}: {note}");
+                continue;
+            }
+            match lineage_core::heads::verify_witnessed(
+                &note,
+                &log_vkey,
+                std::slice::from_ref(&witness_vkey),
+                1,
+            ) {
+                Ok(w) if w.checkpoint.size >= 1 => return,
+                Ok(w) => last = format!("witnessed at size {}", w.checkpoint.size),
+                Err(e) => last = format!("{e}: {note}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("no checkpoint cosigned by the compose witness within 60 s; last: {last}");
+}
+
 impl Drop for Stack {
     fn drop(&mut self) {
         let _ = run(self.compose().args(["down", "-v", "--timeout", "1"]));
@@ -147,7 +201,7 @@ async fn network_partitions_in_docker() {
     let cluster = Arc::new(Cluster::attach(stack.addrs(), stack.admin()).await);
     run_scenario_on(
         "docker-leader-partitioned",
-        cluster,
+        cluster.clone(),
         async |cluster: &Cluster| {
             let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
             stack.disconnect(leader);
@@ -156,6 +210,7 @@ async fn network_partitions_in_docker() {
         },
     )
     .await;
+    assert_witnessed(&stack, &cluster).await;
     drop(stack);
 
     // One follower cut off, then healed.

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Creates every key a deployment needs in KEYS_DIR, and KEYS_DIR/compose.env with the
+# verifier keys that tie the parts together, for `docker-compose --env-file`:
+#   the cluster's keys (audit.key, token.key, admin.token, cluster.secret),
+#   the witness's signing key (witness.key),
+#   LINEAGE_CLUSTER_VKEY (the heads log's key, which the witness trusts and the
+#   checkpointer pins) and LINEAGE_WITNESS_VKEY (whose cosignatures the checkpointer checks).
+# Refuses to overwrite existing keys. Containers run as uid 10001: as root, run
+# `chown -R 10001:10001 KEYS_DIR` afterwards so they can read their secrets.
+# Usage: deploy/provision-keys.sh KEYS_DIR [BIN_DIR] [CLUSTER_NAME] [WITNESS_NAME]
+set -euo pipefail
+[ $# -ge 1 ] || { sed -n '2,10p' "$0" >&2; exit 2; }
+keys=$1
+bin_dir=${2:-target/release}
+cluster_name=${3:-lineage.local/cluster}
+witness_name=${4:-lineage.local/witness1}
+for b in lineage-node lineage-witness; do
+  [ -x "$bin_dir/$b" ] || { echo "no $bin_dir/$b (cargo build --release --bins)" >&2; exit 2; }
+done
+"$bin_dir/lineage-node" keygen "$keys" >/dev/null
+witness_vkey=$("$bin_dir/lineage-witness" --name "$witness_name" \
+  --key-file "$keys/witness.key" keygen)
+cluster_vkey=$("$bin_dir/lineage-node" vkey --keys-dir "$keys" --cluster-name "$cluster_name")
+keys_abs=$(cd "$keys" && pwd)
+umask 077
+cat > "$keys/compose.env" <<ENV
+LINEAGE_KEYS=$keys_abs
+LINEAGE_CLUSTER_NAME=$cluster_name
+LINEAGE_CLUSTER_VKEY=$cluster_vkey
+LINEAGE_WITNESS_NAME=$witness_name
+LINEAGE_WITNESS_VKEY=$witness_vkey
+ENV
+echo "keys and $keys/compose.env written"
