@@ -393,3 +393,106 @@ fn it_refuses_to_sign_when_its_clock_went_backwards() {
         )
         .is_err());
 }
+
+/// The container way to run it: the key from a secret file, the log trusted by a start
+/// flag (no `add-log` step, no shell), again at every restart without losing state, and
+/// a start refused when the flag names a trusted origin with another key.
+#[tokio::test]
+async fn trusting_a_log_at_start_with_a_key_file() {
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("witness.key");
+    let data = tempfile::tempdir().unwrap();
+    let out = witness_cmd(data.path())
+        .arg("--key-file")
+        .arg(&key_file)
+        .arg("keygen")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let vkey = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert_eq!(
+        std::fs::read_dir(data.path()).unwrap().count(),
+        0,
+        "keygen with --key-file writes only the key"
+    );
+    let log_key = AuditKey::from_seed([21; 32]);
+    let log_vkey = NoteSigner::new(ORIGIN, &log_key).unwrap().vkey();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut witness = Witness {
+        child: None,
+        dir: data,
+        listen: format!("127.0.0.1:{port}"),
+        vkey,
+    };
+    let start_with = |witness: &Witness, trusted: &str| {
+        witness_cmd(witness.dir.path())
+            .arg("--key-file")
+            .arg(&key_file)
+            .args(["--trust-log", trusted, "--listen", &witness.listen])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let wait_listening = async |witness: &Witness| {
+        let start = Instant::now();
+        while tokio::net::TcpStream::connect(&witness.listen)
+            .await
+            .is_err()
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "witness did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let tree = leaves(4, "trust-flag");
+
+    witness.child = Some(start_with(&witness, &log_vkey));
+    wait_listening(&witness).await;
+    let (status, _, body) = witness
+        .submit(request(&log_key, ORIGIN, 0, &tree[..2], None))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let text2 = Checkpoint {
+        origin: ORIGIN.into(),
+        size: 2,
+        root: root(&tree[..2]),
+    }
+    .text();
+    check_cosignature(&body, &witness.vkey, &text2);
+    witness.kill();
+
+    // The same flag at the next start is a no-op: what was cosigned stays.
+    witness.child = Some(start_with(&witness, &log_vkey));
+    wait_listening(&witness).await;
+    let (status, _, body) = witness
+        .submit(request(&log_key, ORIGIN, 0, &tree[..4], None))
+        .await;
+    assert_eq!(status, 409, "the witness remembers size 2: {body}");
+    assert_eq!(body.trim(), "2");
+    witness.kill();
+
+    // Another key for the same origin: the start is refused, clearly.
+    let other = NoteSigner::new(ORIGIN, &AuditKey::from_seed([22; 32]))
+        .unwrap()
+        .vkey();
+    let refused = start_with(&witness, &other).wait_with_output().unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("already configured with another key"),
+        "{stderr}"
+    );
+    // And a value that is not a verifier key at all.
+    let garbage = start_with(&witness, "not-a-key")
+        .wait_with_output()
+        .unwrap();
+    assert!(!garbage.status.success());
+    assert!(String::from_utf8_lossy(&garbage.stderr).contains("--trust-log"));
+}
