@@ -124,7 +124,7 @@ impl Metrics {
         let log_append_duration = must(Histogram::with_opts(
             HistogramOpts::new(
                 "raft_log_append_duration_seconds",
-                "Durable Raft log appends (one redb commit each).",
+                "Durable Raft log writes (one group commit each: write + fdatasync).",
             )
             .buckets(vec![
                 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,

@@ -226,6 +226,16 @@ async fn a_record_edited_on_disk_is_caught_at_start_up() {
     let mut node = Node::new();
     node.start().await;
     node.setup_agents().await;
+    // Applies commit to disk with an fsync at most once a second (the Raft log is the
+    // durable copy); one more write after that puts the victim's records in the file.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    node.call(
+        reqwest::Method::POST,
+        "/v1/agents/bystander/actions",
+        ADMIN,
+        Some(json!({"tool": "pay"})),
+    )
+    .await;
     node.kill();
     tamper(node.data.path());
     node.start().await;

@@ -318,9 +318,12 @@ async fn prometheus_fires_the_quarantine_and_scar_burst_alerts() {
             .await;
     }
     // A quarantine: node 3's copy of one agent is edited on disk while it is down.
+    // Applies reach the disk with an fsync at most once a second; node 3 applied the
+    // noisy writes seconds after the victim's, so the victim's records are in its file.
     cluster
         .converged_log("victim", Duration::from_secs(10))
         .await;
+    cluster.converged_log("noisy", Duration::from_secs(10)).await;
     cluster.kill(2);
     {
         let db = redb::Database::create(cluster.dir.path().join("node-3/node.redb")).unwrap();

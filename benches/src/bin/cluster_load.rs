@@ -236,7 +236,41 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
         p99: pick(0.99),
     };
     check_replicas_agree(&http, cluster, args.agents).await?;
+    for (i, url) in cluster.urls.iter().enumerate() {
+        println!("  node {}: {}", i + 1, time_breakdown(&http, url).await);
+    }
     Ok(result)
+}
+
+/// Where a node's time went, from its own histograms: durable log writes (group
+/// commits), Raft appends it served as a follower, and decisions it served.
+async fn time_breakdown(http: &reqwest::Client, url: &str) -> String {
+    let Ok(reply) = http.get(format!("{url}/metrics")).send().await else {
+        return "metrics unavailable".into();
+    };
+    let text = reply.text().await.unwrap_or_default();
+    let sum_count = |name: &str, filter: &str| {
+        let pick = |suffix: &str| -> f64 {
+            text.lines()
+                .filter(|l| l.contains(&format!("{name}{suffix}")) && l.contains(filter))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        (pick("_sum"), pick("_count"))
+    };
+    let mean = |(sum, count): (f64, f64)| {
+        if count > 0.0 {
+            format!("{count:.0} × {:.3} ms", sum / count * 1e3)
+        } else {
+            "none".into()
+        }
+    };
+    format!(
+        "log writes {}, raft appends served {}, decisions served {}",
+        mean(sum_count("raft_log_append_duration_seconds", "")),
+        mean(sum_count("http_request_duration_seconds", "/raft/append")),
+        mean(sum_count("http_request_duration_seconds", "/actions")),
+    )
 }
 
 /// Every node's own copy of every agent's log must be identical once replication settles.

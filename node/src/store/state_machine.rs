@@ -59,7 +59,15 @@ pub struct SmData {
     /// Records folded while loading from disk (what start-up cost).
     pub records_replayed_at_open: u64,
     pub heads: HeadsLog,
+    /// When an apply last committed durably (see `DURABLE_APPLY_EVERY`).
+    last_durable_apply: Option<std::time::Instant>,
 }
+
+/// How often an apply commits durably. Between, applies commit without fsync: the Raft
+/// log is the durable copy, and a crash rolls the state machine back to its last durable
+/// commit, from where openraft re-applies the log. Durable commits also let redb reuse
+/// the pages earlier commits freed, so the file does not grow without bound.
+const DURABLE_APPLY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The whole state machine as a snapshot carries it.
 #[derive(Serialize, Deserialize)]
@@ -299,10 +307,16 @@ impl StateMachine {
         entries: Vec<Entry<TypeConfig>>,
     ) -> Result<Vec<BatchOutcome>, StorageError> {
         let mut txn = self.db.begin_write().map_err(sm_write_err)?;
-        // The Raft log is the durable copy: applied state needs no fsync of its own. A
-        // crash rolls it back to the last durable commit (the next log append makes it
-        // durable), records and last_applied together, and openraft re-applies the rest.
-        txn.set_durability(redb::Durability::None);
+        // Records and last_applied commit together, so a rollback keeps them consistent.
+        let now = std::time::Instant::now();
+        let durable = data
+            .last_durable_apply
+            .is_none_or(|at| now.duration_since(at) >= DURABLE_APPLY_EVERY);
+        if durable {
+            data.last_durable_apply = Some(now);
+        } else {
+            txn.set_durability(redb::Durability::None);
+        }
         let mut outcomes = Vec::with_capacity(entries.len());
         {
             let mut records_table = txn.open_table(RECORDS).map_err(sm_write_err)?;

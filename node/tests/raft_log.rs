@@ -1,0 +1,173 @@
+//! The Raft log's segment files on a real disk: what survives a reopen, a torn write at
+//! the end, corruption elsewhere, and truncate/purge across segments.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use lineage_node::raft_types::TypeConfig;
+use lineage_node::store::LogStore;
+use openraft::storage::RaftLogStorage;
+use openraft::testing::log_id;
+use openraft::{Entry, EntryPayload, RaftLogReader, Vote};
+
+fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(term, 1, index),
+        payload: EntryPayload::Blank,
+    }
+}
+
+fn blanks(term: u64, indexes: std::ops::RangeInclusive<u64>) -> Vec<Entry<TypeConfig>> {
+    indexes.map(|i| blank(term, i)).collect()
+}
+
+async fn indexes(log: &mut LogStore) -> Vec<u64> {
+    let mut reader = log.get_log_reader().await;
+    reader
+        .try_get_log_entries(0..)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.log_id.index)
+        .collect()
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    found.sort();
+    found
+}
+
+#[tokio::test]
+async fn entries_vote_and_purge_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = LogStore::open(dir.path()).unwrap();
+        log.save_vote(&Vote::new(3, 1)).await.unwrap();
+        log.append_and_wait(blanks(1, 1..=5)).await.unwrap();
+        log.append_and_wait(blanks(2, 6..=8)).await.unwrap();
+        log.purge(log_id(1, 1, 2)).await.unwrap();
+    }
+    let mut log = LogStore::open(dir.path()).unwrap();
+    assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(3, 1)));
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 1, 2)));
+    assert_eq!(state.last_log_id, Some(log_id(2, 1, 8)));
+    assert_eq!(indexes(&mut log).await, (3..=8).collect::<Vec<_>>());
+    // It goes on where it stopped.
+    log.append_and_wait(vec![blank(2, 9)]).await.unwrap();
+    assert_eq!(indexes(&mut log).await.last(), Some(&9));
+}
+
+#[tokio::test]
+async fn a_torn_write_at_the_end_is_cut_and_nothing_acknowledged_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = LogStore::open(dir.path()).unwrap();
+        log.append_and_wait(blanks(1, 1..=6)).await.unwrap();
+    }
+    // A crash mid-write: half a frame header and part of a payload at the end.
+    let last = segments(dir.path()).pop().unwrap();
+    let intact_len = std::fs::metadata(&last).unwrap().len();
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&last)
+        .unwrap();
+    file.write_all(&[200, 0, 0, 0, 1, 2, 3, 4, b'{', b'"'])
+        .unwrap();
+    drop(file);
+
+    let mut log = LogStore::open(dir.path()).unwrap();
+    assert_eq!(indexes(&mut log).await, (1..=6).collect::<Vec<_>>());
+    assert_eq!(std::fs::metadata(&last).unwrap().len(), intact_len);
+    log.append_and_wait(vec![blank(1, 7)]).await.unwrap();
+    drop(log);
+    let mut log = LogStore::open(dir.path()).unwrap();
+    assert_eq!(indexes(&mut log).await, (1..=7).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn corruption_before_the_last_segment_stops_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // Small segments: several of them.
+        let mut log = LogStore::open_with_segment_bytes(dir.path(), 200).unwrap();
+        for i in 1..=12 {
+            log.append_and_wait(vec![blank(1, i)]).await.unwrap();
+        }
+    }
+    let files = segments(dir.path());
+    assert!(files.len() >= 3, "{files:?}");
+    // Flip one payload byte in the first segment.
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    bytes[10] ^= 0x20;
+    std::fs::write(&files[0], bytes).unwrap();
+    let error = LogStore::open(dir.path()).err().expect("refused");
+    assert!(error.contains("raft log corrupt"), "{error}");
+    assert!(
+        error.contains(&files[0].display().to_string()),
+        "names the file: {error}"
+    );
+}
+
+#[tokio::test]
+async fn truncate_and_purge_across_segments_then_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = LogStore::open_with_segment_bytes(dir.path(), 200).unwrap();
+        for i in 1..=30 {
+            log.append_and_wait(vec![blank(1, i)]).await.unwrap();
+        }
+        let before = segments(dir.path()).len();
+        log.purge(log_id(1, 1, 10)).await.unwrap();
+        assert!(
+            segments(dir.path()).len() < before,
+            "whole purged segments are deleted"
+        );
+        log.truncate(log_id(1, 1, 20)).await.unwrap();
+        assert_eq!(indexes(&mut log).await, (11..=19).collect::<Vec<_>>());
+        // A new leader's entries replace the truncated ones.
+        log.append_and_wait(blanks(2, 20..=22)).await.unwrap();
+    }
+    let mut log = LogStore::open_with_segment_bytes(dir.path(), 200).unwrap();
+    assert_eq!(indexes(&mut log).await, (11..=22).collect::<Vec<_>>());
+    let mut reader = log.get_log_reader().await;
+    let tail = reader.try_get_log_entries(19..=20).await.unwrap();
+    assert_eq!(tail[0].log_id, log_id(1, 1, 19));
+    assert_eq!(tail[1].log_id, log_id(2, 1, 20));
+    // Purging past the end (a snapshot replaced everything): the log restarts after it.
+    log.purge(log_id(2, 1, 40)).await.unwrap();
+    assert!(indexes(&mut log).await.is_empty());
+    assert!(segments(dir.path()).is_empty());
+    log.append_and_wait(vec![blank(3, 41)]).await.unwrap();
+    drop(log);
+    let mut log = LogStore::open(dir.path()).unwrap();
+    assert_eq!(indexes(&mut log).await, vec![41]);
+    assert_eq!(
+        log.get_log_state().await.unwrap().last_purged_log_id,
+        Some(log_id(2, 1, 40))
+    );
+}
+
+#[tokio::test]
+async fn entries_within_one_append_must_be_consecutive() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = LogStore::open(dir.path()).unwrap();
+    log.append_and_wait(blanks(1, 1..=3)).await.unwrap();
+    // Entries within one append must be consecutive.
+    let error = log
+        .append_and_wait(vec![blank(1, 4), blank(1, 6)])
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("continues at 5"), "{error}");
+    // Nothing of the refused append was taken.
+    assert_eq!(indexes(&mut log).await, vec![1, 2, 3]);
+    log.append_and_wait(vec![blank(1, 4)]).await.unwrap();
+    drop(log);
+    let mut log = LogStore::open(dir.path()).unwrap();
+    assert_eq!(indexes(&mut log).await, vec![1, 2, 3, 4]);
+}
