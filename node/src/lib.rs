@@ -53,7 +53,13 @@ pub struct NodeConfig {
     pub cluster_name: String,
     /// How often the leader appends a heads round for the agents that changed.
     pub heads_interval: Duration,
+    /// How often an apply commits the state machine with an fsync (zero: every apply).
+    pub state_fsync_interval: Duration,
 }
+
+/// Default milliseconds between the state machine's fsynced commits (see
+/// `store::state_machine`): rare enough that the fsync stall stays out of p99 latency.
+pub const DEFAULT_STATE_FSYNC_INTERVAL_MS: u64 = 5_000;
 
 /// Default [`NodeConfig::cluster_name`].
 pub const DEFAULT_CLUSTER_NAME: &str = "lineage.local/cluster";
@@ -88,7 +94,8 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     lineage_core::transparency::NoteSigner::new(&config.cluster_name, &keys.audit)
         .map_err(|e| format!("--cluster-name: {e}"))?;
     let metrics = Arc::new(metrics::Metrics::new(config.id));
-    let (log_store, state_machine) = store::open(&config.data_dir)?;
+    let (log_store, state_machine) =
+        store::open_with(&config.data_dir, config.state_fsync_interval)?;
     let log_store = log_store.with_append_timer(metrics.log_append_duration.clone());
     let committed_index = log_store.committed_index.clone();
     let http = reqwest::Client::builder()

@@ -65,6 +65,10 @@ enum Command {
         /// Milliseconds between heads-log rounds
         #[arg(long, env = "LINEAGE_HEADS_INTERVAL_MS", default_value_t = lineage_node::heads_rounds::DEFAULT_HEADS_INTERVAL_MS)]
         heads_interval_ms: u64,
+        /// Milliseconds between the state machine's fsynced commits (0: every apply); the
+        /// Raft log is always fsynced before anything is acknowledged
+        #[arg(long, env = "LINEAGE_STATE_FSYNC_INTERVAL_MS", default_value_t = lineage_node::DEFAULT_STATE_FSYNC_INTERVAL_MS)]
+        state_fsync_interval_ms: u64,
     },
     /// Run a local cluster on 127.0.0.1 (ports P, P+1, …) until Ctrl-C
     Dev {
@@ -148,6 +152,7 @@ fn main() -> ExitCode {
             scrub_interval_secs,
             cluster_name,
             heads_interval_ms,
+            state_fsync_interval_ms,
         }) => parse_peers(&peers).and_then(|peers| {
             serve(NodeConfig {
                 id,
@@ -161,6 +166,7 @@ fn main() -> ExitCode {
                 scrub_interval: scrub_interval(scrub_interval_secs),
                 cluster_name,
                 heads_interval: std::time::Duration::from_millis(heads_interval_ms.max(10)),
+                state_fsync_interval: std::time::Duration::from_millis(state_fsync_interval_ms),
             })
         }),
         Some(Command::Dev {
@@ -210,6 +216,12 @@ fn reference_mode() -> Result<(), String> {
             .map_err(|_| format!("LINEAGE_SCRUB_INTERVAL_SECS {v:?} is not a number"))?,
         Err(_) => lineage_node::DEFAULT_SCRUB_INTERVAL_SECS,
     };
+    let state_fsync_ms = match std::env::var("LINEAGE_STATE_FSYNC_INTERVAL_MS") {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| format!("LINEAGE_STATE_FSYNC_INTERVAL_MS {v:?} is not a number"))?,
+        Err(_) => lineage_node::DEFAULT_STATE_FSYNC_INTERVAL_MS,
+    };
     let keys_dir = data_dir.join("keys");
     keys::create_missing(&keys_dir, admin_token.is_some())?;
     println!("lineage-node listening on http://{listen}");
@@ -235,6 +247,7 @@ fn reference_mode() -> Result<(), String> {
         heads_interval: std::time::Duration::from_millis(
             lineage_node::heads_rounds::DEFAULT_HEADS_INTERVAL_MS,
         ),
+        state_fsync_interval: std::time::Duration::from_millis(state_fsync_ms),
     })
 }
 

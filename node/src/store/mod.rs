@@ -16,6 +16,17 @@ pub const RAFT_LOG_DIR: &str = "raft-log";
 
 /// Opens (or creates) the node's log and state machine.
 pub fn open(data_dir: &Path) -> Result<(LogStore, StateMachine), String> {
+    open_with(
+        data_dir,
+        std::time::Duration::from_millis(crate::DEFAULT_STATE_FSYNC_INTERVAL_MS),
+    )
+}
+
+/// `open`, with the state machine fsyncing its commits at most every `state_fsync_interval`.
+pub fn open_with(
+    data_dir: &Path,
+    state_fsync_interval: std::time::Duration,
+) -> Result<(LogStore, StateMachine), String> {
     std::fs::create_dir_all(data_dir)
         .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
     let path = data_dir.join("node.redb");
@@ -23,7 +34,9 @@ pub fn open(data_dir: &Path) -> Result<(LogStore, StateMachine), String> {
         .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     refuse_redb_raft_log(&db, data_dir)?;
     let log = LogStore::open(&data_dir.join(RAFT_LOG_DIR)).map_err(|e| format!("raft log: {e}"))?;
-    let sm = StateMachine::open(Arc::new(db)).map_err(|e| format!("state machine: {e}"))?;
+    let sm = StateMachine::open(Arc::new(db))
+        .map_err(|e| format!("state machine: {e}"))?
+        .with_fsync_interval(state_fsync_interval);
     Ok((log, sm))
 }
 

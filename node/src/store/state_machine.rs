@@ -59,15 +59,9 @@ pub struct SmData {
     /// Records folded while loading from disk (what start-up cost).
     pub records_replayed_at_open: u64,
     pub heads: HeadsLog,
-    /// When an apply last committed durably (see `DURABLE_APPLY_EVERY`).
+    /// When an apply last committed durably (see `StateMachine::fsync_interval`).
     last_durable_apply: Option<std::time::Instant>,
 }
-
-/// How often an apply commits durably. Between, applies commit without fsync: the Raft
-/// log is the durable copy, and a crash rolls the state machine back to its last durable
-/// commit, from where openraft re-applies the log. Durable commits also let redb reuse
-/// the pages earlier commits freed, so the file does not grow without bound.
-const DURABLE_APPLY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The whole state machine as a snapshot carries it.
 #[derive(Serialize, Deserialize)]
@@ -86,6 +80,11 @@ pub struct StateMachine {
     db: Arc<Database>,
     pub data: Arc<RwLock<SmData>>,
     current_snapshot: Arc<RwLock<Option<StoredSnapshot>>>,
+    /// How often an apply commits durably. Between, applies commit without fsync: the
+    /// Raft log is the durable copy, and a crash rolls the state machine back to its last
+    /// durable commit, from where openraft re-applies the log. Durable commits also let
+    /// redb reuse the pages earlier commits freed, so the file does not grow unbounded.
+    fsync_interval: std::time::Duration,
 }
 
 fn sm_read_err(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
@@ -177,10 +176,18 @@ impl StateMachine {
             db,
             data: Arc::new(RwLock::new(SmData::default())),
             current_snapshot: Arc::new(RwLock::new(None)),
+            fsync_interval: std::time::Duration::from_millis(
+                crate::DEFAULT_STATE_FSYNC_INTERVAL_MS,
+            ),
         };
         let loaded = sm.load_from_disk()?;
         *sm.write_data() = loaded;
         Ok(sm)
+    }
+
+    pub fn with_fsync_interval(mut self, interval: std::time::Duration) -> Self {
+        self.fsync_interval = interval;
+        self
     }
 
     fn write_data(&self) -> std::sync::RwLockWriteGuard<'_, SmData> {
@@ -311,7 +318,7 @@ impl StateMachine {
         let now = std::time::Instant::now();
         let durable = data
             .last_durable_apply
-            .is_none_or(|at| now.duration_since(at) >= DURABLE_APPLY_EVERY);
+            .is_none_or(|at| now.duration_since(at) >= self.fsync_interval);
         if durable {
             data.last_durable_apply = Some(now);
         } else {
