@@ -53,7 +53,7 @@ pub struct NodeConfig {
     pub cluster_name: String,
     /// How often the leader appends a heads round for the agents that changed.
     pub heads_interval: Duration,
-    /// How often an apply commits the state machine with an fsync (zero: every apply).
+    /// How often the state machine commits with an fsync (zero: every commit).
     pub state_fsync_interval: Duration,
 }
 

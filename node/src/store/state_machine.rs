@@ -23,6 +23,7 @@ use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::heads::{self, HeadsLog, HeadsSnapshot};
+use super::sm_writer::{RowBatch, SmWriter, Tables};
 use crate::raft_types::{
     AppendRecords, ApplyOutcome, Batch, BatchOutcome, IdempotentAnswer, NodeId, Proposal,
     StorageError, TypeConfig,
@@ -59,9 +60,62 @@ pub struct SmData {
     /// Records folded while loading from disk (what start-up cost).
     pub records_replayed_at_open: u64,
     pub heads: HeadsLog,
-    /// When an apply last committed durably (see `StateMachine::fsync_interval`).
-    last_durable_apply: Option<std::time::Instant>,
+    /// Rows applied in memory that the writer has not committed yet (`sm_writer`).
+    unflushed: Unflushed,
 }
+
+/// The overlay of rows on their way to redb: reads consult it before the tables.
+#[derive(Debug, Default)]
+struct Unflushed {
+    records: BTreeMap<(String, u64), String>,
+    idempotency: std::collections::HashMap<String, Vec<u8>>,
+    /// Each batch's keys, oldest first, to drop them once the batch is committed.
+    batches: std::collections::VecDeque<UnflushedKeys>,
+}
+
+#[derive(Debug)]
+struct UnflushedKeys {
+    seq: u64,
+    records: Vec<(String, u64)>,
+    idempotency: Vec<String>,
+}
+
+impl Unflushed {
+    /// Forgets rows of batches committed through `flushed` (they are in redb now).
+    fn prune(&mut self, flushed: u64) {
+        while self.batches.front().is_some_and(|b| b.seq <= flushed) {
+            let Some(batch) = self.batches.pop_front() else {
+                break;
+            };
+            for key in &batch.records {
+                self.records.remove(key);
+            }
+            for key in &batch.idempotency {
+                self.idempotency.remove(key);
+            }
+        }
+    }
+
+    fn add(&mut self, rows: &RowBatch) {
+        let mut keys = UnflushedKeys {
+            seq: rows.seq,
+            records: Vec::with_capacity(rows.records.len()),
+            idempotency: Vec::with_capacity(rows.idempotency.len()),
+        };
+        for (agent, seq, line) in &rows.records {
+            self.records.insert((agent.clone(), *seq), line.clone());
+            keys.records.push((agent.clone(), *seq));
+        }
+        for (key, value) in &rows.idempotency {
+            self.idempotency.insert(key.clone(), value.clone());
+            keys.idempotency.push(key.clone());
+        }
+        self.batches.push_back(keys);
+    }
+}
+
+/// Batches written behind before an apply waits for the writer (backpressure).
+const MAX_UNFLUSHED_BATCHES: usize = 256;
 
 /// The whole state machine as a snapshot carries it.
 #[derive(Serialize, Deserialize)]
@@ -80,12 +134,23 @@ pub struct StateMachine {
     db: Arc<Database>,
     pub data: Arc<RwLock<SmData>>,
     current_snapshot: Arc<RwLock<Option<StoredSnapshot>>>,
-    /// How often an apply commits durably. Between, applies commit without fsync: the
+    /// Commits applied rows behind the applies (and durably every fsync interval: the
     /// Raft log is the durable copy, and a crash rolls the state machine back to its last
-    /// durable commit, from where openraft re-applies the log. Durable commits also let
-    /// redb reuse the pages earlier commits freed, so the file does not grow unbounded.
-    fsync_interval: std::time::Duration,
+    /// durable commit, from where openraft re-applies the log; durable commits also let
+    /// redb reuse the pages earlier commits freed, so the file does not grow unbounded).
+    writer: SmWriter,
+    /// Numbers row batches for the writer; never reset, so "flushed through" stays true.
+    next_batch: Arc<std::sync::atomic::AtomicU64>,
 }
+
+const WRITER_TABLES: Tables = Tables {
+    records: RECORDS,
+    idempotency: IDEMPOTENCY,
+    agent_index: AGENT_INDEX,
+    meta: SM_META,
+    applied_key: APPLIED_KEY,
+    membership_key: MEMBERSHIP_KEY,
+};
 
 fn sm_read_err(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
     StorageIOError::read_state_machine(openraft::AnyError::new(&e)).into()
@@ -93,6 +158,10 @@ fn sm_read_err(e: impl std::error::Error + Send + Sync + 'static) -> StorageErro
 
 fn sm_write_err(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
     StorageIOError::write_state_machine(openraft::AnyError::new(&e)).into()
+}
+
+fn sm_err(e: String) -> StorageError {
+    StorageIOError::write_state_machine(openraft::AnyError::error(e)).into()
 }
 
 fn idempotency_key(agent_id: &str, key: &str) -> String {
@@ -172,22 +241,32 @@ impl StateMachine {
             txn.open_table(heads::HEADS_META).map_err(sm_write_err)?;
             txn.commit().map_err(sm_write_err)?;
         }
+        let writer = SmWriter::spawn(
+            db.clone(),
+            WRITER_TABLES,
+            std::time::Duration::from_millis(crate::DEFAULT_STATE_FSYNC_INTERVAL_MS),
+        )
+        .map_err(sm_err)?;
         let sm = StateMachine {
             db,
             data: Arc::new(RwLock::new(SmData::default())),
             current_snapshot: Arc::new(RwLock::new(None)),
-            fsync_interval: std::time::Duration::from_millis(
-                crate::DEFAULT_STATE_FSYNC_INTERVAL_MS,
-            ),
+            writer,
+            next_batch: Arc::default(),
         };
         let loaded = sm.load_from_disk()?;
         *sm.write_data() = loaded;
         Ok(sm)
     }
 
-    pub fn with_fsync_interval(mut self, interval: std::time::Duration) -> Self {
-        self.fsync_interval = interval;
+    pub fn with_fsync_interval(self, interval: std::time::Duration) -> Self {
+        self.writer.set_fsync_interval(interval);
         self
+    }
+
+    /// Waits until every applied row is committed to redb.
+    pub fn flush(&self) -> Result<(), StorageError> {
+        self.writer.barrier().map_err(sm_err)
     }
 
     fn write_data(&self) -> std::sync::RwLockWriteGuard<'_, SmData> {
@@ -257,18 +336,33 @@ impl StateMachine {
 
     /// An agent's records with seq in `from..` (at most `limit`), read from this node's copy.
     pub fn records(&self, agent_id: &str, from: u64, limit: usize) -> Result<Vec<Record>, String> {
+        // The overlay first, then the tables: a row leaves the overlay only after it is
+        // committed, so every applied row is in one or the other (or both).
+        let mut lines: BTreeMap<u64, String> = self
+            .read_data()
+            .unflushed
+            .records
+            .range((agent_id.to_string(), from)..=(agent_id.to_string(), u64::MAX))
+            .take(limit)
+            .map(|((_, seq), line)| (*seq, line.clone()))
+            .collect();
         let txn = self.db.begin_read().map_err(|e| e.to_string())?;
         let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
-        let mut out = Vec::new();
         for item in table
             .range((agent_id, from)..=(agent_id, u64::MAX))
             .map_err(|e| e.to_string())?
             .take(limit)
         {
-            let (_, line) = item.map_err(|e| e.to_string())?;
-            out.push(Record::from_line(line.value()).map_err(|e| e.to_string())?);
+            let (key, line) = item.map_err(|e| e.to_string())?;
+            lines
+                .entry(key.value().1)
+                .or_insert_with(|| line.value().to_string());
         }
-        Ok(out)
+        lines
+            .values()
+            .take(limit)
+            .map(|line| Record::from_line(line).map_err(|e| e.to_string()))
+            .collect()
     }
 
     /// Heads-log leaves `start..end` from this node's copy.
@@ -287,6 +381,10 @@ impl StateMachine {
 
     /// The answer stored under an idempotency key, if any.
     pub fn idempotent_answer(&self, agent_id: &str, key: &str) -> Option<IdempotentAnswer> {
+        let key_text = idempotency_key(agent_id, key);
+        if let Some(value) = self.read_data().unflushed.idempotency.get(&key_text) {
+            return serde_json::from_slice(value).ok();
+        }
         let txn = self.db.begin_read().ok()?;
         let table = txn.open_table(IDEMPOTENCY).ok()?;
         let value = table.get(idempotency_key(agent_id, key).as_str()).ok()??;
@@ -298,96 +396,128 @@ impl StateMachine {
         entries: Vec<Entry<TypeConfig>>,
     ) -> Result<Vec<BatchOutcome>, StorageError> {
         let mut data = self.write_data();
-        let result = self.apply_batch_locked(&mut data, entries);
-        if result.is_err() {
-            // The transaction did not commit: rebuild memory from what is on disk.
-            if let Ok(reloaded) = self.load_from_disk() {
-                *data = reloaded;
-            }
+        self.writer.check().map_err(sm_err)?;
+        data.unflushed.prune(self.writer.flushed_through());
+        if data.unflushed.batches.len() >= MAX_UNFLUSHED_BATCHES {
+            // The writer is behind: wait for it rather than grow the overlay.
+            self.writer.barrier().map_err(sm_err)?;
+            data.unflushed.prune(self.writer.flushed_through());
         }
-        result
+        // Errors end here for good: openraft stops the node on a state machine error, and
+        // a restart rebuilds memory from disk and re-applies from the log.
+        self.apply_batch_locked(&mut data, entries)
     }
 
+    /// Folds the entries into memory and hands their rows to the writer. Heads-log
+    /// entries (about one a second) are committed here instead, after the writer has
+    /// caught up, so redb never holds them out of order.
     fn apply_batch_locked(
         &self,
         data: &mut SmData,
         entries: Vec<Entry<TypeConfig>>,
     ) -> Result<Vec<BatchOutcome>, StorageError> {
+        let mut outcomes = Vec::with_capacity(entries.len());
+        let mut rows = self.new_rows();
+        for entry in entries {
+            let batch = match entry.payload {
+                EntryPayload::Blank => {
+                    data.last_applied = Some(entry.log_id);
+                    outcomes.push(BatchOutcome::default());
+                    continue;
+                }
+                EntryPayload::Membership(m) => {
+                    data.last_applied = Some(entry.log_id);
+                    data.membership = StoredMembership::new(Some(entry.log_id), m);
+                    outcomes.push(BatchOutcome::default());
+                    continue;
+                }
+                EntryPayload::Normal(Proposal::Writes(batch)) => batch,
+                EntryPayload::Normal(heads_entry) => {
+                    self.send_rows(data, std::mem::replace(&mut rows, self.new_rows()))?;
+                    self.writer.barrier().map_err(sm_err)?;
+                    let outcome = self.apply_heads_entry(data, entry.log_id, heads_entry)?;
+                    outcomes.push(BatchOutcome(vec![outcome]));
+                    continue;
+                }
+            };
+            data.last_applied = Some(entry.log_id);
+            let Batch(batch) = batch;
+            let mut batch_outcomes = Vec::with_capacity(batch.len());
+            for append in batch {
+                let slot = data
+                    .agents
+                    .entry(append.agent_id.clone())
+                    .or_insert_with(|| AgentSlot::Active(Box::default()));
+                let outcome = fold_into(slot, &append.agent_id, &append.records);
+                if outcome == ApplyOutcome::Applied {
+                    data.heads.mark_if_grown(&append.agent_id, slot);
+                    add_rows(&append, &mut rows)?;
+                    data.dirty.insert(append.agent_id);
+                } else if matches!(slot, AgentSlot::Active(s) if s.head.is_none()) {
+                    // A rejected first write leaves no agent behind.
+                    data.agents.remove(&append.agent_id);
+                }
+                batch_outcomes.push(outcome);
+            }
+            outcomes.push(BatchOutcome(batch_outcomes));
+        }
+        self.send_rows(data, rows)?;
+        Ok(outcomes)
+    }
+
+    fn new_rows(&self) -> RowBatch {
+        RowBatch {
+            seq: self
+                .next_batch
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1,
+            ..RowBatch::default()
+        }
+    }
+
+    /// Puts a batch's rows in the overlay and queues them for the writer, with the last
+    /// applied log id as of now.
+    fn send_rows(&self, data: &mut SmData, mut rows: RowBatch) -> Result<(), StorageError> {
+        rows.applied = serde_json::to_vec(&data.last_applied).map_err(sm_write_err)?;
+        rows.membership = serde_json::to_vec(&data.membership).map_err(sm_write_err)?;
+        data.unflushed.add(&rows);
+        self.writer.send(rows).map_err(sm_err)
+    }
+
+    /// Commits a heads round or a witnessed note with the last applied id, in one
+    /// transaction (every earlier row is committed already).
+    fn apply_heads_entry(
+        &self,
+        data: &mut SmData,
+        log_id: LogId<NodeId>,
+        proposal: Proposal,
+    ) -> Result<ApplyOutcome, StorageError> {
         let mut txn = self.db.begin_write().map_err(sm_write_err)?;
-        // Records and last_applied commit together, so a rollback keeps them consistent.
-        let now = std::time::Instant::now();
-        let durable = data
-            .last_durable_apply
-            .is_none_or(|at| now.duration_since(at) >= self.fsync_interval);
-        if durable {
-            data.last_durable_apply = Some(now);
-        } else {
+        if !self.writer.take_durable_turn() {
             txn.set_durability(redb::Durability::None);
         }
-        let mut outcomes = Vec::with_capacity(entries.len());
-        {
-            let mut records_table = txn.open_table(RECORDS).map_err(sm_write_err)?;
-            let mut idem_table = txn.open_table(IDEMPOTENCY).map_err(sm_write_err)?;
-            let mut index_table = txn.open_table(AGENT_INDEX).map_err(sm_write_err)?;
-            for entry in entries {
-                data.last_applied = Some(entry.log_id);
-                let batch = match entry.payload {
-                    EntryPayload::Blank => {
-                        outcomes.push(BatchOutcome::default());
-                        continue;
-                    }
-                    EntryPayload::Membership(m) => {
-                        data.membership = StoredMembership::new(Some(entry.log_id), m);
-                        outcomes.push(BatchOutcome::default());
-                        continue;
-                    }
-                    EntryPayload::Normal(Proposal::Writes(batch)) => batch,
-                    EntryPayload::Normal(Proposal::HeadsRound { origin }) => {
-                        let SmData { heads, agents, .. } = &mut *data;
-                        heads
-                            .apply_round(&origin, agents, &txn)
-                            .map_err(sm_write_err)?;
-                        outcomes.push(BatchOutcome(vec![ApplyOutcome::Applied]));
-                        continue;
-                    }
-                    EntryPayload::Normal(Proposal::Witnessed { note }) => {
-                        let outcome = match data
-                            .heads
-                            .apply_witnessed(&note, &txn)
-                            .map_err(sm_write_err)?
-                        {
-                            Ok(()) => ApplyOutcome::Applied,
-                            Err(reason) => ApplyOutcome::Rejected(reason),
-                        };
-                        outcomes.push(BatchOutcome(vec![outcome]));
-                        continue;
-                    }
-                };
-                let Batch(batch) = batch;
-                let mut batch_outcomes = Vec::with_capacity(batch.len());
-                for append in &batch {
-                    let slot = data
-                        .agents
-                        .entry(append.agent_id.clone())
-                        .or_insert_with(|| AgentSlot::Active(Box::default()));
-                    let outcome = fold_into(slot, &append.agent_id, &append.records);
-                    if outcome == ApplyOutcome::Applied {
-                        store_append(append, &mut records_table, &mut idem_table)?;
-                        if append.records.first().is_some_and(|r| r.seq == 0) {
-                            index_table
-                                .insert(append.agent_id.as_str(), ())
-                                .map_err(sm_write_err)?;
-                        }
-                        data.dirty.insert(append.agent_id.clone());
-                        data.heads.mark_if_grown(&append.agent_id, slot);
-                    } else if matches!(slot, AgentSlot::Active(s) if s.head.is_none()) {
-                        // A rejected first write leaves no agent behind.
-                        data.agents.remove(&append.agent_id);
-                    }
-                    batch_outcomes.push(outcome);
-                }
-                outcomes.push(BatchOutcome(batch_outcomes));
+        let outcome = match proposal {
+            Proposal::HeadsRound { origin } => {
+                let SmData { heads, agents, .. } = &mut *data;
+                heads
+                    .apply_round(&origin, agents, &txn)
+                    .map_err(sm_write_err)?;
+                ApplyOutcome::Applied
             }
+            Proposal::Witnessed { note } => match data
+                .heads
+                .apply_witnessed(&note, &txn)
+                .map_err(sm_write_err)?
+            {
+                Ok(()) => ApplyOutcome::Applied,
+                Err(reason) => ApplyOutcome::Rejected(reason),
+            },
+            Proposal::Writes(_) => {
+                return Err(sm_err("writes are not a heads-log entry".into()));
+            }
+        };
+        data.last_applied = Some(log_id);
+        {
             let mut meta = txn.open_table(SM_META).map_err(sm_write_err)?;
             let applied = serde_json::to_vec(&data.last_applied).map_err(sm_write_err)?;
             meta.insert(APPLIED_KEY, applied.as_slice())
@@ -397,13 +527,15 @@ impl StateMachine {
                 .map_err(sm_write_err)?;
         }
         txn.commit().map_err(sm_write_err)?;
-        Ok(outcomes)
+        Ok(outcome)
     }
 
     /// Writes the state of every agent changed since its last checkpoint, durably. The
     /// states match the committed records (both are published under the same lock).
     pub fn checkpoint_agents(&self) -> Result<usize, StorageError> {
         let mut data = self.write_data();
+        // Checkpoints must not run ahead of the records and last applied id they follow.
+        self.flush()?;
         let dirty = std::mem::take(&mut data.dirty);
         let txn = self.db.begin_write().map_err(sm_write_err)?;
         {
@@ -421,7 +553,10 @@ impl StateMachine {
         Ok(dirty.len())
     }
 
+    /// The whole state as committed; callers hold the data lock, so after the flush the
+    /// tables hold exactly what memory does.
     fn snapshot_body(&self) -> Result<Vec<u8>, StorageError> {
+        self.flush()?;
         let txn = self.db.begin_read().map_err(sm_read_err)?;
         let records = txn.open_table(RECORDS).map_err(sm_read_err)?;
         let mut body = SnapshotBody {
@@ -446,27 +581,20 @@ impl StateMachine {
     }
 }
 
-fn store_append(
-    append: &AppendRecords,
-    records_table: &mut redb::Table<(&str, u64), &str>,
-    idem_table: &mut redb::Table<&str, &[u8]>,
-) -> Result<(), StorageError> {
+/// An applied write's rows: its records as stored lines, its idempotency answer, and the
+/// agent's index entry when the write creates it.
+fn add_rows(append: &AppendRecords, rows: &mut RowBatch) -> Result<(), StorageError> {
     for record in &append.records {
-        records_table
-            .insert(
-                (append.agent_id.as_str(), record.seq),
-                record.to_line().as_str(),
-            )
-            .map_err(sm_write_err)?;
+        rows.records
+            .push((append.agent_id.clone(), record.seq, record.to_line()));
     }
     if let Some(answer) = &append.idempotency {
         let bytes = serde_json::to_vec(answer).map_err(sm_write_err)?;
-        idem_table
-            .insert(
-                idempotency_key(&append.agent_id, &answer.key).as_str(),
-                bytes.as_slice(),
-            )
-            .map_err(sm_write_err)?;
+        rows.idempotency
+            .push((idempotency_key(&append.agent_id, &answer.key), bytes));
+    }
+    if append.records.first().is_some_and(|r| r.seq == 0) {
+        rows.new_agents.push(append.agent_id.clone());
     }
     Ok(())
 }
@@ -546,6 +674,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             ))
         })?;
         let mut data = self.write_data();
+        // Rows still queued belong to the state being replaced: let them land first, so
+        // none is written over the snapshot afterwards.
+        self.flush()?;
         let txn = self.db.begin_write().map_err(sm_write_err)?;
         {
             let mut records = txn.open_table(RECORDS).map_err(sm_write_err)?;
