@@ -53,7 +53,7 @@ pub struct NodeConfig {
     pub cluster_name: String,
     /// How often the leader appends a heads round for the agents that changed.
     pub heads_interval: Duration,
-    /// How often the state machine commits with an fsync (zero: every commit).
+    /// How often the state machine commits with an fsync (zero: each apply, before it answers).
     pub state_fsync_interval: Duration,
 }
 

@@ -65,8 +65,9 @@ enum Command {
         /// Milliseconds between heads-log rounds
         #[arg(long, env = "LINEAGE_HEADS_INTERVAL_MS", default_value_t = lineage_node::heads_rounds::DEFAULT_HEADS_INTERVAL_MS)]
         heads_interval_ms: u64,
-        /// Milliseconds between the state machine's fsynced commits (0: every commit); the
-        /// Raft log is always fsynced before anything is acknowledged
+        /// Milliseconds between the state machine's fsynced commits (0: each apply commits
+        /// durably before it answers); the Raft log is always fsynced before anything is
+        /// acknowledged
         #[arg(long, env = "LINEAGE_STATE_FSYNC_INTERVAL_MS", default_value_t = lineage_node::DEFAULT_STATE_FSYNC_INTERVAL_MS)]
         state_fsync_interval_ms: u64,
     },

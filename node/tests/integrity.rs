@@ -46,7 +46,7 @@ impl Node {
             .env("GUARD_BIND", &self.bind)
             .env("GUARD_ADMIN_TOKEN", ADMIN)
             .env("LINEAGE_SCRUB_INTERVAL_SECS", "1")
-            // Every state commit fsynced, so the records are in the file when it is killed (by
+            // Each apply committed durably, so the records are in the file when it is killed (by
             // default the state machine fsyncs every few seconds; the Raft log always).
             .env("LINEAGE_STATE_FSYNC_INTERVAL_MS", "0")
             .stdout(Stdio::null())

@@ -258,7 +258,7 @@ async fn prometheus_fires_the_quarantine_and_scar_burst_alerts() {
     let Some(binary) = program_or_skip(&["prometheus"], "LINEAGE_REQUIRE_PROMETHEUS") else {
         return;
     };
-    // Every state commit fsynced: node 3's records are in its file when it is killed below.
+    // Each apply committed durably: node 3's records are in its file when it is killed below.
     let cluster = Cluster::start_with(3, &["--state-fsync-interval-ms", "0"]).await;
     let prometheus = start_prometheus(&binary, &cluster.addrs);
     let admin = cluster.admin.clone();

@@ -135,6 +135,12 @@ impl SmWriter {
             .store(interval.as_millis() as u64, Ordering::Relaxed);
     }
 
+    /// With a zero fsync interval the state machine is written through: each apply waits
+    /// for its rows to be committed, durably.
+    pub fn writes_through(&self) -> bool {
+        self.state.fsync_interval_ms.load(Ordering::Relaxed) == 0
+    }
+
     pub fn flushed_through(&self) -> u64 {
         self.state.flushed_through.load(Ordering::Acquire)
     }

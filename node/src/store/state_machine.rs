@@ -481,7 +481,11 @@ impl StateMachine {
         rows.applied = serde_json::to_vec(&data.last_applied).map_err(sm_write_err)?;
         rows.membership = serde_json::to_vec(&data.membership).map_err(sm_write_err)?;
         data.unflushed.add(&rows);
-        self.writer.send(rows).map_err(sm_err)
+        self.writer.send(rows).map_err(sm_err)?;
+        if self.writer.writes_through() {
+            self.writer.barrier().map_err(sm_err)?;
+        }
+        Ok(())
     }
 
     /// Commits a heads round or a witnessed note with the last applied id, in one
