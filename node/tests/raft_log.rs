@@ -171,3 +171,38 @@ async fn entries_within_one_append_must_be_consecutive() {
     let mut log = LogStore::open(dir.path()).unwrap();
     assert_eq!(indexes(&mut log).await, vec![1, 2, 3, 4]);
 }
+
+/// Waits (bounded) until the committed hint on disk names `index`.
+async fn hint_on_disk_reaches(dir: &Path, index: u64) {
+    let path = dir.join("committed.json");
+    for _ in 0..100 {
+        let hint: Option<openraft::LogId<u64>> = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .flatten();
+        if hint.is_some_and(|h| h.index == index) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the committed hint never reached {index}");
+}
+
+#[tokio::test]
+async fn the_committed_hint_is_kept_but_never_ahead_of_the_durable_log() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = LogStore::open(dir.path()).unwrap();
+        log.append_and_wait(blanks(1, 1..=5)).await.unwrap();
+        log.save_committed(Some(log_id(1, 1, 3))).await.unwrap();
+        hint_on_disk_reaches(dir.path(), 3).await;
+        // Committed beyond what this node has durably: the hint stops at its last entry.
+        log.save_committed(Some(log_id(1, 1, 9))).await.unwrap();
+        hint_on_disk_reaches(dir.path(), 5).await;
+    }
+    let mut log = LogStore::open(dir.path()).unwrap();
+    assert_eq!(
+        log.read_committed().await.unwrap().map(|c| c.index),
+        Some(5)
+    );
+}
