@@ -1,6 +1,7 @@
 //! Shared pieces of the benchmarks in `benches/` (see README.md): the machine ceilings
-//! every figure is printed against.
+//! every figure is printed against, and what the benchmark binaries all need.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use lineage_core::{AuditKey, AuditLog};
@@ -22,4 +23,29 @@ pub fn durable_appends_per_second() -> Result<f64, String> {
         n += 1;
     }
     Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// The number after `name` on the command line, or `default`.
+pub fn flag(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A binary built beside this benchmark (same target dir and profile); `build` says
+/// which packages build it when it is missing.
+pub fn sibling_binary(name: &str, build: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let path = exe.with_file_name(name);
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{} not found: cargo build --release {build}",
+            path.display()
+        ))
+    }
 }

@@ -8,36 +8,15 @@
 //!   target/release/checkpointer_round [--agents 10000] [--changed-percent 1] [--rounds 5]
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use lineage_benches::{flag, sibling_binary};
 use lineage_checkpointer::checkpointer::{Checkpointer, WitnessTarget};
 use lineage_checkpointer::checkpointer_metrics::Metrics;
 use lineage_checkpointer::cluster_client::ClusterClient;
 use serde_json::json;
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn sibling(name: &str) -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let path = exe.with_file_name(name);
-    if path.exists() {
-        Ok(path)
-    } else {
-        Err(format!(
-            "{} not found: cargo build --release -p lineage-node -p lineage-checkpointer",
-            path.display()
-        ))
-    }
-}
 
 fn free_addr() -> Result<String, String> {
     TcpListener::bind("127.0.0.1:0")
@@ -143,11 +122,12 @@ async fn wait_heads(http: &reqwest::Client, url: &str, at_least: u64) -> Result<
 }
 
 async fn run() -> Result<(), String> {
-    let agents = arg("--agents", 10_000).clamp(10, 100_000);
-    let percent = arg("--changed-percent", 1).clamp(1, 100);
-    let rounds = arg("--rounds", 5).clamp(1, 50) as usize;
-    let node_bin = sibling("lineage-node")?;
-    let witness_bin = sibling("lineage-witness")?;
+    let agents = flag("--agents", 10_000).clamp(10, 100_000);
+    let percent = flag("--changed-percent", 1).clamp(1, 100);
+    let rounds = flag("--rounds", 5).clamp(1, 50) as usize;
+    let build = "-p lineage-node -p lineage-checkpointer";
+    let node_bin = sibling_binary("lineage-node", build)?;
+    let witness_bin = sibling_binary("lineage-witness", build)?;
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let keys = dir.path().join("keys");
     let keys_s = keys.to_str().ok_or("path")?;

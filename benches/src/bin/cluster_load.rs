@@ -9,7 +9,7 @@
 //!   target/release/cluster_load [--clients 16] [--agents 16] [--seconds 10]
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,19 +44,6 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     Ok(args)
-}
-
-fn node_binary() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let path = exe.with_file_name("lineage-node");
-    if path.exists() {
-        Ok(path)
-    } else {
-        Err(format!(
-            "{} not found: build it with cargo build --release -p lineage-node",
-            path.display()
-        ))
-    }
 }
 
 struct Cluster {
@@ -336,7 +323,7 @@ fn main() {
 
 fn real_main() -> Result<(), String> {
     let args = parse_args()?;
-    let binary = node_binary()?;
+    let binary = lineage_benches::sibling_binary("lineage-node", "-p lineage-node")?;
     let sign = sign_ceiling();
     let fsync = lineage_benches::durable_appends_per_second()?;
     println!("machine ceiling: {sign:.0} records sealed/s on one core, {fsync:.0} durable appends/s (1 fsync each)");

@@ -12,18 +12,10 @@ use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
+use lineage_benches::{flag, sibling_binary};
 use lineage_core::transparency::{consistency_proof, root, Checkpoint, Hash, NoteSigner};
 use lineage_core::AuditKey;
 use sha2::{Digest, Sha256};
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() {
     if let Err(e) = run() {
@@ -33,16 +25,9 @@ fn main() {
 }
 
 fn run() -> Result<(), String> {
-    let logs = arg("--logs", 8).clamp(1, 64) as usize;
-    let seconds = arg("--seconds", 10).clamp(1, 120);
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let witness_bin = exe.with_file_name("lineage-witness");
-    if !witness_bin.exists() {
-        return Err(format!(
-            "{} not found: cargo build --release -p lineage-checkpointer",
-            witness_bin.display()
-        ));
-    }
+    let logs = flag("--logs", 8).clamp(1, 64) as usize;
+    let seconds = flag("--seconds", 10).clamp(1, 120);
+    let witness_bin = sibling_binary("lineage-witness", "-p lineage-checkpointer")?;
 
     let fsync_rate = lineage_benches::durable_appends_per_second()?;
 
