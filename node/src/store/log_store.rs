@@ -511,9 +511,7 @@ fn flush_appends(shared: &Shared, appends: Vec<(usize, Flushed)>) {
 fn write_pending(shared: &Shared, count: usize) -> Result<(), String> {
     let (frames_buf, frames, segment_first, file, offset) = {
         let mut index = shared.lock();
-        if let Some(reason) = &index.failed {
-            return Err(format!("the raft log failed earlier: {reason}"));
-        }
+        index.check().map_err(|e| e.to_string())?;
         if count == 0 {
             return Ok(());
         }

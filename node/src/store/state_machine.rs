@@ -387,7 +387,7 @@ impl StateMachine {
         }
         let txn = self.db.begin_read().ok()?;
         let table = txn.open_table(IDEMPOTENCY).ok()?;
-        let value = table.get(idempotency_key(agent_id, key).as_str()).ok()??;
+        let value = table.get(key_text.as_str()).ok()??;
         serde_json::from_slice(value.value()).ok()
     }
 
@@ -521,15 +521,7 @@ impl StateMachine {
             }
         };
         data.last_applied = Some(log_id);
-        {
-            let mut meta = txn.open_table(SM_META).map_err(sm_write_err)?;
-            let applied = serde_json::to_vec(&data.last_applied).map_err(sm_write_err)?;
-            meta.insert(APPLIED_KEY, applied.as_slice())
-                .map_err(sm_write_err)?;
-            let members = serde_json::to_vec(&data.membership).map_err(sm_write_err)?;
-            meta.insert(MEMBERSHIP_KEY, members.as_slice())
-                .map_err(sm_write_err)?;
-        }
+        write_applied(&txn, &data.last_applied, &data.membership)?;
         txn.commit().map_err(sm_write_err)?;
         Ok(outcome)
     }
@@ -583,6 +575,23 @@ impl StateMachine {
         }
         serde_json::to_vec(&body).map_err(sm_read_err)
     }
+}
+
+/// Records the last applied log id and membership in `txn` (the writer thread stores the
+/// same two keys for the batches it commits).
+fn write_applied(
+    txn: &redb::WriteTransaction,
+    applied: &Option<LogId<NodeId>>,
+    membership: &StoredMembership<NodeId, BasicNode>,
+) -> Result<(), StorageError> {
+    let mut meta = txn.open_table(SM_META).map_err(sm_write_err)?;
+    let applied = serde_json::to_vec(applied).map_err(sm_write_err)?;
+    meta.insert(APPLIED_KEY, applied.as_slice())
+        .map_err(sm_write_err)?;
+    let members = serde_json::to_vec(membership).map_err(sm_write_err)?;
+    meta.insert(MEMBERSHIP_KEY, members.as_slice())
+        .map_err(sm_write_err)?;
+    Ok(())
 }
 
 /// An applied write's rows: its records as stored lines, its idempotency answer, and the
@@ -707,16 +716,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     .map_err(sm_write_err)?;
             }
             HeadsLog::install(&txn, &body.heads).map_err(sm_write_err)?;
-            let mut sm_meta = txn.open_table(SM_META).map_err(sm_write_err)?;
-            let applied = serde_json::to_vec(&meta.last_log_id).map_err(sm_write_err)?;
-            sm_meta
-                .insert(APPLIED_KEY, applied.as_slice())
-                .map_err(sm_write_err)?;
-            let members = serde_json::to_vec(&meta.last_membership).map_err(sm_write_err)?;
-            sm_meta
-                .insert(MEMBERSHIP_KEY, members.as_slice())
-                .map_err(sm_write_err)?;
         }
+        write_applied(&txn, &meta.last_log_id, &meta.last_membership)?;
         txn.commit().map_err(sm_write_err)?;
         *data = self.load_from_disk()?;
         drop(data);
