@@ -23,14 +23,8 @@ enum Command {
     Checkpoint(CheckpointCommand),
     /// Inspect and change cluster membership (admin token)
     Cluster {
-        /// Node URLs, comma-separated (any node will do; requests find the leader)
-        #[arg(
-            long,
-            env = "LINEAGE_URL",
-            value_delimiter = ',',
-            default_value = "http://127.0.0.1:9200"
-        )]
-        url: Vec<String>,
+        #[command(flatten)]
+        nodes: NodeUrls,
         /// File holding the admin token
         #[arg(
             long,
@@ -41,6 +35,19 @@ enum Command {
         #[command(subcommand)]
         command: ClusterCommand,
     },
+}
+
+/// The cluster's node URLs: any node will do, requests find the leader.
+#[derive(clap::Args)]
+struct NodeUrls {
+    /// Node URLs, comma-separated (any node will do; requests find the leader)
+    #[arg(
+        long,
+        env = "LINEAGE_URL",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:9200"
+    )]
+    url: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -63,14 +70,8 @@ enum ClusterCommand {
 enum CheckpointCommand {
     /// Print the cluster's latest witnessed heads checkpoint
     Fetch {
-        /// Node URLs, comma-separated
-        #[arg(
-            long,
-            env = "LINEAGE_URL",
-            value_delimiter = ',',
-            default_value = "http://127.0.0.1:9200"
-        )]
-        url: Vec<String>,
+        #[command(flatten)]
+        nodes: NodeUrls,
         /// Write it to this file instead of stdout
         #[arg(long)]
         out: Option<PathBuf>,
@@ -204,10 +205,10 @@ fn main() -> ExitCode {
         },
         Command::Checkpoint(command) => checkpoint(command, &mut out, &mut err),
         Command::Cluster {
-            url,
+            nodes,
             token_file,
             command,
-        } => cluster(&url, &token_file, command, &mut out, &mut err),
+        } => cluster(&nodes.url, &token_file, command, &mut out, &mut err),
     };
     ExitCode::from(code as u8)
 }
@@ -355,9 +356,9 @@ fn checkpoint(
     err: &mut dyn std::io::Write,
 ) -> i32 {
     match command {
-        CheckpointCommand::Fetch { url, out: path } => {
+        CheckpointCommand::Fetch { nodes, out: path } => {
             let fetched =
-                runtime().and_then(|rt| rt.block_on(witnessed_cli::fetch_witnessed(&url)));
+                runtime().and_then(|rt| rt.block_on(witnessed_cli::fetch_witnessed(&nodes.url)));
             let written = fetched.and_then(|note| match &path {
                 Some(path) => std::fs::write(path, &note)
                     .map_err(|e| format!("cannot write {}: {e}", path.display())),
