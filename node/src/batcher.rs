@@ -70,7 +70,9 @@ async fn run(raft: Raft, mut receiver: mpsc::Receiver<(AppendRecords, Reply)>) {
         }
         let raft = raft.clone();
         tokio::spawn(async move {
-            let result = raft.client_write(Proposal::Writes(Batch(appends))).await;
+            let result = raft
+                .client_write(Proposal::Writes(Batch(Arc::new(appends))))
+                .await;
             drop(permit);
             match result {
                 Ok(response) => {

@@ -96,7 +96,11 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     let metrics = Arc::new(metrics::Metrics::new(config.id));
     let (log_store, state_machine) =
         store::open_with(&config.data_dir, config.state_fsync_interval)?;
-    let log_store = log_store.with_append_timer(metrics.log_append_duration.clone());
+    let log_store = log_store
+        .with_append_timer(metrics.log_append_duration.clone())
+        .leading_as(config.id);
+    let durable_log = log_store.durability();
+    let state_machine = state_machine.behind(durable_log.clone());
     let committed_index = log_store.committed_index.clone();
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_millis(RAFT_CONNECT_TIMEOUT_MS))
@@ -105,6 +109,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     let network = network::raft_client::RaftHttp {
         client: http.clone(),
         secret: keys.cluster_secret.clone(),
+        durable_log,
     };
     let raft = openraft::Raft::new(
         config.id,

@@ -2,6 +2,7 @@
 //! signed records to this agent's log".
 
 use std::io::Cursor;
+use std::sync::Arc;
 
 use lineage_core::Record;
 use serde::{Deserialize, Serialize};
@@ -9,9 +10,11 @@ use serde::{Deserialize, Serialize};
 pub type NodeId = u64;
 
 /// One Raft entry: the writes of many agents, decided concurrently by the leader and
-/// committed together (group commit).
+/// committed together (group commit). Shared, because openraft clones an entry for every
+/// follower it sends it to and the log keeps recent entries in memory; on the wire it is
+/// the plain list.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Batch(pub Vec<AppendRecords>);
+pub struct Batch(pub Arc<Vec<AppendRecords>>);
 
 /// What a Raft entry asks the state machine to do.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -1,7 +1,7 @@
 //! The Raft log's segment files on a real disk: what survives a reopen, a torn write at
 //! the end, corruption elsewhere, and truncate/purge across segments.
 
-use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use lineage_node::raft_types::TypeConfig;
@@ -70,20 +70,32 @@ async fn a_torn_write_at_the_end_is_cut_and_nothing_acknowledged_is_lost() {
         let mut log = LogStore::open(dir.path()).unwrap();
         log.append_and_wait(blanks(1, 1..=6)).await.unwrap();
     }
-    // A crash mid-write: half a frame header and part of a payload at the end.
+    // The frames end where the zeros written ahead of them begin.
     let last = segments(dir.path()).pop().unwrap();
-    let intact_len = std::fs::metadata(&last).unwrap().len();
-    let mut file = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&last)
-        .unwrap();
-    file.write_all(&[200, 0, 0, 0, 1, 2, 3, 4, b'{', b'"'])
+    let bytes = std::fs::read(&last).unwrap();
+    let frames_end = bytes.iter().rposition(|&b| b != 0).unwrap() + 1;
+    assert!(
+        bytes.len() > frames_end,
+        "zeros are written ahead of the frames"
+    );
+    // A crash mid-write: half a frame header and part of a payload after the last frame.
+    let file = std::fs::OpenOptions::new().write(true).open(&last).unwrap();
+    file.write_all_at(&[200, 0, 0, 0, 1, 2, 3, 4, b'{', b'"'], frames_end as u64)
         .unwrap();
     drop(file);
 
     let mut log = LogStore::open(dir.path()).unwrap();
     assert_eq!(indexes(&mut log).await, (1..=6).collect::<Vec<_>>());
-    assert_eq!(std::fs::metadata(&last).unwrap().len(), intact_len);
+    let after = std::fs::read(&last).unwrap();
+    assert_eq!(
+        &after[..frames_end],
+        &bytes[..frames_end],
+        "intact frames kept"
+    );
+    assert!(
+        after[frames_end..].iter().all(|&b| b == 0),
+        "no trace of the torn frame is left"
+    );
     log.append_and_wait(vec![blank(1, 7)]).await.unwrap();
     drop(log);
     let mut log = LogStore::open(dir.path()).unwrap();
@@ -151,6 +163,54 @@ async fn truncate_and_purge_across_segments_then_reopen() {
         log.get_log_state().await.unwrap().last_purged_log_id,
         Some(log_id(2, 1, 40))
     );
+}
+
+#[tokio::test]
+async fn truncated_entries_never_come_back() {
+    // Same-size frames: the replacing entry ends exactly where the next truncated one
+    // began, so only cutting the file keeps those from being read back after a reopen.
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = LogStore::open(dir.path()).unwrap();
+        log.append_and_wait(blanks(1, 1..=6)).await.unwrap();
+        log.truncate(log_id(1, 1, 4)).await.unwrap();
+        log.append_and_wait(vec![blank(2, 4)]).await.unwrap();
+    }
+    let mut log = LogStore::open(dir.path()).unwrap();
+    assert_eq!(indexes(&mut log).await, vec![1, 2, 3, 4]);
+    let mut reader = log.get_log_reader().await;
+    let last = reader.try_get_log_entries(4..=4).await.unwrap();
+    assert_eq!(last[0].log_id, log_id(2, 1, 4));
+}
+
+#[tokio::test]
+async fn the_durable_gate_answers_for_what_is_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = LogStore::open(dir.path()).unwrap();
+    let durable = log.durability();
+    log.append_and_wait(blanks(1, 1..=3)).await.unwrap();
+    durable.wait_durable(log_id(1, 1, 3)).unwrap();
+    // An entry the log does not hold, or holds from another leader, is an error at once.
+    let missing = durable.wait_durable(log_id(1, 1, 4)).unwrap_err();
+    assert!(missing.contains("does not hold"), "{missing}");
+    let other = durable.wait_durable(log_id(2, 1, 3)).unwrap_err();
+    assert!(other.contains("instead of"), "{other}");
+    // Followers hear of commits only as far as this log is on disk.
+    assert_eq!(
+        durable.clamp_commit(Some(log_id(1, 1, 9))),
+        Some(log_id(1, 1, 3))
+    );
+    assert_eq!(
+        durable.clamp_commit(Some(log_id(1, 1, 2))),
+        Some(log_id(1, 1, 2))
+    );
+    assert_eq!(durable.clamp_commit(None), None);
+    // Purged entries were durable before the snapshot that replaced them.
+    log.purge(log_id(1, 1, 2)).await.unwrap();
+    durable.wait_durable(log_id(1, 1, 1)).unwrap();
+    // What is on disk stays answerable after the log is closed.
+    drop(log);
+    durable.wait_durable(log_id(1, 1, 3)).unwrap();
 }
 
 #[tokio::test]

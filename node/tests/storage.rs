@@ -70,7 +70,9 @@ async fn applied_records_and_log_entries_survive_reopen() {
         .enumerate()
         .map(|(i, a)| Entry {
             log_id: log_id(1, 1, i as u64 + 1),
-            payload: EntryPayload::Normal(Proposal::Writes(Batch(vec![a.clone()]))),
+            payload: EntryPayload::Normal(Proposal::Writes(Batch(std::sync::Arc::new(vec![
+                a.clone()
+            ])))),
         })
         .collect();
     {
@@ -112,7 +114,9 @@ fn as_entries(appends: &[AppendRecords], first_index: u64) -> Vec<Entry<TypeConf
         .enumerate()
         .map(|(i, a)| Entry {
             log_id: log_id(1, 1, first_index + i as u64),
-            payload: EntryPayload::Normal(Proposal::Writes(Batch(vec![a.clone()]))),
+            payload: EntryPayload::Normal(Proposal::Writes(Batch(std::sync::Arc::new(vec![
+                a.clone()
+            ])))),
         })
         .collect()
 }

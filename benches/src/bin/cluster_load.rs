@@ -6,7 +6,10 @@
 //!
 //! Build the node first, then run:
 //!   cargo build --release -p lineage-node -p lineage-benches
-//!   target/release/cluster_load [--clients 16] [--agents 16] [--seconds 10]
+//!   target/release/cluster_load [--clients 16] [--agents 16] [--seconds 10] [--nodes N]
+//!
+//! Each node's line gives its CPU time per decision (user + system): on a shared machine
+//! that varies far less than decisions/s, so compare builds by it.
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -22,6 +25,8 @@ struct Args {
     clients: usize,
     agents: usize,
     seconds: u64,
+    /// Only this cluster size (default: a 1-node and a 3-node cluster).
+    nodes: Option<usize>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -29,6 +34,7 @@ fn parse_args() -> Result<Args, String> {
         clients: 16,
         agents: 16,
         seconds: 10,
+        nodes: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -40,6 +46,7 @@ fn parse_args() -> Result<Args, String> {
             "--clients" => args.clients = number.clamp(1, 256) as usize,
             "--agents" => args.agents = number.clamp(1, 10_000) as usize,
             "--seconds" => args.seconds = number.clamp(1, 300),
+            "--nodes" => args.nodes = Some(number.clamp(1, 7) as usize),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -51,6 +58,26 @@ struct Cluster {
     urls: Vec<String>,
     admin: String,
     _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Each node's CPU time so far (user + system, all threads), from Linux's
+    /// `/proc/PID/stat` in 10 ms ticks. CPU per decision varies far less than throughput
+    /// on a shared machine.
+    fn cpu_times(&self) -> Vec<Option<Duration>> {
+        self.children
+            .iter()
+            .map(|child| {
+                let text = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).ok()?;
+                // Fields after the command name, which is in parentheses: utime is the
+                // 12th, stime the 13th.
+                let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
+                let ticks: u64 =
+                    fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+                Some(Duration::from_millis(ticks * 10))
+            })
+            .collect()
+    }
 }
 
 impl Drop for Cluster {
@@ -173,6 +200,7 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
         .map_err(|e| e.to_string())?;
     let leader_index = leader["leader"].as_u64().unwrap_or(1) as usize - 1;
     let url = Arc::new(cluster.urls[leader_index].clone());
+    let cpu_before = cluster.cpu_times();
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -208,6 +236,12 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
         errors += e;
     }
     let elapsed = started.elapsed();
+    let cpu_used: Vec<Option<Duration>> = cluster
+        .cpu_times()
+        .iter()
+        .zip(&cpu_before)
+        .map(|(after, before)| Some(after.as_ref()?.saturating_sub(*before.as_ref()?)))
+        .collect();
     latencies.sort();
     let pick = |q: f64| {
         latencies
@@ -224,7 +258,18 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
     };
     check_replicas_agree(&http, cluster, args.agents).await?;
     for (i, url) in cluster.urls.iter().enumerate() {
-        println!("  node {}: {}", i + 1, time_breakdown(&http, url).await);
+        let cpu = match cpu_used.get(i).copied().flatten() {
+            Some(cpu) if result.decisions > 0 => format!(
+                "CPU {:.0} µs per decision",
+                cpu.as_secs_f64() * 1e6 / result.decisions as f64
+            ),
+            _ => "CPU unknown".into(),
+        };
+        println!(
+            "  node {}: {cpu}, {}",
+            i + 1,
+            time_breakdown(&http, url).await
+        );
     }
     Ok(result)
 }
@@ -328,7 +373,11 @@ fn real_main() -> Result<(), String> {
     let fsync = lineage_benches::durable_appends_per_second()?;
     println!("machine ceiling: {sign:.0} records sealed/s on one core, {fsync:.0} durable appends/s (1 fsync each)");
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
-    for nodes in [1usize, 3] {
+    let sizes = match args.nodes {
+        Some(n) => vec![n],
+        None => vec![1, 3],
+    };
+    for nodes in sizes {
         let cluster = start_cluster(&binary, nodes)?;
         let r = runtime.block_on(run_load(&cluster, &args))?;
         println!(

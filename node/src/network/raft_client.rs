@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::raft_types::{NodeId, TypeConfig};
+use crate::store::log_store::DurableLog;
 
 /// The header that carries the cluster secret on node-to-node requests.
 pub const CLUSTER_SECRET_HEADER: &str = "x-lineage-cluster-secret";
@@ -21,6 +22,8 @@ pub const CLUSTER_SECRET_HEADER: &str = "x-lineage-cluster-secret";
 pub struct RaftHttp {
     pub client: reqwest::Client,
     pub secret: String,
+    /// Followers hear of commits only up to what is durable here (`log_store` docs).
+    pub durable_log: DurableLog,
 }
 
 pub struct Connection {
@@ -86,9 +89,10 @@ impl Connection {
 impl RaftNetwork<TypeConfig> for Connection {
     async fn append_entries(
         &mut self,
-        request: AppendEntriesRequest<TypeConfig>,
+        mut request: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        request.leader_commit = self.http.durable_log.clamp_commit(request.leader_commit);
         self.call("append", &request, &option).await
     }
 

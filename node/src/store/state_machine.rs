@@ -23,6 +23,7 @@ use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::heads::{self, HeadsLog, HeadsSnapshot};
+use super::log_store::DurableLog;
 use super::sm_writer::{RowBatch, SmWriter, Tables};
 use crate::raft_types::{
     AppendRecords, ApplyOutcome, Batch, BatchOutcome, IdempotentAnswer, NodeId, Proposal,
@@ -141,6 +142,9 @@ pub struct StateMachine {
     writer: SmWriter,
     /// Numbers row batches for the writer; never reset, so "flushed through" stays true.
     next_batch: Arc<std::sync::atomic::AtomicU64>,
+    /// When set, an entry is applied only once it is durable in this node's Raft log (the
+    /// leader acknowledges its own appends before their fsync: `log_store` docs).
+    durable_log: Option<DurableLog>,
 }
 
 const WRITER_TABLES: Tables = Tables {
@@ -253,10 +257,17 @@ impl StateMachine {
             current_snapshot: Arc::new(RwLock::new(None)),
             writer,
             next_batch: Arc::default(),
+            durable_log: None,
         };
         let loaded = sm.load_from_disk()?;
         *sm.write_data() = loaded;
         Ok(sm)
+    }
+
+    /// Applies entries only once `log` has them on disk.
+    pub fn behind(mut self, log: DurableLog) -> Self {
+        self.durable_log = Some(log);
+        self
     }
 
     pub fn with_fsync_interval(self, interval: std::time::Duration) -> Self {
@@ -395,6 +406,11 @@ impl StateMachine {
         &self,
         entries: Vec<Entry<TypeConfig>>,
     ) -> Result<Vec<BatchOutcome>, StorageError> {
+        // Log entries are durable in order: waiting for the last covers them all. Waited
+        // before the lock, so readers go on meanwhile.
+        if let (Some(log), Some(last)) = (&self.durable_log, entries.last()) {
+            log.wait_durable(last.log_id).map_err(sm_err)?;
+        }
         let mut data = self.write_data();
         self.writer.check().map_err(sm_err)?;
         data.unflushed.prune(self.writer.flushed_through());
@@ -443,7 +459,7 @@ impl StateMachine {
             data.last_applied = Some(entry.log_id);
             let Batch(batch) = batch;
             let mut batch_outcomes = Vec::with_capacity(batch.len());
-            for append in batch {
+            for append in batch.iter() {
                 let slot = data
                     .agents
                     .entry(append.agent_id.clone())
@@ -451,8 +467,8 @@ impl StateMachine {
                 let outcome = fold_into(slot, &append.agent_id, &append.records);
                 if outcome == ApplyOutcome::Applied {
                     data.heads.mark_if_grown(&append.agent_id, slot);
-                    add_rows(&append, &mut rows)?;
-                    data.dirty.insert(append.agent_id);
+                    add_rows(append, &mut rows)?;
+                    data.dirty.insert(append.agent_id.clone());
                 } else if matches!(slot, AgentSlot::Active(s) if s.head.is_none()) {
                     // A rejected first write leaves no agent behind.
                     data.agents.remove(&append.agent_id);
