@@ -131,7 +131,9 @@ impl App {
     /// Who leads, as this node currently believes (no quorum round trip). A node that
     /// believes it leads but does not is found out by `client_write`.
     pub fn lead_for_write(&self) -> Result<Lead, ApiError> {
-        let metrics = self.raft.metrics().borrow().clone();
+        // Borrowed, not cloned: this runs on every write.
+        let receiver = self.raft.metrics();
+        let metrics = receiver.borrow();
         match metrics.current_leader {
             Some(id) if id == self.id => Ok(Lead::Here),
             Some(id) => metrics
