@@ -499,16 +499,22 @@ impl LogStore {
         let early = matches!(callback, Flushed::Raft(_)) && self.leads(&index, &entries);
         index.pending.extend(entries);
         drop(index);
-        if early {
-            callback.completed(Ok(()));
-            self.writer.send(Op::Append {
-                count,
-                callback: Flushed::Early,
-            })
+        let (for_writer, answer_now) = if early {
+            (Flushed::Early, Some(callback))
         } else {
-            self.writer.send(Op::Append { count, callback })
+            (callback, None)
+        };
+        self.writer
+            .send(Op::Append {
+                count,
+                callback: for_writer,
+            })
+            .map_err(|_| write_err("the raft log writer has stopped"))?;
+        // Only once the writer has the entries: a refused append is never reported flushed.
+        if let Some(callback) = answer_now {
+            callback.completed(Ok(()));
         }
-        .map_err(|_| write_err("the raft log writer has stopped"))
+        Ok(())
     }
 
     /// Whether these are this node's own entries, proposed under the vote it leads with.
