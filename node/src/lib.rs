@@ -55,6 +55,8 @@ pub struct NodeConfig {
     pub heads_interval: Duration,
     /// How often the state machine commits with an fsync (zero: each apply, before it answers).
     pub state_fsync_interval: Duration,
+    /// Experimental: the leader counts its own appends as flushed at once (`log_store`).
+    pub leader_early_ack: bool,
 }
 
 /// Default milliseconds between the state machine's fsynced commits (see
@@ -96,11 +98,15 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     let metrics = Arc::new(metrics::Metrics::new(config.id));
     let (log_store, state_machine) =
         store::open_with(&config.data_dir, config.state_fsync_interval)?;
-    let log_store = log_store
-        .with_append_timer(metrics.log_append_duration.clone())
-        .leading_as(config.id);
-    let durable_log = log_store.durability();
-    let state_machine = state_machine.behind(durable_log.clone());
+    let mut log_store = log_store.with_append_timer(metrics.log_append_duration.clone());
+    let mut state_machine = state_machine;
+    let mut durable_log = None;
+    if config.leader_early_ack {
+        log_store = log_store.leading_as(config.id);
+        let gate = log_store.durability();
+        state_machine = state_machine.behind(gate.clone());
+        durable_log = Some(gate);
+    }
     let committed_index = log_store.committed_index.clone();
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_millis(RAFT_CONNECT_TIMEOUT_MS))

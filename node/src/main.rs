@@ -70,6 +70,12 @@ enum Command {
         /// acknowledged
         #[arg(long, env = "LINEAGE_STATE_FSYNC_INTERVAL_MS", default_value_t = lineage_node::DEFAULT_STATE_FSYNC_INTERVAL_MS)]
         state_fsync_interval_ms: u64,
+        /// Experimental: while leading, count this node's own log appends as flushed at
+        /// once so it replicates while its disk syncs; applies and the commits followers
+        /// hear still wait for the fsync. Off by default until a CI hang with it on is
+        /// understood (see docs/ARCHITECTURE.md)
+        #[arg(long, env = "LINEAGE_LEADER_EARLY_ACK")]
+        leader_early_ack: bool,
     },
     /// Run a local cluster on 127.0.0.1 (ports P, P+1, …) until Ctrl-C
     Dev {
@@ -154,6 +160,7 @@ fn main() -> ExitCode {
             cluster_name,
             heads_interval_ms,
             state_fsync_interval_ms,
+            leader_early_ack,
         }) => parse_peers(&peers).and_then(|peers| {
             serve(NodeConfig {
                 id,
@@ -168,6 +175,7 @@ fn main() -> ExitCode {
                 cluster_name,
                 heads_interval: std::time::Duration::from_millis(heads_interval_ms.max(10)),
                 state_fsync_interval: std::time::Duration::from_millis(state_fsync_interval_ms),
+                leader_early_ack,
             })
         }),
         Some(Command::Dev {
@@ -249,6 +257,7 @@ fn reference_mode() -> Result<(), String> {
             lineage_node::heads_rounds::DEFAULT_HEADS_INTERVAL_MS,
         ),
         state_fsync_interval: std::time::Duration::from_millis(state_fsync_ms),
+        leader_early_ack: false,
     })
 }
 

@@ -22,8 +22,9 @@ pub const CLUSTER_SECRET_HEADER: &str = "x-lineage-cluster-secret";
 pub struct RaftHttp {
     pub client: reqwest::Client,
     pub secret: String,
-    /// Followers hear of commits only up to what is durable here (`log_store` docs).
-    pub durable_log: DurableLog,
+    /// With the leader's early acknowledgement on, followers hear of commits only up to
+    /// what is durable here (`log_store` docs).
+    pub durable_log: Option<DurableLog>,
 }
 
 pub struct Connection {
@@ -92,7 +93,9 @@ impl RaftNetwork<TypeConfig> for Connection {
         mut request: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        request.leader_commit = self.http.durable_log.clamp_commit(request.leader_commit);
+        if let Some(durable) = &self.http.durable_log {
+            request.leader_commit = durable.clamp_commit(request.leader_commit);
+        }
         self.call("append", &request, &option).await
     }
 

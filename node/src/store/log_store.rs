@@ -16,7 +16,8 @@
 //! openraft's callbacks, in order: a follower never acknowledges an entry before it is on
 //! disk.
 //!
-//! The leader's own entries are the one exception, and why: openraft 0.9 awaits each log
+//! The leader's own entries may be the one exception (opt-in, `leading_as`; the node's
+//! `--leader-early-ack`, off by default), and why: openraft 0.9 awaits each log
 //! flush inside its core task and only then tells the followers about the entry, so the
 //! leader's fsync and a follower's fsync ran one after the other. Raft lets the leader
 //! write its disk while it replicates (Ongaro's thesis §10.2.1); here the leader's append
