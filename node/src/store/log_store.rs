@@ -787,15 +787,9 @@ fn truncate(shared: &Shared, index: u64) -> Result<(), StorageError> {
         segment.zeroed = frame.offset;
     }
     log.durable.truncate(position);
-    while log
-        .recent
-        .back()
-        .is_some_and(|(e, _)| e.log_id.index >= index)
-    {
-        if let Some((_, len)) = log.recent.pop_back() {
-            log.recent_bytes -= u64::from(len);
-        }
-    }
+    // Rare (a new leader overwrote this one's tail): start the cache afresh.
+    log.recent.clear();
+    log.recent_bytes = 0;
     Ok(())
 }
 
