@@ -32,6 +32,16 @@ async fn indexes(log: &mut LogStore) -> Vec<u64> {
         .collect()
 }
 
+/// A log in `dir` with 200-byte segments holding entries 1..=count (term 1), appended one
+/// at a time so they spread over many segments.
+async fn blanks_in_small_segments(dir: &Path, count: u64) -> LogStore {
+    let mut log = LogStore::open_with_segment_bytes(dir, 200).unwrap();
+    for i in 1..=count {
+        log.append_and_wait(vec![blank(1, i)]).await.unwrap();
+    }
+    log
+}
+
 fn segments(dir: &Path) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
@@ -105,13 +115,8 @@ async fn a_torn_write_at_the_end_is_cut_and_nothing_acknowledged_is_lost() {
 #[tokio::test]
 async fn corruption_before_the_last_segment_stops_start_up() {
     let dir = tempfile::tempdir().unwrap();
-    {
-        // Small segments: several of them.
-        let mut log = LogStore::open_with_segment_bytes(dir.path(), 200).unwrap();
-        for i in 1..=12 {
-            log.append_and_wait(vec![blank(1, i)]).await.unwrap();
-        }
-    }
+    // Small segments: several of them.
+    drop(blanks_in_small_segments(dir.path(), 12).await);
     let files = segments(dir.path());
     assert!(files.len() >= 3, "{files:?}");
     // Flip one payload byte in the first segment.
@@ -130,10 +135,7 @@ async fn corruption_before_the_last_segment_stops_start_up() {
 async fn truncate_and_purge_across_segments_then_reopen() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let mut log = LogStore::open_with_segment_bytes(dir.path(), 200).unwrap();
-        for i in 1..=30 {
-            log.append_and_wait(vec![blank(1, i)]).await.unwrap();
-        }
+        let mut log = blanks_in_small_segments(dir.path(), 30).await;
         let before = segments(dir.path()).len();
         log.purge(log_id(1, 1, 10)).await.unwrap();
         assert!(
