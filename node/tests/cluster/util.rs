@@ -23,8 +23,33 @@ pub struct Cluster {
     external: bool,
 }
 
-/// A loopback port nothing listens on right now.
+/// A loopback port nothing listens on right now, and that no outgoing connection will
+/// take before a node binds it.
+///
+/// A port the kernel hands out for `bind(0)` comes from the ephemeral range, which is
+/// also where every outgoing connection (of this test, of the nodes) gets its local port:
+/// between our probe and the node's bind, or while a killed node is down, a connection
+/// may take it and the node then fails to listen. So ports come from below that range,
+/// each used once per test process (a counter), starting at an offset from the pid so
+/// that test binaries running side by side rarely probe the same ones.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOWEST: u32 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(0);
+    if ephemeral_low > LOWEST + 2_000 {
+        let span = ephemeral_low - LOWEST;
+        let base = std::process::id().wrapping_mul(7_919) % span;
+        for _ in 0..span {
+            let port = LOWEST + (base + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+            if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+                return port as u16;
+            }
+        }
+    }
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     listener.local_addr().expect("local addr").port()
 }
@@ -147,6 +172,27 @@ impl Cluster {
         self.children()[i] = Some(child);
     }
 
+    /// The last `lines` lines of each node's log, for a failure message.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for i in 0..self.addrs.len() {
+            let text = std::fs::read_to_string(self.dir.path().join(format!("node-{}.log", i + 1)))
+                .unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            let tail = &all[all.len().saturating_sub(lines)..];
+            out.push_str(&format!(
+                "--- node {} log (last {} lines):\n",
+                i + 1,
+                tail.len()
+            ));
+            for line in tail {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
     /// Copies the nodes' logs somewhere that outlives the test, for a failure report.
     pub fn keep_logs(&self) {
         let target = std::env::temp_dir().join("lineage-cluster-failure");
@@ -246,7 +292,10 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("no leader agreed on within {limit:?}");
+        panic!(
+            "no leader agreed on within {limit:?}\n{}",
+            self.log_tails(40)
+        );
     }
 
     /// Posts until the cluster answers with something other than 503 or a transport
