@@ -138,7 +138,14 @@ impl Cluster {
         self.children.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Starts node `i`, which must not be running (a second process would leak and fail
+    /// to bind).
     pub fn start_node(&self, i: usize) {
+        assert!(
+            self.children()[i].is_none(),
+            "node {} is already running",
+            i + 1
+        );
         let peers: Vec<String> = self
             .addrs
             .iter()
