@@ -1,8 +1,20 @@
 //! Group commit on the leader: writes decided concurrently (for different agents) are
 //! collected into one Raft entry. While a batch is being committed the next one fills,
 //! so batches grow with load and each costs one log append on every node.
+//!
+//! Cohorts: with one batch in flight, N writers settle into two halves that take turns
+//! (one half is queued while the other's batch commits, and the first half comes back
+//! just after the second has been cut). Every batch has a fixed cost on every node (a
+//! log append and fsync, two Raft round trips, wake-ups), so two half batches cost
+//! nearly twice one full one. So when a batch is cut with fewer writes than were pending
+//! during the last commit (the writers that are about to come back), the batcher waits
+//! for them, at most `COHORT_LINGER`. If they do not come, the wait stops and the next
+//! target is what was pending meanwhile, so one slow writer costs one linger, not one
+//! per batch; a lone writer never waits.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -15,6 +27,8 @@ const MAX_BATCH_WRITES: usize = 512;
 const MAX_QUEUED_WRITES: usize = 8192;
 /// Batches being committed at once.
 const MAX_BATCHES_IN_FLIGHT: usize = 1;
+/// Longest wait for writers expected back before a batch is proposed.
+const COHORT_LINGER: Duration = Duration::from_millis(1);
 
 #[derive(Debug, Clone)]
 pub enum WriteError {
@@ -28,17 +42,45 @@ type Reply = oneshot::Sender<Result<ApplyOutcome, WriteError>>;
 #[derive(Clone)]
 pub struct Batcher {
     queue: mpsc::Sender<(AppendRecords, Reply)>,
+    pending: Arc<Pending>,
+}
+
+/// Writes between `Batcher::write` being called and answered.
+#[derive(Default)]
+struct Pending {
+    now: AtomicUsize,
+    /// The most pending at once since the last batch was cut.
+    peak: AtomicUsize,
+}
+
+/// Counts one write as pending for as long as it lives (also when its caller gives up).
+struct PendingWrite<'a>(&'a Pending);
+
+impl<'a> PendingWrite<'a> {
+    fn new(pending: &'a Pending) -> Self {
+        let now = pending.now.fetch_add(1, Ordering::Relaxed) + 1;
+        pending.peak.fetch_max(now, Ordering::Relaxed);
+        PendingWrite(pending)
+    }
+}
+
+impl Drop for PendingWrite<'_> {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Batcher {
     pub fn spawn(raft: Raft) -> Self {
         let (queue, receiver) = mpsc::channel(MAX_QUEUED_WRITES);
-        tokio::spawn(run(raft, receiver));
-        Batcher { queue }
+        let pending = Arc::new(Pending::default());
+        tokio::spawn(run(raft, receiver, pending.clone()));
+        Batcher { queue, pending }
     }
 
     /// Proposes one write and waits until it is applied on this node.
     pub async fn write(&self, append: AppendRecords) -> Result<ApplyOutcome, WriteError> {
+        let _pending = PendingWrite::new(&self.pending);
         let (reply, answer) = oneshot::channel();
         self.queue
             .send((append, reply))
@@ -50,7 +92,11 @@ impl Batcher {
     }
 }
 
-async fn run(raft: Raft, mut receiver: mpsc::Receiver<(AppendRecords, Reply)>) {
+async fn run(
+    raft: Raft,
+    mut receiver: mpsc::Receiver<(AppendRecords, Reply)>,
+    pending: Arc<Pending>,
+) {
     let in_flight = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
     while let Some(first) = receiver.recv().await {
         // Wait for a commit slot first: writes arriving meanwhile join this batch.
@@ -66,6 +112,24 @@ async fn run(raft: Raft, mut receiver: mpsc::Receiver<(AppendRecords, Reply)>) {
                     replies.push(reply);
                 }
                 Err(_) => break,
+            }
+        }
+        // The writers pending during the last commit, less those in this batch, are
+        // answered or about to be and will most likely write again at once.
+        let expected = pending
+            .peak
+            .swap(pending.now.load(Ordering::Relaxed), Ordering::Relaxed)
+            .min(MAX_BATCH_WRITES);
+        if appends.len() < expected {
+            let deadline = tokio::time::Instant::now() + COHORT_LINGER;
+            while appends.len() < expected {
+                match tokio::time::timeout_at(deadline, receiver.recv()).await {
+                    Ok(Some((append, reply))) => {
+                        appends.push(append);
+                        replies.push(reply);
+                    }
+                    Ok(None) | Err(_) => break,
+                }
             }
         }
         let raft = raft.clone();
