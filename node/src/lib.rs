@@ -55,7 +55,7 @@ pub struct NodeConfig {
     pub heads_interval: Duration,
     /// How often the state machine commits with an fsync (zero: each apply, before it answers).
     pub state_fsync_interval: Duration,
-    /// Experimental: the leader counts its own appends as flushed at once (`log_store`).
+    /// The leader counts its own appends as flushed at once (`log_store`).
     pub leader_early_ack: bool,
 }
 

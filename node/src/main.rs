@@ -70,11 +70,10 @@ enum Command {
         /// acknowledged
         #[arg(long, env = "LINEAGE_STATE_FSYNC_INTERVAL_MS", default_value_t = lineage_node::DEFAULT_STATE_FSYNC_INTERVAL_MS)]
         state_fsync_interval_ms: u64,
-        /// Experimental: while leading, count this node's own log appends as flushed at
-        /// once so it replicates while its disk syncs; applies and the commits followers
-        /// hear still wait for the fsync. Off by default until a CI hang with it on is
-        /// understood (see docs/ARCHITECTURE.md)
-        #[arg(long, env = "LINEAGE_LEADER_EARLY_ACK")]
+        /// While leading, count this node's own log appends as flushed at once so it
+        /// replicates while its disk syncs; applies and the commits followers hear still
+        /// wait for the fsync (see docs/ARCHITECTURE.md). `false`: every append waits
+        #[arg(long, env = "LINEAGE_LEADER_EARLY_ACK", default_value_t = true, action = clap::ArgAction::Set)]
         leader_early_ack: bool,
     },
     /// Run a local cluster on 127.0.0.1 (ports P, P+1, …) until Ctrl-C

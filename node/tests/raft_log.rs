@@ -216,6 +216,28 @@ async fn the_durable_gate_answers_for_what_is_on_disk() {
 }
 
 #[tokio::test]
+async fn a_former_leader_with_early_acks_comes_back_as_a_candidate_not_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = LogStore::open(dir.path()).unwrap();
+    let mut led = Vote::new(3, 1);
+    led.commit();
+    log.save_vote(&led).await.unwrap();
+    drop(log);
+    // Without early acknowledgement every acked entry is on disk: openraft may restore
+    // the leadership as it was.
+    let mut plain = LogStore::open(dir.path()).unwrap();
+    assert_eq!(plain.read_vote().await.unwrap(), Some(led));
+    drop(plain);
+    // With it, node 1 must not lead term 3 again: the same vote, not committed.
+    let mut early = LogStore::open(dir.path()).unwrap().leading_as(1);
+    assert_eq!(early.read_vote().await.unwrap(), Some(Vote::new(3, 1)));
+    drop(early);
+    // Another node's committed vote is kept as it is.
+    let mut other = LogStore::open(dir.path()).unwrap().leading_as(2);
+    assert_eq!(other.read_vote().await.unwrap(), Some(led));
+}
+
+#[tokio::test]
 async fn entries_within_one_append_must_be_consecutive() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = LogStore::open(dir.path()).unwrap();

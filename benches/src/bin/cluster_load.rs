@@ -7,7 +7,7 @@
 //! Build the node first, then run:
 //!   cargo build --release -p lineage-node -p lineage-benches
 //!   target/release/cluster_load [--clients 16] [--agents 16] [--seconds 10] [--nodes N]
-//!     [--early-ack]   (nodes run with the experimental --leader-early-ack)
+//!     [--no-early-ack]   (nodes run with --leader-early-ack false)
 //!
 //! Each node's line gives its CPU time per decision (user + system): on a shared machine
 //! that varies far less than decisions/s, so compare builds by it.
@@ -28,8 +28,8 @@ struct Args {
     seconds: u64,
     /// Only this cluster size (default: a 1-node and a 3-node cluster).
     nodes: Option<usize>,
-    /// Start the nodes with the experimental `--leader-early-ack`.
-    early_ack: bool,
+    /// Start the nodes with `--leader-early-ack false`.
+    no_early_ack: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -38,12 +38,12 @@ fn parse_args() -> Result<Args, String> {
         agents: 16,
         seconds: 10,
         nodes: None,
-        early_ack: false,
+        no_early_ack: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--early-ack" {
-            args.early_ack = true;
+        if flag == "--no-early-ack" {
+            args.no_early_ack = true;
             continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -97,7 +97,7 @@ impl Drop for Cluster {
     }
 }
 
-fn start_cluster(binary: &Path, nodes: usize, early_ack: bool) -> Result<Cluster, String> {
+fn start_cluster(binary: &Path, nodes: usize, no_early_ack: bool) -> Result<Cluster, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let keys = dir.path().join("keys");
     let ok = Command::new(binary)
@@ -133,7 +133,12 @@ fn start_cluster(binary: &Path, nodes: usize, early_ack: bool) -> Result<Cluster
             .arg(&keys)
             .arg("--peers")
             .arg(peers.join(","))
-            .args(early_ack.then_some("--leader-early-ack"))
+            .args(
+                no_early_ack
+                    .then_some(["--leader-early-ack", "false"])
+                    .into_iter()
+                    .flatten(),
+            )
             .env("LINEAGE_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -387,7 +392,7 @@ fn real_main() -> Result<(), String> {
         None => vec![1, 3],
     };
     for nodes in sizes {
-        let cluster = start_cluster(&binary, nodes, args.early_ack)?;
+        let cluster = start_cluster(&binary, nodes, args.no_early_ack)?;
         let r = runtime.block_on(run_load(&cluster, &args))?;
         println!(
             "{nodes} node(s), {} clients over {} agents, {} s: {:.0} decisions/s (p50 {:.2} ms, p99 {:.2} ms), {} decisions, {} errors; {:.2}x the fsync ceiling, {:.3}x the signing ceiling (2 records per decision)",

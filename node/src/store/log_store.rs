@@ -253,8 +253,26 @@ impl LogStore {
 
     /// Lets node `id` report its own entries flushed at once while it leads (module docs).
     /// Without it every append waits for its fsync, as tests and tools want.
+    ///
+    /// A node that led before it stopped comes back as a candidate, not as the leader of
+    /// its old term (which openraft 0.9 would restore from a committed vote for itself).
+    /// Entries it reported flushed early may never have reached its disk; leading that
+    /// term again, it would give new entries the same log ids (term, leader, index) as
+    /// those lost ones, which followers still hold, and Raft tells entries apart by log
+    /// id alone: a follower holding the old entry would take the new leader's next
+    /// entries as following it, and its state would fork. An uncommitted vote for itself
+    /// in the same term still refuses every other candidate of that term, so nothing
+    /// Raft relies on is lost; the node wins a later term or follows whoever did.
     pub fn leading_as(self, id: NodeId) -> Self {
         let _ = self.shared.leader_self.set(id);
+        {
+            let mut index = self.shared.lock();
+            if let Some(vote) = index.vote {
+                if vote.is_committed() && vote.leader_id().voted_for() == Some(id) {
+                    index.vote = Some(Vote::new(vote.leader_id().get_term(), id));
+                }
+            }
+        }
         self
     }
 

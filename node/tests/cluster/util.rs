@@ -202,11 +202,34 @@ impl Cluster {
 
     /// Copies the nodes' logs somewhere that outlives the test, for a failure report.
     pub fn keep_logs(&self) {
-        let target = std::env::temp_dir().join("lineage-cluster-failure");
+        let name = self
+            .dir
+            .path()
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy();
+        let target = std::env::temp_dir().join(format!("lineage-cluster-failure{name}"));
         let _ = std::fs::create_dir_all(&target);
         for i in 0..self.addrs.len() {
             let name = format!("node-{}.log", i + 1);
             let _ = std::fs::copy(self.dir.path().join(&name), target.join(&name));
+        }
+        // Where a node hangs, its threads' stacks say where (opt-in: gdb is slow).
+        if std::env::var_os("LINEAGE_TEST_STACKS").is_some() {
+            for (i, child) in self.children().iter().enumerate() {
+                if let Some(child) = child {
+                    let stacks = Command::new("gdb")
+                        .args(["-batch", "-ex", "thread apply all bt", "-p"])
+                        .arg(child.id().to_string())
+                        .output();
+                    if let Ok(out) = stacks {
+                        let _ = std::fs::write(
+                            target.join(format!("node-{}.stacks", i + 1)),
+                            out.stdout,
+                        );
+                    }
+                }
+            }
         }
         eprintln!("node logs kept in {}", target.display());
     }
@@ -422,7 +445,19 @@ impl Cluster {
                             .map(|l| (l.len(), l.last().map(|r| r["hash"].clone())))
                     })
                     .collect();
-                panic!("replicas of {agent_id} did not converge within {limit:?}: (records, last hash) per node: {heads:?}");
+                let mut views = Vec::new();
+                for i in 0..self.addrs.len() {
+                    let (status, view) = self.get(i, "/v1/cluster", &self.admin).await;
+                    views.push(format!(
+                        "node {}: {status} term {} commit {} applied {} leader {}",
+                        i + 1,
+                        view["term"],
+                        view["commit_index"],
+                        view["applied_index"],
+                        view["leader"]
+                    ));
+                }
+                panic!("replicas of {agent_id} did not converge within {limit:?}: (records, last hash) per node: {heads:?}; cluster views: {views:#?}");
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -436,6 +471,9 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() && !self.external {
+            self.keep_logs();
+        }
         for i in 0..self.addrs.len() {
             self.kill(i);
         }

@@ -242,6 +242,24 @@ async fn leader_killed_and_restarted_under_load() {
     .await;
 }
 
+/// The same with the leader's early acknowledgement off (the nodes' default is on): the
+/// plain path, where every append waits for its fsync, stays covered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_and_restarted_under_load_without_early_ack() {
+    let cluster = Cluster::start_with(3, &["--leader-early-ack", "false"]).await;
+    run_scenario_on(
+        "leader-kill-plain",
+        Arc::new(cluster),
+        async |cluster: &Cluster| {
+            let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+            cluster.kill(leader);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            cluster.start_node(leader);
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_frozen_with_sigstop_under_load() {
     run_scenario("leader-sigstop", async |cluster: &Cluster| {
