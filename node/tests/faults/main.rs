@@ -1,5 +1,6 @@
 //! Fault scenarios under steady load, each judged by the history checker: kill -9 of the
-//! leader, a frozen leader (SIGSTOP), a follower whose disk is wiped. Each run is bounded
+//! leader (with the leader's early acknowledgement, the default, and without), a frozen
+//! leader (SIGSTOP), a follower whose disk is wiped. Each run is bounded
 //! in time, and afterwards the cluster must serve again within 5 s of the fault healing.
 //! A last test feeds the checker broken histories and logs to show it catches them.
 
