@@ -141,6 +141,7 @@ fn tamper(data: &Path) {
     let txn = db.begin_write().unwrap();
     {
         let mut table = txn.open_table(RECORDS).unwrap();
+        util::one_row_per_record(&mut table, "victim");
         let line = table
             .get(("victim", 2))
             .unwrap()

@@ -124,6 +124,8 @@ fn tamper(db_path: &Path, key: &AuditKey, keep: u64, from: u64) {
     let txn = db.begin_write().unwrap();
     {
         let mut records = txn.open_table(RECORDS).unwrap();
+        util::one_row_per_record(&mut records, "cut");
+        util::one_row_per_record(&mut records, "rewritten");
         let cut_seqs: Vec<u64> = records
             .range(("cut", keep)..=("cut", u64::MAX))
             .unwrap()

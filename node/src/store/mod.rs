@@ -3,6 +3,7 @@
 
 pub mod heads;
 pub mod log_store;
+pub mod record_rows;
 pub mod sm_writer;
 pub mod state_machine;
 

@@ -250,7 +250,7 @@ fn write_rows(
             .open_table(tables.agent_index)
             .map_err(|e| text(e.into()))?;
         let mut meta = txn.open_table(tables.meta).map_err(|e| text(e.into()))?;
-        // Sorted keys touch each B-tree page once per transaction.
+        // Sorted, each agent's new records make one run (one row; `record_rows`).
         let mut sorted_records = BTreeMap::new();
         for batch in rows {
             for (agent, seq, line) in &batch.records {
@@ -267,9 +267,13 @@ fn write_rows(
                     .map_err(|e| text(e.into()))?;
             }
         }
-        for (key, line) in sorted_records {
-            records.insert(key, line).map_err(|e| text(e.into()))?;
-        }
+        super::record_rows::insert_runs(
+            &mut records,
+            sorted_records
+                .into_iter()
+                .map(|((agent, seq), line)| (agent, seq, line)),
+        )
+        .map_err(|e| text(e.into()))?;
         if let Some(last) = rows.last() {
             meta.insert(tables.applied_key, last.applied.as_slice())
                 .map_err(|e| text(e.into()))?;

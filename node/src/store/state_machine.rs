@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::heads::{self, HeadsLog, HeadsSnapshot};
 use super::log_store::DurableLog;
+use super::record_rows;
 use super::sm_writer::{RowBatch, SmWriter, Tables};
 use crate::raft_types::{
     AppendRecords, ApplyOutcome, Batch, BatchOutcome, IdempotentAnswer, NodeId, Proposal,
@@ -322,23 +323,25 @@ impl StateMachine {
                 AgentSlot::Active(state) => state.next_seq(),
                 AgentSlot::Quarantined(_) => 0,
             };
-            for item in records
-                .range((agent_id, from)..=(agent_id, u64::MAX))
-                .map_err(sm_read_err)?
-            {
-                let (_, line) = item.map_err(sm_read_err)?;
-                data.records_replayed_at_open += 1;
-                let outcome = match Record::from_line(line.value()) {
+            let mut replayed = 0;
+            record_rows::visit_lines(&records, agent_id, from, |_, line| {
+                replayed += 1;
+                let outcome = match Record::from_line(line) {
                     Ok(record) => fold_into(&mut slot, agent_id, std::slice::from_ref(&record)),
                     Err(e) => ApplyOutcome::Rejected(format!("malformed stored record: {e}")),
                 };
-                if let ApplyOutcome::Rejected(reason) = outcome {
-                    if !matches!(slot, AgentSlot::Quarantined(_)) {
-                        slot = AgentSlot::Quarantined(reason);
+                match outcome {
+                    ApplyOutcome::Rejected(reason) => {
+                        if !matches!(slot, AgentSlot::Quarantined(_)) {
+                            slot = AgentSlot::Quarantined(reason);
+                        }
+                        false
                     }
-                    break;
+                    ApplyOutcome::Applied => true,
                 }
-            }
+            })
+            .map_err(sm_read_err)?;
+            data.records_replayed_at_open += replayed;
             data.agents.insert(agent_id.to_string(), slot);
         }
         data.heads = HeadsLog::load(&txn, &data.agents).map_err(sm_read_err)?;
@@ -359,16 +362,13 @@ impl StateMachine {
             .collect();
         let txn = self.db.begin_read().map_err(|e| e.to_string())?;
         let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
-        for item in table
-            .range((agent_id, from)..=(agent_id, u64::MAX))
-            .map_err(|e| e.to_string())?
-            .take(limit)
-        {
-            let (key, line) = item.map_err(|e| e.to_string())?;
-            lines
-                .entry(key.value().1)
-                .or_insert_with(|| line.value().to_string());
-        }
+        let mut taken = 0;
+        record_rows::visit_lines(&table, agent_id, from, |seq, line| {
+            lines.entry(seq).or_insert_with(|| line.to_string());
+            taken += 1;
+            taken < limit
+        })
+        .map_err(|e| e.to_string())?;
         lines
             .values()
             .take(limit)
@@ -576,13 +576,16 @@ impl StateMachine {
             idempotency: Vec::new(),
             heads: HeadsLog::snapshot(&txn).map_err(sm_read_err)?,
         };
-        for item in records.iter().map_err(sm_read_err)? {
-            let (key, line) = item.map_err(sm_read_err)?;
-            body.records
-                .entry(key.value().0.to_string())
-                .or_default()
-                .push(line.value().to_string());
-        }
+        record_rows::visit_all(&records, |agent, seq, line| {
+            let lines = body.records.entry(agent.to_string()).or_default();
+            // Snapshots carry each agent's records from seq 0 without a gap.
+            if seq != lines.len() as u64 {
+                return Err(format!("{agent}: stored records jump to seq {seq}"));
+            }
+            lines.push(line.to_string());
+            Ok(())
+        })
+        .map_err(|e| sm_read_err(std::io::Error::other(e)))?;
         let idem = txn.open_table(IDEMPOTENCY).map_err(sm_read_err)?;
         for item in idem.iter().map_err(sm_read_err)? {
             let (key, value) = item.map_err(sm_read_err)?;
@@ -710,13 +713,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         {
             let mut records = txn.open_table(RECORDS).map_err(sm_write_err)?;
             records.retain(|_, _| false).map_err(sm_write_err)?;
-            for (agent_id, lines) in &body.records {
-                for (seq, line) in lines.iter().enumerate() {
-                    records
-                        .insert((agent_id.as_str(), seq as u64), line.as_str())
-                        .map_err(sm_write_err)?;
-                }
-            }
+            record_rows::insert_runs(
+                &mut records,
+                body.records.iter().flat_map(|(agent_id, lines)| {
+                    (0u64..)
+                        .zip(lines)
+                        .map(move |(seq, line)| (agent_id.as_str(), seq, line.as_str()))
+                }),
+            )
+            .map_err(sm_write_err)?;
             let mut checkpoints = txn.open_table(AGENT_CHECKPOINTS).map_err(sm_write_err)?;
             checkpoints.retain(|_, _| false).map_err(sm_write_err)?;
             let mut index = txn.open_table(AGENT_INDEX).map_err(sm_write_err)?;

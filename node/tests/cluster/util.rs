@@ -54,6 +54,29 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
+/// Rewrites `agent`'s rows in a node's `records` table as one row per record (the layout
+/// older nodes wrote, which nodes still read), so a test can edit single records the way
+/// someone with disk access would.
+pub fn one_row_per_record(table: &mut redb::Table<(&'static str, u64), &'static str>, agent: &str) {
+    use redb::ReadableTable;
+    let rows: Vec<(u64, String)> = table
+        .range((agent, 0)..=(agent, u64::MAX))
+        .expect("read records")
+        .map(|row| {
+            let (key, text) = row.expect("read a row");
+            (key.value().1, text.value().to_string())
+        })
+        .collect();
+    for (first, text) in rows {
+        table.remove((agent, first)).expect("remove a row");
+        for (offset, line) in (0u64..).zip(text.split('\n')) {
+            table
+                .insert((agent, first + offset), line)
+                .expect("insert a row");
+        }
+    }
+}
+
 /// The first of `names` on PATH. When none is installed the calling test skips and says
 /// so, unless `require_env` is set (CI sets it), in which case it fails.
 pub fn program_or_skip(names: &[&str], require_env: &str) -> Option<PathBuf> {
