@@ -10,7 +10,7 @@
 //! during the last commit (the writers that are about to come back), the batcher waits
 //! for them, at most `COHORT_LINGER`. If they do not come, the wait stops and the next
 //! target is what was pending meanwhile, so one slow writer costs one linger, not one
-//! per batch; a lone writer never waits.
+//! per batch; a single writer sending one request after another never waits.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
