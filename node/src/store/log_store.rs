@@ -16,8 +16,8 @@
 //! openraft's callbacks, in order: a follower never acknowledges an entry before it is on
 //! disk.
 //!
-//! The leader's own entries may be the one exception (opt-in, `leading_as`; the node's
-//! `--leader-early-ack`, off by default), and why: openraft 0.9 awaits each log
+//! The leader's own entries may be the one exception (`leading_as`; the node's
+//! `--leader-early-ack`, on by default), and why: openraft 0.9 awaits each log
 //! flush inside its core task and only then tells the followers about the entry, so the
 //! leader's fsync and a follower's fsync ran one after the other. Raft lets the leader
 //! write its disk while it replicates (Ongaro's thesis §10.2.1); here the leader's append
@@ -256,11 +256,12 @@ impl LogStore {
     ///
     /// A node that led before it stopped comes back as a candidate, not as the leader of
     /// its old term (which openraft 0.9 would restore from a committed vote for itself).
-    /// Entries it reported flushed early may never have reached its disk; leading that
-    /// term again, it would give new entries the same log ids (term, leader, index) as
-    /// those lost ones, which followers still hold, and Raft tells entries apart by log
-    /// id alone: a follower holding the old entry would take the new leader's next
-    /// entries as following it, and its state would fork. An uncommitted vote for itself
+    /// Entries it reported flushed early may never have reached its disk, while
+    /// followers hold them; leading that term again, it would give new entries the same
+    /// log ids (term, leader, index) as those lost ones. Raft tells entries apart by log
+    /// id alone, so when it later follows a leader holding the lost ones, the consistency
+    /// check passes on entries that differ and its state forks (seen: the fault test's
+    /// restarted leader stopped applying, every batch refused). An uncommitted vote for itself
     /// in the same term still refuses every other candidate of that term, so nothing
     /// Raft relies on is lost; the node wins a later term or follows whoever did.
     pub fn leading_as(self, id: NodeId) -> Self {
