@@ -75,13 +75,26 @@ pub fn verify_log(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> i32 {
-    let agent_id = match log_agent_id(log, public_key) {
-        Ok(id) => id,
+    match log_agent_id(log, public_key) {
+        Ok(agent_id) => verify_verified_log(log, &agent_id, public_key, input, proofs, out, err),
         Err(e) => {
             let _ = writeln!(out, "FAILED  {e}");
-            return EXIT_FAILED;
+            EXIT_FAILED
         }
-    };
+    }
+}
+
+/// [`verify_log`] for a log whose chain and signatures the caller has just verified
+/// ([`log_agent_id`] gave `agent_id`), so it is not read and verified a second time.
+pub fn verify_verified_log(
+    log: &Path,
+    agent_id: &str,
+    public_key: &str,
+    input: &WitnessedInput,
+    proofs: &[HeadProof],
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> i32 {
     let witnessed = match verify_note(input.note, public_key, input.witness_keys, input.quorum) {
         Ok(w) => w,
         Err(e) => {

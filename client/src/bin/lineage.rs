@@ -302,6 +302,15 @@ fn witnessed_verify(
         Ok(n) => n,
         Err(e) => return usage(err, format!("cannot read {}: {e}", note_path.display())),
     };
+    // The log is verified once, here; what to fetch comes from it and the note, and what
+    // comes back is checked against them.
+    let agent_id = match witnessed_cli::log_agent_id(log, public_key) {
+        Ok(id) => id,
+        Err(e) => {
+            let _ = writeln!(out, "FAILED  {e}");
+            return audit_cli::EXIT_FAILED;
+        }
+    };
     let proofs = match (head_proof, cluster.is_empty()) {
         (Some(path), _) => std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))
@@ -311,15 +320,6 @@ fn witnessed_verify(
                     .map_err(|e| format!("{} is not a head proof: {e}", path.display()))
             }),
         (None, false) => {
-            // What to fetch comes from the (verified) log and note; what comes back is
-            // checked against them.
-            let agent_id = match witnessed_cli::log_agent_id(log, public_key) {
-                Ok(id) => id,
-                Err(e) => {
-                    let _ = writeln!(out, "FAILED  {e}");
-                    return audit_cli::EXIT_FAILED;
-                }
-            };
             let size = match witnessed_cli::verify_note(&note, public_key, witness_keys, quorum) {
                 Ok(w) => w.checkpoint.size,
                 Err(e) => {
@@ -334,8 +334,9 @@ fn witnessed_verify(
         (None, true) => Err("--witnessed needs --head-proof FILE or --cluster URL".into()),
     };
     match proofs {
-        Ok(proofs) => witnessed_cli::verify_log(
+        Ok(proofs) => witnessed_cli::verify_verified_log(
             log,
+            &agent_id,
             public_key,
             &witnessed_cli::WitnessedInput {
                 note: &note,
