@@ -2,9 +2,9 @@
 //! records, one row per run, keyed by (agent, seq of the run's first record), holding the
 //! run's JSON lines joined by `\n` (a record's line never holds a raw newline).
 //!
-//! Why runs: the writer commits about 30 ms of applies at once, and with one row per
-//! record, B-tree inserts and the pages they dirtied were about a seventh of every node's
-//! CPU (perf, 3 nodes, 16 clients). One run per agent per commit is one insert. A row of
+//! Why runs: the writer commits tens of milliseconds of applies at once, and with one row
+//! per record, B-tree inserts and the pages they dirtied were about a seventh of every
+//! node's CPU (perf, 3 nodes, 16 clients). One run per agent per commit is one insert. A row of
 //! one record (every row of older data dirs) is a run of one and reads the same way.
 //! Rows do not overlap: after a crash redb is back at its last durable commit, whose
 //! last applied id says where openraft re-applies from, so new runs start where the
