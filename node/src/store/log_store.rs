@@ -261,17 +261,15 @@ impl LogStore {
     /// log ids (term, leader, index) as those lost ones. Raft tells entries apart by log
     /// id alone, so when it later follows a leader holding the lost ones, the consistency
     /// check passes on entries that differ and its state forks (seen: the fault test's
-    /// restarted leader stopped applying, every batch refused). An uncommitted vote for itself
-    /// in the same term still refuses every other candidate of that term, so nothing
-    /// Raft relies on is lost; the node wins a later term or follows whoever did.
+    /// restarted leader stopped applying, every batch refused). An uncommitted vote for
+    /// itself in the same term still refuses every other candidate of that term, so
+    /// nothing Raft relies on is lost; the node wins a later term or follows whoever did.
     pub fn leading_as(self, id: NodeId) -> Self {
         let _ = self.shared.leader_self.set(id);
         {
             let mut index = self.shared.lock();
-            if let Some(vote) = index.vote {
-                if vote.is_committed() && vote.leader_id().voted_for() == Some(id) {
-                    index.vote = Some(Vote::new(vote.leader_id().get_term(), id));
-                }
+            if let Some(vote) = index.vote.filter(|vote| is_leader_vote(vote, id)) {
+                index.vote = Some(Vote::new(vote.leader_id().get_term(), id));
             }
         }
         self
@@ -542,12 +540,16 @@ impl LogStore {
         let (Some(me), Some(vote)) = (self.shared.leader_self.get(), index.vote) else {
             return false;
         };
-        vote.is_committed()
-            && vote.leader_id().voted_for() == Some(*me)
+        is_leader_vote(&vote, *me)
             && entries
                 .iter()
                 .all(|e| e.log_id.leader_id == *vote.leader_id())
     }
+}
+
+/// Whether `vote` makes `id` the leader of its term: granted by a quorum, for `id`.
+fn is_leader_vote(vote: &Vote<NodeId>, id: NodeId) -> bool {
+    vote.is_committed() && vote.leader_id().voted_for() == Some(id)
 }
 
 /// What is on this node's disk, for the gates that keep the leader's early

@@ -232,15 +232,17 @@ async fn run_scenario_on(
     );
 }
 
+/// kill -9 of the leader, restarted two seconds later.
+async fn kill_and_restart_leader(cluster: &Cluster) {
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    cluster.kill(leader);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.start_node(leader);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_and_restarted_under_load() {
-    run_scenario("leader-kill", async |cluster: &Cluster| {
-        let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
-        cluster.kill(leader);
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        cluster.start_node(leader);
-    })
-    .await;
+    run_scenario("leader-kill", kill_and_restart_leader).await;
 }
 
 /// The same with the leader's early acknowledgement off (the nodes' default is on): the
@@ -251,12 +253,7 @@ async fn leader_killed_and_restarted_under_load_without_early_ack() {
     run_scenario_on(
         "leader-kill-plain",
         Arc::new(cluster),
-        async |cluster: &Cluster| {
-            let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
-            cluster.kill(leader);
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            cluster.start_node(leader);
-        },
+        kill_and_restart_leader,
     )
     .await;
 }
