@@ -40,6 +40,11 @@ pub fn insert_runs<'a>(
     Ok(())
 }
 
+/// A row's records as (seq, line): the run starts at `first`.
+fn row_lines(first: u64, text: &str) -> impl Iterator<Item = (u64, &str)> {
+    (first..).zip(text.split('\n'))
+}
+
 /// Calls `visit(seq, line)` for `agent_id`'s records from seq `from` on, in order, each
 /// once, until it returns false.
 pub fn visit_lines(
@@ -56,9 +61,7 @@ pub fn visit_lines(
     let mut next = from;
     for row in table.range((agent_id, start)..=(agent_id, u64::MAX))? {
         let (key, text) = row?;
-        let first = key.value().1;
-        for (offset, line) in text.value().split('\n').enumerate() {
-            let seq = first + offset as u64;
+        for (seq, line) in row_lines(key.value().1, text.value()) {
             if seq < next {
                 continue;
             }
@@ -87,8 +90,7 @@ pub fn visit_all(
         let Some((_, next)) = current.as_mut() else {
             continue;
         };
-        for (offset, line) in text.value().split('\n').enumerate() {
-            let seq = first + offset as u64;
+        for (seq, line) in row_lines(first, text.value()) {
             if seq < *next {
                 continue;
             }
