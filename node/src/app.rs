@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::api::error::ApiError;
 use crate::batcher::{Batcher, WriteError};
-use crate::raft_types::{AppendRecords, ApplyOutcome, IdempotentAnswer, NodeId, Raft};
+use crate::raft_types::{AppendRecords, ApplyOutcome, IdempotentAnswer, NodeId, Raft, RecordLine};
 use crate::store::{AgentSlot, StateMachine};
 
 /// How long a read waits for this leader to apply its whole log before answering 503.
@@ -263,6 +263,13 @@ impl App {
             }),
             None => None,
         };
+        // The lines are made here, on the request's own task, so that nothing on the
+        // way to the store encodes a record again.
+        let records = records
+            .into_iter()
+            .map(RecordLine::new)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ApiError::Internal)?;
         let entry = AppendRecords {
             agent_id: agent_id.to_string(),
             records,

@@ -5,7 +5,9 @@ use std::io::Cursor;
 use std::sync::Arc;
 
 use lineage_core::Record;
-use serde::{Deserialize, Serialize};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
 
 pub type NodeId = u64;
 
@@ -38,8 +40,68 @@ pub struct BatchOutcome(pub Vec<ApplyOutcome>);
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AppendRecords {
     pub agent_id: String,
-    pub records: Vec<Record>,
+    pub records: Vec<RecordLine>,
     pub idempotency: Option<IdempotentAnswer>,
+}
+
+/// A sealed record and its line. The leader makes the line once, when it seals; Raft
+/// messages, every node's Raft log and every node's store then carry those same bytes,
+/// with no encoding on the way (the line is written out as raw JSON). On the wire it
+/// is the record object, as it always was.
+#[derive(Clone, Debug)]
+pub struct RecordLine {
+    record: Record,
+    line: Box<RawValue>,
+}
+
+impl RecordLine {
+    pub fn new(record: Record) -> Result<Self, String> {
+        let line = RawValue::from_string(record.to_line())
+            .map_err(|e| format!("record seq {} has no JSON line: {e}", record.seq))?;
+        Ok(RecordLine { record, line })
+    }
+
+    pub fn record(&self) -> &Record {
+        &self.record
+    }
+
+    /// The line as stored, without its newline.
+    pub fn line(&self) -> &str {
+        self.line.get()
+    }
+}
+
+impl std::borrow::Borrow<Record> for RecordLine {
+    fn borrow(&self) -> &Record {
+        &self.record
+    }
+}
+
+impl PartialEq for RecordLine {
+    fn eq(&self, other: &Self) -> bool {
+        self.line.get() == other.line.get()
+    }
+}
+
+impl Serialize for RecordLine {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.line.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RecordLine {
+    /// Keeps the bytes received as the line, so they must be one line: JSON strings
+    /// cannot hold a raw newline, but the whitespace between tokens can.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let line = Box::<RawValue>::deserialize(deserializer)?;
+        if line.get().contains(['\n', '\r']) {
+            return Err(D::Error::custom(
+                "a record line must not contain a line break",
+            ));
+        }
+        let record = Record::from_line(line.get()).map_err(D::Error::custom)?;
+        Ok(RecordLine { record, line })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -70,3 +132,49 @@ openraft::declare_raft_types!(
 
 pub type Raft = openraft::Raft<TypeConfig>;
 pub type StorageError = openraft::StorageError<NodeId>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lineage_core::record::ZERO_HASH;
+    use lineage_core::AuditKey;
+    use serde_json::json;
+
+    fn record() -> Record {
+        let key = AuditKey::generate().unwrap();
+        Record::seal(
+            &key,
+            0,
+            "2026-11-30T12:00:00.000000Z".into(),
+            "bot",
+            "genesis",
+            json!({"note": "line\nbreak \"quoted\"", "n": 1.5}),
+            ZERO_HASH,
+        )
+    }
+
+    #[test]
+    fn a_record_line_travels_as_the_record_object_and_keeps_its_bytes() {
+        let record = record();
+        let line = RecordLine::new(record.clone()).unwrap();
+        assert_eq!(line.line(), record.to_line());
+        // The same JSON as the record itself, so Raft logs written before keep decoding.
+        let encoded = serde_json::to_string(&line).unwrap();
+        assert_eq!(encoded, serde_json::to_string(&record).unwrap());
+        let decoded: RecordLine = serde_json::from_str(&encoded).unwrap();
+        assert_eq!(decoded.record(), &record);
+        assert_eq!(decoded.line(), record.to_line());
+    }
+
+    #[test]
+    fn a_received_line_with_a_line_break_between_tokens_is_refused() {
+        let record = record();
+        let spaced = record
+            .to_line()
+            .replacen(",\"timestamp\"", ",\n\"timestamp\"", 1);
+        let error = serde_json::from_str::<RecordLine>(&spaced).unwrap_err();
+        assert!(error.to_string().contains("line break"), "{error}");
+        // Not a record at all.
+        assert!(serde_json::from_str::<RecordLine>("{\"seq\":1}").is_err());
+    }
+}

@@ -3,7 +3,7 @@
 use lineage_core::guard::{decide, seal, AgentState, Command};
 use lineage_core::{AuditKey, Policy, ToolRule};
 use lineage_node::raft_types::{
-    AppendRecords, ApplyOutcome, Batch, BatchOutcome, Proposal, TypeConfig,
+    AppendRecords, ApplyOutcome, Batch, BatchOutcome, Proposal, RecordLine, TypeConfig,
 };
 use lineage_node::store::{self, AgentSlot, LogStore, StateMachine};
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
@@ -53,7 +53,10 @@ fn entries_with_requests(key: &AuditKey, requests: usize) -> Vec<AppendRecords> 
         }
         entries.push(AppendRecords {
             agent_id: "bot".into(),
-            records,
+            records: records
+                .into_iter()
+                .map(|r| RecordLine::new(r).unwrap())
+                .collect(),
             idempotency: None,
         });
     }

@@ -8,6 +8,7 @@
 //! idempotency answers and the last applied log id are written in one redb transaction
 //! per applied batch.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::sync::{Arc, RwLock};
@@ -175,12 +176,17 @@ fn idempotency_key(agent_id: &str, key: &str) -> String {
 
 /// Checks that `records` extend `state`'s head (seq, prev_hash, recomputed hash, actor)
 /// without changing anything.
-pub fn check_extends(state: &AgentState, agent_id: &str, records: &[Record]) -> Result<(), String> {
+pub fn check_extends<R: Borrow<Record>>(
+    state: &AgentState,
+    agent_id: &str,
+    records: &[R],
+) -> Result<(), String> {
     if records.is_empty() {
         return Err("no records".into());
     }
     let mut prev = state.head.as_ref().map_or(ZERO_HASH, |h| h.hash.as_str());
     for (expected_seq, record) in (state.next_seq()..).zip(records) {
+        let record: &Record = record.borrow();
         if record.seq != expected_seq {
             return Err(format!(
                 "record seq {} does not extend head (expected {expected_seq})",
@@ -211,7 +217,11 @@ pub fn check_extends(state: &AgentState, agent_id: &str, records: &[Record]) -> 
 /// changes nothing; a record the guard fold refuses after the chain checked out means
 /// the leader wrote something no guard decides, so the agent is quarantined (on every
 /// node alike) rather than left half-applied.
-fn fold_into(slot: &mut AgentSlot, agent_id: &str, records: &[Record]) -> ApplyOutcome {
+fn fold_into<R: Borrow<Record>>(
+    slot: &mut AgentSlot,
+    agent_id: &str,
+    records: &[R],
+) -> ApplyOutcome {
     let state = match slot {
         AgentSlot::Quarantined(reason) => {
             return ApplyOutcome::Rejected(format!("agent is quarantined: {reason}"))
@@ -222,6 +232,7 @@ fn fold_into(slot: &mut AgentSlot, agent_id: &str, records: &[Record]) -> ApplyO
         return ApplyOutcome::Rejected(reason);
     }
     for record in records {
+        let record: &Record = record.borrow();
         if let Err(e) = state.apply(record) {
             let reason = format!("seq {}: {e}", record.seq);
             *slot = AgentSlot::Quarantined(reason.clone());
@@ -617,15 +628,18 @@ fn write_applied(
 /// agent's index entry when the write creates it.
 fn add_rows(append: &AppendRecords, rows: &mut RowBatch) -> Result<(), StorageError> {
     for record in &append.records {
-        rows.records
-            .push((append.agent_id.clone(), record.seq, record.to_line()));
+        rows.records.push((
+            append.agent_id.clone(),
+            record.record().seq,
+            record.line().to_string(),
+        ));
     }
     if let Some(answer) = &append.idempotency {
         let bytes = serde_json::to_vec(answer).map_err(sm_write_err)?;
         rows.idempotency
             .push((idempotency_key(&append.agent_id, &answer.key), bytes));
     }
-    if append.records.first().is_some_and(|r| r.seq == 0) {
+    if append.records.first().is_some_and(|r| r.record().seq == 0) {
         rows.new_agents.push(append.agent_id.clone());
     }
     Ok(())
