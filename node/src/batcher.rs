@@ -23,6 +23,9 @@ use openraft::error::{ClientWriteError, RaftError};
 
 /// Most writes in one Raft entry.
 const MAX_BATCH_WRITES: usize = 512;
+/// A batch takes no more writes once it holds this many bytes, so that one entry fits
+/// well within an AppendEntries (`raft_client`).
+const MAX_BATCH_BYTES: usize = 128 * 1024;
 /// Writes waiting for a batch; a full queue makes callers wait (backpressure).
 const MAX_QUEUED_WRITES: usize = 8192;
 /// Batches being committed at once.
@@ -103,11 +106,13 @@ async fn run(
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
+        let mut bytes = first.0.size();
         let mut appends = vec![first.0];
         let mut replies = vec![first.1];
-        while appends.len() < MAX_BATCH_WRITES {
+        while appends.len() < MAX_BATCH_WRITES && bytes < MAX_BATCH_BYTES {
             match receiver.try_recv() {
                 Ok((append, reply)) => {
+                    bytes += append.size();
                     appends.push(append);
                     replies.push(reply);
                 }
@@ -122,9 +127,10 @@ async fn run(
             .min(MAX_BATCH_WRITES);
         if appends.len() < expected {
             let deadline = tokio::time::Instant::now() + COHORT_LINGER;
-            while appends.len() < expected {
+            while appends.len() < expected && bytes < MAX_BATCH_BYTES {
                 match tokio::time::timeout_at(deadline, receiver.recv()).await {
                     Ok(Some((append, reply))) => {
+                        bytes += append.size();
                         appends.push(append);
                         replies.push(reply);
                     }

@@ -44,6 +44,20 @@ pub struct AppendRecords {
     pub idempotency: Option<IdempotentAnswer>,
 }
 
+impl AppendRecords {
+    /// About how many bytes this write takes in a Raft entry.
+    pub fn size(&self) -> usize {
+        const FRAMING: usize = 64;
+        FRAMING
+            + self.agent_id.len()
+            + self.records.iter().map(|r| r.line().len()).sum::<usize>()
+            + self
+                .idempotency
+                .as_ref()
+                .map_or(0, |a| a.key.len() + a.body.len())
+    }
+}
+
 /// A sealed record and its line. The leader makes the line once, when it seals; Raft
 /// messages, every node's Raft log and every node's store then carry those same bytes,
 /// with no encoding on the way (the line is written out as raw JSON). On the wire it

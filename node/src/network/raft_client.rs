@@ -8,11 +8,11 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::BasicNode;
+use openraft::{BasicNode, Entry, EntryPayload, LogId};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::raft_types::{NodeId, TypeConfig};
+use crate::raft_types::{AppendRecords, Batch, NodeId, Proposal, TypeConfig};
 use crate::store::log_store::DurableLog;
 
 /// The header that carries the cluster secret on node-to-node requests.
@@ -87,6 +87,43 @@ impl Connection {
     }
 }
 
+/// The most record bytes one AppendEntries carries. openraft 0.9 gives an AppendEntries
+/// one heartbeat interval (50 ms) before it counts as failed, and sends up to 300
+/// entries at once to a follower that is behind; each entry is a whole batch of writes.
+/// A follower catching up after a restart must get its entries in pieces it can parse
+/// and make durable within that time (and under its body limit), or it never catches up.
+const APPEND_BYTES_BUDGET: usize = 256 * 1024;
+
+/// Keeps the leading entries that fit in `APPEND_BYTES_BUDGET` (always at least one) and
+/// returns the log id of the last one kept if any were left out.
+fn keep_within_budget(entries: &mut Vec<Entry<TypeConfig>>) -> Option<LogId<NodeId>> {
+    let mut bytes = 0;
+    let keep = entries
+        .iter()
+        .position(|entry| {
+            bytes += entry_bytes(entry);
+            bytes > APPEND_BYTES_BUDGET
+        })
+        .map_or(entries.len(), |over| over.max(1));
+    if keep == entries.len() {
+        return None;
+    }
+    entries.truncate(keep);
+    entries.last().map(|entry| entry.log_id)
+}
+
+/// About how many bytes an entry takes in an AppendEntries body.
+fn entry_bytes(entry: &Entry<TypeConfig>) -> usize {
+    const FRAMING: usize = 128;
+    match &entry.payload {
+        EntryPayload::Normal(Proposal::Writes(Batch(appends))) => {
+            FRAMING + appends.iter().map(AppendRecords::size).sum::<usize>()
+        }
+        EntryPayload::Normal(Proposal::Witnessed { note }) => FRAMING + note.len(),
+        _ => FRAMING,
+    }
+}
+
 impl RaftNetwork<TypeConfig> for Connection {
     async fn append_entries(
         &mut self,
@@ -96,7 +133,15 @@ impl RaftNetwork<TypeConfig> for Connection {
         if let Some(durable) = &self.http.durable_log {
             request.leader_commit = durable.clamp_commit(request.leader_commit);
         }
-        self.call("append", &request, &option).await
+        let sent_only_up_to = keep_within_budget(&mut request.entries);
+        let response = self.call("append", &request, &option).await?;
+        Ok(match (response, sent_only_up_to) {
+            // The follower has what was sent: openraft sends the rest next.
+            (AppendEntriesResponse::Success, Some(last)) => {
+                AppendEntriesResponse::PartialSuccess(Some(last))
+            }
+            (response, _) => response,
+        })
     }
 
     async fn install_snapshot(
@@ -116,5 +161,51 @@ impl RaftNetwork<TypeConfig> for Connection {
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         self.call("vote", &request, &option).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::testing::log_id;
+    use std::sync::Arc;
+
+    fn entry(index: u64, note_bytes: usize) -> Entry<TypeConfig> {
+        Entry {
+            log_id: log_id(1, 1, index),
+            payload: EntryPayload::Normal(Proposal::Witnessed {
+                note: "x".repeat(note_bytes),
+            }),
+        }
+    }
+
+    #[test]
+    fn an_append_keeps_the_entries_that_fit_and_always_one() {
+        let mut small: Vec<_> = (1..=10).map(|i| entry(i, 1000)).collect();
+        assert_eq!(keep_within_budget(&mut small), None);
+        assert_eq!(small.len(), 10);
+
+        let mut large: Vec<_> = (1..=10)
+            .map(|i| entry(i, APPEND_BYTES_BUDGET / 4))
+            .collect();
+        assert_eq!(keep_within_budget(&mut large), Some(log_id(1, 1, 3)));
+        assert_eq!(large.len(), 3);
+
+        let mut huge: Vec<_> = (1..=3).map(|i| entry(i, APPEND_BYTES_BUDGET * 2)).collect();
+        assert_eq!(keep_within_budget(&mut huge), Some(log_id(1, 1, 1)));
+        assert_eq!(huge.len(), 1);
+
+        let mut empty = Vec::new();
+        assert_eq!(keep_within_budget(&mut empty), None);
+
+        let writes = Entry {
+            log_id: log_id(1, 1, 1),
+            payload: EntryPayload::Normal(Proposal::Writes(Batch(Arc::new(vec![AppendRecords {
+                agent_id: "bot".into(),
+                records: Vec::new(),
+                idempotency: None,
+            }])))),
+        };
+        assert!(entry_bytes(&writes) > 0);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -15,11 +15,17 @@ use crate::api::error::ApiError;
 use crate::app::App;
 use crate::raft_types::{NodeId, TypeConfig};
 
+/// Raft bodies may be larger than the API's: an AppendEntries always carries at least
+/// one whole entry, and a batch may end with one large write. Only nodes holding the
+/// cluster secret get to send one (checked before the body is read).
+const MAX_RAFT_BODY_BYTES: usize = 64 * 1024 * 1024;
+
 pub fn routes(app: Arc<App>) -> Router<Arc<App>> {
     Router::new()
         .route("/raft/append", post(append))
         .route("/raft/vote", post(vote))
         .route("/raft/snapshot", post(snapshot))
+        .layer(DefaultBodyLimit::max(MAX_RAFT_BODY_BYTES))
         .route_layer(axum::middleware::from_fn_with_state(
             app,
             require_cluster_secret,
