@@ -78,6 +78,22 @@ fn sample_records() -> Result<Vec<(String, Vec<Record>)>, String> {
     Ok(writes)
 }
 
+/// The lines every node's store gets, made again from each record (the baseline).
+fn stored_lines_remade(writes: &[PlainWrite]) -> usize {
+    let lines = writes
+        .iter()
+        .flat_map(|w| w.records.iter().map(Record::to_line));
+    lines.map(|line| line.len()).sum()
+}
+
+/// The lines every node's store gets, copied from the entry.
+fn stored_lines_copied(writes: &[LineWrite]) -> usize {
+    let lines = writes
+        .iter()
+        .flat_map(|w| w.records.iter().map(|r| r.line().to_string()));
+    lines.map(|line| line.len()).sum()
+}
+
 /// The best time of five rounds of `rounds` calls.
 fn best_of_five(rounds: u64, mut f: impl FnMut() -> usize) -> Duration {
     (0..5)
@@ -109,14 +125,7 @@ fn run() -> Result<(), String> {
         for _ in 0..1 + FOLLOWERS {
             bytes += serde_json::to_vec(&plain).map(|v| v.len()).unwrap_or(0);
         }
-        for write in &plain {
-            bytes += write
-                .records
-                .iter()
-                .map(|r| r.to_line().len())
-                .sum::<usize>();
-        }
-        bytes
+        bytes + stored_lines_remade(&plain)
     });
     let line_leader = best_of_five(rounds, || {
         let lines: Vec<LineWrite> = plain
@@ -134,10 +143,7 @@ fn run() -> Result<(), String> {
         for _ in 0..1 + FOLLOWERS {
             bytes += serde_json::to_vec(&lines).map(|v| v.len()).unwrap_or(0);
         }
-        for write in &lines {
-            bytes += write.records.iter().map(|r| r.line().len()).sum::<usize>();
-        }
-        bytes
+        bytes + stored_lines_copied(&lines)
     });
     // The leader's side of the baseline clones nothing, the measured side clones each
     // record once (into its RecordLine), which the node does not: it moves them.
@@ -158,29 +164,13 @@ fn run() -> Result<(), String> {
         let Ok(entry) = serde_json::from_slice::<Vec<PlainWrite>>(&encoded) else {
             return 0;
         };
-        let mut bytes = serde_json::to_vec(&entry).map(|v| v.len()).unwrap_or(0);
-        for write in &entry {
-            bytes += write
-                .records
-                .iter()
-                .map(|r| r.to_line().len())
-                .sum::<usize>();
-        }
-        bytes
+        serde_json::to_vec(&entry).map_or(0, |v| v.len()) + stored_lines_remade(&entry)
     });
     let line_follower = best_of_five(rounds, || {
         let Ok(entry) = serde_json::from_slice::<Vec<LineWrite>>(&encoded) else {
             return 0;
         };
-        let mut bytes = serde_json::to_vec(&entry).map(|v| v.len()).unwrap_or(0);
-        for write in &entry {
-            bytes += write
-                .records
-                .iter()
-                .map(|r| r.line().to_string().len())
-                .sum::<usize>();
-        }
-        bytes
+        serde_json::to_vec(&entry).map_or(0, |v| v.len()) + stored_lines_copied(&entry)
     });
     // Both decode the same bytes into the same records.
     let check: Vec<LineWrite> = serde_json::from_slice(&encoded).map_err(|e| e.to_string())?;
