@@ -73,6 +73,14 @@ pub const DEFAULT_SCRUB_INTERVAL_SECS: u64 = 300;
 pub const DEFAULT_SNAPSHOT_EVERY: u64 = 10_000;
 /// Log entries kept behind a snapshot, so briefly lagging followers need no snapshot.
 const LOGS_KEPT_BEHIND_SNAPSHOT: u64 = 1_000;
+/// Snapshot chunks travel as JSON arrays of numbers (about 3.6 bytes a byte), so keep
+/// each one a small request: openraft's 3 MiB default made an 11 MiB body.
+const SNAPSHOT_CHUNK_BYTES: u64 = 256 * 1024;
+/// How long one snapshot chunk may take. The last one includes installing the whole
+/// snapshot on the follower (replaying every agent's records), which takes seconds for a
+/// large state; openraft's 200 ms default failed it on every retry, so a wiped node with a
+/// few megabytes of state to receive never came back.
+const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 60_000;
 
 fn raft_config(id: NodeId, snapshot_every: u64) -> Result<openraft::Config, String> {
     let min = ELECTION_TIMEOUT_BASE_MS + (id % 5) * ELECTION_TIMEOUT_STAGGER_MS;
@@ -83,6 +91,8 @@ fn raft_config(id: NodeId, snapshot_every: u64) -> Result<openraft::Config, Stri
         election_timeout_max: min + ELECTION_TIMEOUT_STAGGER_MS,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(snapshot_every.max(1)),
         max_in_snapshot_log_to_keep: LOGS_KEPT_BEHIND_SNAPSHOT.min(snapshot_every),
+        snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+        install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
         ..Default::default()
     }
     .validate()

@@ -296,6 +296,52 @@ async fn a_wiped_node_rejoins_and_catches_up() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_node_installs_a_snapshot_of_several_chunks() {
+    let cluster = Cluster::start_with(3, &["--snapshot-every", "8"]).await;
+    let public_key = cluster.public_key().await;
+    let token = cluster.create_agent(0, "bot", policy(1000)).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    let victim = (leader + 1) % 3;
+    cluster.kill(victim);
+    cluster.wipe(victim);
+    // Inputs of 50 KB: the snapshot grows past 1 MB, several chunks; sent as one chunk
+    // (openraft's default) its JSON body would pass 3.5 MB.
+    let big = "x".repeat(50_000);
+    for n in 0..20 {
+        let key = format!("big{n}");
+        let start = Instant::now();
+        loop {
+            let (status, body) = cluster
+                .post(
+                    leader,
+                    "/v1/agents/bot/actions",
+                    &token,
+                    json!({"tool": "search", "input": {"blob": big, "n": n}}),
+                    Some(&key),
+                )
+                .await;
+            if status == 200 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "not served within 10 s: {status} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    cluster.start_node(victim);
+    let log = cluster.converged_log("bot", Duration::from_secs(30)).await;
+    assert_eq!(log.len(), 2 + 20 * 2);
+    verify(&log, &public_key);
+    let (status, body) = cluster
+        .get(victim, "/v1/agents/bot?local=true", &cluster.admin.clone())
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["spent"], 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_node_catches_up_from_a_snapshot_when_the_log_was_purged() {
     let cluster = Cluster::start_with(3, &["--snapshot-every", "8"]).await;
     let public_key = cluster.public_key().await;
