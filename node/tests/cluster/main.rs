@@ -38,6 +38,19 @@ async fn act_until_served(
     token: &str,
     key: &str,
 ) -> (Value, Duration) {
+    let action = json!({"tool": "search"});
+    request_until_served(cluster, i, agent, token, key, &action).await
+}
+
+/// [`act_until_served`] with the action's request body given.
+async fn request_until_served(
+    cluster: &Cluster,
+    i: usize,
+    agent: &str,
+    token: &str,
+    key: &str,
+    action: &Value,
+) -> (Value, Duration) {
     let start = Instant::now();
     loop {
         let (status, body) = cluster
@@ -45,7 +58,7 @@ async fn act_until_served(
                 i,
                 &format!("/v1/agents/{agent}/actions"),
                 token,
-                json!({"tool": "search"}),
+                action.clone(),
                 Some(key),
             )
             .await;
@@ -268,6 +281,52 @@ async fn the_rust_client_fails_over_and_never_charges_twice() {
     assert_eq!(status.actions_allowed, allowed);
 }
 
+/// A 3-node cluster with agent `bot` whose follower `victim` was killed and wiped.
+struct WipedFollower {
+    cluster: Cluster,
+    public_key: String,
+    token: String,
+    leader: usize,
+    victim: usize,
+}
+
+/// Creates agent `bot`, then kills and wipes a follower.
+async fn wipe_a_follower(cluster: Cluster) -> WipedFollower {
+    let public_key = cluster.public_key().await;
+    let token = cluster.create_agent(0, "bot", policy(1000)).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    let victim = (leader + 1) % 3;
+    cluster.kill(victim);
+    cluster.wipe(victim);
+    WipedFollower {
+        cluster,
+        public_key,
+        token,
+        leader,
+        victim,
+    }
+}
+
+impl WipedFollower {
+    /// Restarts the victim and checks that every replica, the victim's too, holds the
+    /// same verifying log of `actions` charged actions; returns that log.
+    async fn restart_and_check(&self, actions: u64, within: Duration) -> Vec<Value> {
+        self.cluster.start_node(self.victim);
+        let log = self.cluster.converged_log("bot", within).await;
+        assert_eq!(log.len() as u64, 2 + actions * 2);
+        verify(&log, &self.public_key);
+        // The wiped node serves the agent's state again.
+        let admin = self.cluster.admin.clone();
+        let (status, body) = self
+            .cluster
+            .get(self.victim, "/v1/agents/bot?local=true", &admin)
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["spent"], actions);
+        log
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_node_rejoins_and_catches_up() {
     let cluster = Cluster::start(3).await;
@@ -283,90 +342,43 @@ async fn a_wiped_node_rejoins_and_catches_up() {
     for n in 0..5 {
         act_until_served(&cluster, leader, "bot", &token, &format!("while-down-{n}")).await;
     }
-    cluster.start_node(victim);
-    let log = cluster.converged_log("bot", Duration::from_secs(15)).await;
-    assert_eq!(log.len(), 2 + 15 * 2);
-    verify(&log, &public_key);
-    // The wiped node serves the agent's state again.
-    let (status, body) = cluster
-        .get(victim, "/v1/agents/bot?local=true", &cluster.admin.clone())
-        .await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["spent"], 15);
+    let wiped = WipedFollower {
+        cluster,
+        public_key,
+        token,
+        leader,
+        victim,
+    };
+    wiped.restart_and_check(15, Duration::from_secs(15)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_node_installs_a_snapshot_of_several_chunks() {
-    let cluster = Cluster::start_with(3, &["--snapshot-every", "8"]).await;
-    let public_key = cluster.public_key().await;
-    let token = cluster.create_agent(0, "bot", policy(1000)).await;
-    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
-    let victim = (leader + 1) % 3;
-    cluster.kill(victim);
-    cluster.wipe(victim);
+    let wiped = wipe_a_follower(Cluster::start_with(3, &["--snapshot-every", "8"]).await).await;
     // Inputs of 50 KB: the snapshot grows past 1 MB, several chunks; sent as one chunk
     // (openraft's default) its JSON body would pass 3.5 MB.
     let big = "x".repeat(50_000);
+    let (cluster, leader, token) = (&wiped.cluster, wiped.leader, &wiped.token);
     for n in 0..20 {
-        let key = format!("big{n}");
-        let start = Instant::now();
-        loop {
-            let (status, body) = cluster
-                .post(
-                    leader,
-                    "/v1/agents/bot/actions",
-                    &token,
-                    json!({"tool": "search", "input": {"blob": big, "n": n}}),
-                    Some(&key),
-                )
-                .await;
-            if status == 200 {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "not served within 10 s: {status} {body}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let action = json!({"tool": "search", "input": {"blob": big, "n": n}});
+        request_until_served(cluster, leader, "bot", token, &format!("big{n}"), &action).await;
     }
-    cluster.start_node(victim);
-    let log = cluster.converged_log("bot", Duration::from_secs(30)).await;
-    assert_eq!(log.len(), 2 + 20 * 2);
-    verify(&log, &public_key);
-    let (status, body) = cluster
-        .get(victim, "/v1/agents/bot?local=true", &cluster.admin.clone())
-        .await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["spent"], 20);
+    wiped.restart_and_check(20, Duration::from_secs(30)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_node_catches_up_from_a_snapshot_when_the_log_was_purged() {
-    let cluster = Cluster::start_with(3, &["--snapshot-every", "8"]).await;
-    let public_key = cluster.public_key().await;
-    let token = cluster.create_agent(0, "bot", policy(1000)).await;
-    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
-    let victim = (leader + 1) % 3;
-    cluster.kill(victim);
-    cluster.wipe(victim);
+    let wiped = wipe_a_follower(Cluster::start_with(3, &["--snapshot-every", "8"]).await).await;
     // Far more entries than one snapshot interval: the leader purges what the wiped
     // node would need, so only a snapshot can bring it back.
+    let (cluster, leader, token) = (&wiped.cluster, wiped.leader, &wiped.token);
     for n in 0..40 {
-        act_until_served(&cluster, leader, "bot", &token, &format!("s{n}")).await;
+        act_until_served(cluster, leader, "bot", token, &format!("s{n}")).await;
     }
-    cluster.start_node(victim);
-    let log = cluster.converged_log("bot", Duration::from_secs(20)).await;
-    assert_eq!(log.len(), 2 + 40 * 2);
-    verify(&log, &public_key);
-    let (status, body) = cluster
-        .get(victim, "/v1/agents/bot?local=true", &cluster.admin.clone())
-        .await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["spent"], 40);
+    let log = wiped.restart_and_check(40, Duration::from_secs(20)).await;
     // And after a restart it still has it (the snapshot was installed durably).
-    cluster.kill(victim);
-    cluster.start_node(victim);
+    cluster.kill(wiped.victim);
+    cluster.start_node(wiped.victim);
     let log_after = cluster.converged_log("bot", Duration::from_secs(20)).await;
     assert_eq!(log_after, log);
 }
