@@ -557,6 +557,31 @@ fn is_leader_vote(vote: &Vote<NodeId>, id: NodeId) -> bool {
 #[derive(Clone)]
 pub struct DurableLog(Arc<Shared>);
 
+/// Whether `log_id` is on disk (or was purged after a snapshot); false while it is
+/// still pending, an error when the log holds another entry there or none.
+fn durable_in(index: &LogIndex, log_id: Id) -> Result<bool, String> {
+    if index.last_purged.is_some_and(|p| p.index >= log_id.index) {
+        return Ok(true);
+    }
+    let durable_first = index.durable.front().map(|f| f.log_id.index);
+    let position = durable_first.and_then(|first| log_id.index.checked_sub(first));
+    if let Some(frame) = position.and_then(|p| index.durable.get(p as usize)) {
+        return if frame.log_id == log_id {
+            Ok(true)
+        } else {
+            Err(format!(
+                "the log holds {} instead of {log_id}",
+                frame.log_id
+            ))
+        };
+    }
+    if index.pending.iter().any(|e| e.log_id == log_id) {
+        Ok(false)
+    } else {
+        Err(format!("the log does not hold {log_id}"))
+    }
+}
+
 impl DurableLog {
     /// Blocks until entry `log_id` is on disk (or was purged after a snapshot). Errors when
     /// the log failed, its writer stopped, or it no longer holds the entry. A slow disk
@@ -564,23 +589,8 @@ impl DurableLog {
     pub fn wait_durable(&self, log_id: Id) -> Result<(), String> {
         let mut index = self.0.lock();
         loop {
-            if index.last_purged.is_some_and(|p| p.index >= log_id.index) {
+            if durable_in(&index, log_id)? {
                 return Ok(());
-            }
-            let durable_first = index.durable.front().map(|f| f.log_id.index);
-            let position = durable_first.and_then(|first| log_id.index.checked_sub(first));
-            if let Some(frame) = position.and_then(|p| index.durable.get(p as usize)) {
-                return if frame.log_id == log_id {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "the log holds {} instead of {log_id}",
-                        frame.log_id
-                    ))
-                };
-            }
-            if !index.pending.iter().any(|e| e.log_id == log_id) {
-                return Err(format!("the log does not hold {log_id}"));
             }
             index.check().map_err(|e| e.to_string())?;
             if !self.0.writer_running.load(Ordering::Acquire) {
@@ -594,6 +604,11 @@ impl DurableLog {
                 .map(|(guard, _)| guard)
                 .unwrap_or_else(|p| p.into_inner().0);
         }
+    }
+
+    /// Whether entry `log_id` is on disk now, without waiting; errors as `wait_durable`.
+    pub fn is_durable(&self, log_id: Id) -> Result<bool, String> {
+        durable_in(&self.0.lock(), log_id)
     }
 
     /// `committed`, or the last durable entry if that is earlier: what followers may hear

@@ -435,6 +435,29 @@ impl StateMachine {
         self.apply_batch_locked(&mut data, entries)
     }
 
+    /// Whether `apply_batch` would neither wait nor commit to redb: only writes (and
+    /// blank or membership entries), their log entries already on disk, the writer
+    /// neither behind nor writing through. Only openraft's apply task applies, so
+    /// nothing changes this between the check and the apply.
+    fn applies_without_waiting(&self, entries: &[Entry<TypeConfig>]) -> bool {
+        let only_writes = entries.iter().all(|entry| {
+            matches!(
+                entry.payload,
+                EntryPayload::Blank
+                    | EntryPayload::Membership(_)
+                    | EntryPayload::Normal(Proposal::Writes(_))
+            )
+        });
+        let on_disk = match (&self.durable_log, entries.last()) {
+            (Some(log), Some(last)) => log.is_durable(last.log_id).unwrap_or(false),
+            _ => true,
+        };
+        only_writes
+            && on_disk
+            && !self.writer.writes_through()
+            && self.read_data().unflushed.batches.len() + 1 < MAX_UNFLUSHED_BATCHES
+    }
+
     /// Folds the entries into memory and hands their rows to the writer. Heads-log
     /// entries (about one a second) are committed here instead, after the writer has
     /// caught up, so redb never holds them out of order.
@@ -692,8 +715,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: Send,
     {
         let entries: Vec<_> = entries.into_iter().collect();
+        if self.applies_without_waiting(&entries) {
+            // Memory work only (a few hundred µs for a full batch): a hop to a blocking
+            // thread and back cost the leader's answer about as much again.
+            return self.apply_batch(entries);
+        }
         let this = self.clone();
-        // redb commits fsync; keep that off the async worker threads.
+        // redb commits fsync, and the log or the writer may make it wait; keep that
+        // off the async worker threads.
         tokio::task::spawn_blocking(move || this.apply_batch(entries))
             .await
             .map_err(sm_write_err)?
