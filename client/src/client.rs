@@ -119,11 +119,15 @@ impl Client {
             }
             match request.send().await {
                 Ok(reply) if reply.status() == StatusCode::SERVICE_UNAVAILABLE => {
-                    last = format!(
-                        "{}: {}",
-                        self.nodes[index],
-                        reply.text().await.unwrap_or_default()
-                    );
+                    let text = reply.text().await.unwrap_or_default();
+                    let error = api_error(StatusCode::SERVICE_UNAVAILABLE, &text);
+                    // No leader here, or leadership moved: another node may answer. A
+                    // quarantined agent is quarantined on every node; say so at once.
+                    if matches!(&error, ClientError::Api { code, .. } if code == "quarantined") {
+                        self.preferred.store(index, Ordering::Relaxed);
+                        return Err(error);
+                    }
+                    last = format!("{}: {text}", self.nodes[index]);
                 }
                 Ok(reply) => {
                     self.preferred.store(index, Ordering::Relaxed);
@@ -135,12 +139,7 @@ impl Client {
                     if status.is_success() {
                         return Ok(text);
                     }
-                    let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-                    return Err(ClientError::Api {
-                        status: status.as_u16(),
-                        code: body["code"].as_str().unwrap_or("unknown").to_string(),
-                        message: body["error"].as_str().unwrap_or(&text).to_string(),
-                    });
+                    return Err(api_error(status, &text));
                 }
                 Err(e) => last = format!("{}: {e}", self.nodes[index]),
             }
@@ -153,7 +152,19 @@ impl Client {
             last,
         })
     }
+}
 
+/// The API's error answer (`{"code", "error"}`); a body of another shape is the message.
+fn api_error(status: StatusCode, text: &str) -> ClientError {
+    let body: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    ClientError::Api {
+        status: status.as_u16(),
+        code: body["code"].as_str().unwrap_or("unknown").to_string(),
+        message: body["error"].as_str().unwrap_or(text).to_string(),
+    }
+}
+
+impl Client {
     /// Creates an agent (admin); returns its status and token.
     pub async fn create_agent(
         &self,

@@ -175,6 +175,17 @@ async fn wait_quarantined(node: &Node) -> Value {
 async fn assert_only_victim_quarantined(node: &Node) {
     let body = wait_quarantined(node).await;
     assert_eq!(body["code"], "quarantined");
+    // The Rust client reports it at once: retrying a quarantined agent cannot help (it
+    // would answer `Unavailable` after its 10 s of retries instead).
+    let client = lineage_client::Client::new(std::slice::from_ref(&node.base), ADMIN)
+        .unwrap()
+        .with_retry_for(Duration::from_secs(10));
+    match client.status("victim").await {
+        Err(lineage_client::ClientError::Api { status, code, .. }) => {
+            assert_eq!((status, code.as_str()), (503, "quarantined"))
+        }
+        other => panic!("expected the quarantine at once, got {other:?}"),
+    }
     assert!(
         body["error"]
             .as_str()
