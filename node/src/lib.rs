@@ -184,6 +184,13 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     );
     let router = api::router(app);
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "lineage-node serving");
+    // Answers go out as soon as they are written, never held back by Nagle's algorithm
+    // waiting for the peer's delayed ACK.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    });
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown_signal())
         .await
