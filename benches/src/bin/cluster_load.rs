@@ -10,7 +10,9 @@
 //!     [--no-early-ack]   (nodes run with --leader-early-ack false)
 //!
 //! Each node's line gives its CPU time per decision (user + system): on a shared machine
-//! that varies far less than decisions/s, so compare builds by it.
+//! that varies far less than decisions/s, so compare builds by it. The `machine` line
+//! says how busy the CPUs were and what the load generator itself took, since nodes and
+//! clients share them.
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -69,23 +71,56 @@ struct Cluster {
 }
 
 impl Cluster {
-    /// Each node's CPU time so far (user + system, all threads), from Linux's
-    /// `/proc/PID/stat` in 10 ms ticks. CPU per decision varies far less than throughput
-    /// on a shared machine.
+    /// Each node's CPU time so far (user + system, all threads). CPU per decision varies
+    /// far less than throughput on a shared machine.
     fn cpu_times(&self) -> Vec<Option<Duration>> {
         self.children
             .iter()
-            .map(|child| {
-                let text = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).ok()?;
-                // Fields after the command name, which is in parentheses: utime is the
-                // 12th, stime the 13th.
-                let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
-                let ticks: u64 =
-                    fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-                Some(Duration::from_millis(ticks * 10))
-            })
+            .map(|child| process_cpu(&child.id().to_string()))
             .collect()
     }
+}
+
+/// A process's CPU time so far (user + system, all threads), from Linux's
+/// `/proc/PID/stat` in 10 ms ticks; `pid` may be `self`.
+fn process_cpu(pid: &str) -> Option<Duration> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses: utime is the 12th, stime
+    // the 13th.
+    let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// The whole machine's CPU ticks so far from `/proc/stat`, summed over its CPUs.
+#[derive(Clone, Copy)]
+struct MachineTicks {
+    /// user, nice, system, irq and softirq.
+    busy: u64,
+    /// Taken by the hypervisor for others.
+    steal: u64,
+    total: u64,
+}
+
+fn machine_ticks() -> Option<MachineTicks> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let ticks: Vec<u64> = text
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|t| t.parse().ok())
+        .collect::<Option<_>>()?;
+    let [user, nice, system, _idle, _iowait, irq, softirq, steal] = ticks[..] else {
+        return None;
+    };
+    Some(MachineTicks {
+        busy: user + nice + system + irq + softirq,
+        steal,
+        total: ticks.iter().sum::<u64>().max(1),
+    })
 }
 
 impl Drop for Cluster {
@@ -215,6 +250,8 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
     let leader_index = leader["leader"].as_u64().unwrap_or(1) as usize - 1;
     let url = Arc::new(cluster.urls[leader_index].clone());
     let cpu_before = cluster.cpu_times();
+    let own_before = process_cpu("self");
+    let machine_before = machine_ticks();
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -250,6 +287,15 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
         errors += e;
     }
     let elapsed = started.elapsed();
+    let own_used = own_before.and_then(|before| Some(process_cpu("self")?.saturating_sub(before)));
+    let machine_used = machine_before.and_then(|before| {
+        let after = machine_ticks()?;
+        Some(MachineTicks {
+            busy: after.busy.saturating_sub(before.busy),
+            steal: after.steal.saturating_sub(before.steal),
+            total: after.total.saturating_sub(before.total).max(1),
+        })
+    });
     let cpu_used: Vec<Option<Duration>> = cluster
         .cpu_times()
         .iter()
@@ -270,6 +316,17 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
         p50: pick(0.50),
         p99: pick(0.99),
     };
+    // Whether the machine itself was the limit: every node and this load generator
+    // share its CPUs.
+    if let (Some(machine), Some(own)) = (machine_used, own_used) {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        println!(
+            "  machine: {:.0}% of {cpus} CPUs busy, {:.0}% stolen; load generator CPU {:.0} µs per decision",
+            100.0 * machine.busy as f64 / machine.total as f64,
+            100.0 * machine.steal as f64 / machine.total as f64,
+            own.as_secs_f64() * 1e6 / result.decisions.max(1) as f64,
+        );
+    }
     check_replicas_agree(&http, cluster, args.agents).await?;
     for (i, url) in cluster.urls.iter().enumerate() {
         let cpu = match cpu_used.get(i).copied().flatten() {
