@@ -12,8 +12,9 @@ use std::sync::Mutex;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
-use ed25519_dalek::Signer as _;
+use lineage_core::heads::Cosigner;
 use lineage_core::transparency::{verify_consistency, Checkpoint, Hash};
+use lineage_core::AuditKey;
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -70,9 +71,7 @@ fn storage(e: impl std::fmt::Display) -> WitnessError {
 }
 
 pub struct Witness {
-    name: String,
-    key: ed25519_dalek::SigningKey,
-    key_id: [u8; 4],
+    cosigner: Cosigner,
     db: Database,
     /// Serialises check-and-persist across requests.
     lock: Mutex<()>,
@@ -86,11 +85,8 @@ fn empty_root() -> Hash {
 impl Witness {
     /// Opens (or creates) the witness state in `dir` with the signing key `seed`.
     pub fn open(dir: &Path, name: &str, seed: [u8; 32]) -> Result<Witness, WitnessError> {
-        if !signed_note::is_key_name_valid(name) {
-            return Err(WitnessError::Config(format!(
-                "{name:?} is not a valid key name"
-            )));
-        }
+        let cosigner = Cosigner::new(name, AuditKey::from_seed(seed))
+            .map_err(|e| WitnessError::Config(e.0))?;
         std::fs::create_dir_all(dir).map_err(storage)?;
         let db = Database::create(dir.join("witness.redb")).map_err(storage)?;
         let txn = db.begin_write().map_err(storage)?;
@@ -98,14 +94,8 @@ impl Witness {
         txn.open_table(EVIDENCE).map_err(storage)?;
         txn.open_table(META).map_err(storage)?;
         txn.commit().map_err(storage)?;
-        let key = ed25519_dalek::SigningKey::from_bytes(&seed);
-        let mut encoded = vec![0x04];
-        encoded.extend_from_slice(key.verifying_key().as_bytes());
-        let key_id = signed_note::key_id(name, &encoded).to_be_bytes();
         Ok(Witness {
-            name: name.to_string(),
-            key,
-            key_id,
+            cosigner,
             db,
             lock: Mutex::new(()),
         })
@@ -113,7 +103,7 @@ impl Witness {
 
     /// The cosignature verifier key: `name+keyid+base64(0x04 || pubkey)`.
     pub fn vkey(&self) -> String {
-        vkey_for(&self.name, &self.key)
+        self.cosigner.vkey()
     }
 
     /// Trusts `origin` with the log verifier key `vkey`. A log is never removed, and an
@@ -291,7 +281,7 @@ impl Witness {
                 "the witness clock went backwards; refusing to sign\n",
             ));
         }
-        let cosignature = self.cosign(&note_text, now);
+        let cosignature = self.cosigner.cosign(&note_text, now);
         let mut cosigned = request.note.clone();
         cosigned.push_str(&cosignature);
         state.size = checkpoint.size;
@@ -331,26 +321,14 @@ impl Witness {
         }
         txn.commit().map_err(storage)
     }
-
-    /// A `cosignature/v1` line: `— name base64(keyid || timestamp || signature)`.
-    fn cosign(&self, checkpoint_text: &str, now: u64) -> String {
-        let message = format!("cosignature/v1\ntime {now}\n{checkpoint_text}");
-        let signature = self.key.sign(message.as_bytes());
-        let mut blob = Vec::with_capacity(76);
-        blob.extend_from_slice(&self.key_id);
-        blob.extend_from_slice(&now.to_be_bytes());
-        blob.extend_from_slice(&signature.to_bytes());
-        format!("\u{2014} {} {}\n", self.name, B64.encode(blob))
-    }
 }
 
 /// A witness's cosignature verifier key from its name and key alone (no storage), so
 /// `lineage-witness vkey` works while the witness is serving.
-pub fn vkey_for(name: &str, key: &ed25519_dalek::SigningKey) -> String {
-    let mut encoded = vec![0x04];
-    encoded.extend_from_slice(key.verifying_key().as_bytes());
-    let key_id = signed_note::key_id(name, &encoded);
-    format!("{name}+{key_id:08x}+{}", B64.encode(encoded))
+pub fn vkey_for(name: &str, seed: [u8; 32]) -> Result<String, String> {
+    Cosigner::new(name, AuditKey::from_seed(seed))
+        .map(|c| c.vkey())
+        .map_err(|e| e.0)
 }
 
 struct Request {

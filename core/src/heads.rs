@@ -58,6 +58,52 @@ impl HeadStatement {
     }
 }
 
+/// A witness's `cosignature/v1` signer (C2SP tlog-cosignature): its verifier key and
+/// the signature lines it adds to checkpoints.
+pub struct Cosigner {
+    name: String,
+    key: crate::AuditKey,
+    /// Key type 0x04 followed by the public key, as the vkey and key id encode it.
+    encoded: Vec<u8>,
+    key_id: u32,
+}
+
+impl Cosigner {
+    pub fn new(name: &str, key: crate::AuditKey) -> Result<Self, TransparencyError> {
+        if !signed_note::is_key_name_valid(name) {
+            return Err(err(format!("{name:?} is not a valid key name")));
+        }
+        let mut encoded = vec![0x04];
+        encoded.extend_from_slice(key.verifying_key().as_bytes());
+        let key_id = signed_note::key_id(name, &encoded);
+        Ok(Cosigner {
+            name: name.to_string(),
+            key,
+            encoded,
+            key_id,
+        })
+    }
+
+    /// `name+keyid+base64(0x04 || pubkey)`, what verifiers are configured with.
+    pub fn vkey(&self) -> String {
+        let key = base64::engine::general_purpose::STANDARD.encode(&self.encoded);
+        format!("{}+{:08x}+{key}", self.name, self.key_id)
+    }
+
+    /// The signature line `— name base64(keyid || time || signature)` for a checkpoint's
+    /// text, signed at `time` (seconds since the epoch).
+    pub fn cosign(&self, checkpoint_text: &str, time: u64) -> String {
+        let message = format!("cosignature/v1\ntime {time}\n{checkpoint_text}");
+        let signature = self.key.sign_bytes(message.as_bytes());
+        let mut blob = Vec::with_capacity(76);
+        blob.extend_from_slice(&self.key_id.to_be_bytes());
+        blob.extend_from_slice(&time.to_be_bytes());
+        blob.extend_from_slice(&signature);
+        let blob = base64::engine::general_purpose::STANDARD.encode(blob);
+        format!("\u{2014} {} {blob}\n", self.name)
+    }
+}
+
 /// Verifies `cosignature/v1` (timestamped Ed25519, key type 0x04) signature lines.
 pub struct CosignatureVerifier {
     name: String,

@@ -42,8 +42,44 @@ pub struct App {
     pub committed_index: Arc<std::sync::atomic::AtomicU64>,
     /// The heads log's origin (cluster name) this node proposes for the first round.
     pub heads_origin: String,
+    /// What a witnessed checkpoint must carry before this node stores it.
+    pub witnesses: WitnessPolicy,
     batcher: Batcher,
     agent_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// The witnesses this node trusts: a witnessed checkpoint is stored only when it verifies
+/// against the cluster's own key and at least `quorum` of these cosigned it. With none
+/// configured, only the cluster's signature is required (auditors check the witnesses).
+#[derive(Clone, Debug, Default)]
+pub struct WitnessPolicy {
+    vkeys: Vec<String>,
+    quorum: usize,
+}
+
+impl WitnessPolicy {
+    /// `vkeys` are C2SP cosignature/v1 verifier keys; `quorum` defaults to 1 with keys.
+    pub fn new(vkeys: Vec<String>, quorum: Option<usize>) -> Result<Self, String> {
+        for vkey in &vkeys {
+            lineage_core::heads::CosignatureVerifier::new(vkey)
+                .map_err(|e| format!("witness key {vkey:?}: {e}"))?;
+        }
+        let quorum = quorum.unwrap_or(usize::from(!vkeys.is_empty()));
+        if quorum > vkeys.len() {
+            return Err(format!(
+                "a witness quorum of {quorum} needs at least that many witness keys (have {})",
+                vkeys.len()
+            ));
+        }
+        Ok(WitnessPolicy { vkeys, quorum })
+    }
+
+    /// Checks `note` against the cluster's log verifier key and these witnesses.
+    pub fn check(&self, note: &str, log_vkey: &str) -> Result<(), String> {
+        lineage_core::heads::verify_witnessed(note, log_vkey, &self.vkeys, self.quorum)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// Who serves a request: this node (it is the confirmed leader, caught up) or the
@@ -87,7 +123,14 @@ impl App {
             http,
             agent_locks: Mutex::new(HashMap::new()),
             heads_origin: String::new(),
+            witnesses: WitnessPolicy::default(),
         }
+    }
+
+    /// Sets the witnesses a stored witnessed checkpoint must be cosigned by.
+    pub fn with_witnesses(mut self, witnesses: WitnessPolicy) -> Self {
+        self.witnesses = witnesses;
+        self
     }
 
     /// Sets the heads log's origin (the cluster name).

@@ -57,6 +57,8 @@ pub struct NodeConfig {
     pub state_fsync_interval: Duration,
     /// The leader counts its own appends as flushed at once (`log_store`).
     pub leader_early_ack: bool,
+    /// Witnesses whose cosignatures a stored witnessed checkpoint must carry.
+    pub witnesses: app::WitnessPolicy,
 }
 
 /// Default milliseconds between the state machine's fsynced commits (see
@@ -180,7 +182,8 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
             metrics,
             committed_index,
         )
-        .with_heads_origin(config.cluster_name.clone()),
+        .with_heads_origin(config.cluster_name.clone())
+        .with_witnesses(config.witnesses.clone()),
     );
     let router = api::router(app);
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "lineage-node serving");

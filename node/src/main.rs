@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use lineage_node::app::WitnessPolicy;
 use lineage_node::raft_types::NodeId;
 use lineage_node::{keys, NodeConfig};
 
@@ -93,6 +94,17 @@ enum Command {
         /// wait for the fsync (see docs/ARCHITECTURE.md). `false`: every append waits
         #[arg(long, env = "LINEAGE_LEADER_EARLY_ACK", default_value_t = true, action = clap::ArgAction::Set)]
         leader_early_ack: bool,
+        /// A witness's cosignature verifier key (name+id+key); repeat for several. A
+        /// witnessed checkpoint is stored only when enough of them cosigned it
+        #[arg(
+            long = "witness-key",
+            env = "LINEAGE_WITNESS_KEYS",
+            value_delimiter = ','
+        )]
+        witness_keys: Vec<String>,
+        /// How many of the --witness-key witnesses must cosign (default: 1 when any are given)
+        #[arg(long, env = "LINEAGE_WITNESS_QUORUM")]
+        witness_quorum: Option<usize>,
     },
     /// Run a local cluster on 127.0.0.1 (ports P, P+1, …) until Ctrl-C
     Dev {
@@ -179,7 +191,10 @@ fn main() -> ExitCode {
             heads_interval_ms,
             state_fsync_interval_ms,
             leader_early_ack,
+            witness_keys,
+            witness_quorum,
         }) => parse_peers(&peers).and_then(|peers| {
+            let witnesses = WitnessPolicy::new(witness_keys, witness_quorum)?;
             serve(NodeConfig {
                 id,
                 listen,
@@ -194,6 +209,7 @@ fn main() -> ExitCode {
                 heads_interval: std::time::Duration::from_millis(heads_interval_ms.max(10)),
                 state_fsync_interval: std::time::Duration::from_millis(state_fsync_interval_ms),
                 leader_early_ack,
+                witnesses,
             })
         }),
         Some(Command::Dev {
@@ -276,6 +292,7 @@ fn reference_mode() -> Result<(), String> {
         ),
         state_fsync_interval: std::time::Duration::from_millis(state_fsync_ms),
         leader_early_ack: false,
+        witnesses: WitnessPolicy::default(),
     })
 }
 
@@ -289,23 +306,33 @@ fn dev(nodes: u64, base_port: u16, data_dir: &Path) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
     let addr = |i: u64| format!("127.0.0.1:{}", base_port as u64 + i - 1);
     let peers: Vec<String> = (1..=nodes).map(|i| format!("{i}={}", addr(i))).collect();
+    // The witness's key comes first: the nodes store only checkpoints it cosigned.
+    let witness = dev_witness(&exe, data_dir);
     let mut children = Vec::new();
     for i in 1..=nodes {
-        let child = std::process::Command::new(&exe)
+        let mut command = std::process::Command::new(&exe);
+        command
             .args(["run", "--id", &i.to_string(), "--listen", &addr(i)])
             .arg("--data-dir")
             .arg(data_dir.join(format!("node-{i}")))
             .arg("--keys-dir")
             .arg(&keys_dir)
             .arg("--peers")
-            .arg(peers.join(","))
+            .arg(peers.join(","));
+        if let Ok(witness) = &witness {
+            command.args(["--witness-key", &witness.vkey]);
+        }
+        let child = command
             .spawn()
             .map_err(|e| format!("cannot start node {i}: {e}"))?;
         children.push(child);
     }
     let urls: Vec<String> = (1..=nodes).map(|i| format!("http://{}", addr(i))).collect();
     let witness_port = base_port as u64 + nodes;
-    match start_transparency(&exe, data_dir, &keys_dir, &urls, witness_port) {
+    let started = witness.and_then(|witness| {
+        start_transparency(&exe, &witness, data_dir, &keys_dir, &urls, witness_port)
+    });
+    match started {
         Ok(mut started) => children.append(&mut started),
         Err(e) => println!("  (no witness or checkpointer: {e})"),
     }
@@ -338,41 +365,63 @@ fn dev(nodes: u64, base_port: u16, data_dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Starts a witness (trusting this cluster's heads log) and a checkpointer beside the
-/// dev cluster, from the binaries built next to this one.
+/// The dev witness: its binary beside this one, its data dir, and its verifier key
+/// (created on first use).
+struct DevWitness {
+    bin: PathBuf,
+    dir: PathBuf,
+    vkey: String,
+}
+
+const DEV_WITNESS_NAME: &str = "dev.witness/w1";
+
+fn dev_witness(exe: &Path, data_dir: &Path) -> Result<DevWitness, String> {
+    let bin = exe.with_file_name("lineage-witness");
+    if !bin.exists() || !exe.with_file_name("lineage-checkpointer").exists() {
+        return Err("build them with `cargo build --release --bins`".into());
+    }
+    let dir = data_dir.join("witness");
+    let witness = |args: &[&str]| {
+        std::process::Command::new(&bin)
+            .arg("--data-dir")
+            .arg(&dir)
+            .args(["--name", DEV_WITNESS_NAME])
+            .args(args)
+            .output()
+            .map_err(|e| format!("lineage-witness: {e}"))
+    };
+    if !dir.join("witness.key").exists() {
+        witness(&["keygen"])?;
+    }
+    let vkey_out = witness(&["vkey"])?;
+    let vkey = String::from_utf8_lossy(&vkey_out.stdout).trim().to_string();
+    if !vkey_out.status.success() || vkey.is_empty() {
+        return Err(format!(
+            "lineage-witness vkey: {}",
+            String::from_utf8_lossy(&vkey_out.stderr).trim()
+        ));
+    }
+    Ok(DevWitness { bin, dir, vkey })
+}
+
+/// Starts the witness (trusting this cluster's heads log) and a checkpointer beside the
+/// dev cluster.
 fn start_transparency(
     exe: &Path,
+    witness: &DevWitness,
     data_dir: &Path,
     keys_dir: &Path,
     urls: &[String],
     witness_port: u64,
 ) -> Result<Vec<std::process::Child>, String> {
-    let witness_bin = exe.with_file_name("lineage-witness");
     let checkpointer_bin = exe.with_file_name("lineage-checkpointer");
-    if !witness_bin.exists() || !checkpointer_bin.exists() {
-        return Err("build them with `cargo build --release --bins`".into());
-    }
     let log_vkey = heads_vkey(keys_dir, lineage_node::DEFAULT_CLUSTER_NAME)?;
-    let wdir = data_dir.join("witness");
-    let witness = |args: &[&str]| {
-        std::process::Command::new(&witness_bin)
-            .arg("--data-dir")
-            .arg(&wdir)
-            .args(["--name", "dev.witness/w1"])
-            .args(args)
-            .output()
-            .map_err(|e| format!("lineage-witness: {e}"))
-    };
-    if !wdir.join("witness.key").exists() {
-        witness(&["keygen"])?;
-    }
-    let vkey_out = witness(&["vkey"])?;
-    let witness_vkey = String::from_utf8_lossy(&vkey_out.stdout).trim().to_string();
+    let witness_vkey = &witness.vkey;
     let witness_addr = format!("127.0.0.1:{witness_port}");
-    let witness_child = std::process::Command::new(&witness_bin)
+    let witness_child = std::process::Command::new(&witness.bin)
         .arg("--data-dir")
-        .arg(&wdir)
-        .args(["--name", "dev.witness/w1", "--listen", &witness_addr])
+        .arg(&witness.dir)
+        .args(["--name", DEV_WITNESS_NAME, "--listen", &witness_addr])
         .arg("--trust-log")
         .arg(&log_vkey)
         .stdout(std::process::Stdio::null())

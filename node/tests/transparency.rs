@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use lineage_client::witnessed_cli::{
     fetch_head_proofs, fetch_witnessed, verify_log, WitnessedInput,
 };
+use lineage_core::heads::Cosigner;
 use lineage_core::record::Record;
 use lineage_core::AuditKey;
 use redb::{ReadableTable, TableDefinition};
@@ -403,4 +404,98 @@ async fn truncation_and_rewrite_are_caught_by_checkpointer_and_auditor() {
     let (code, output) = audit(&cluster, "honest", &public_key, &note, &stranger).await;
     assert_eq!(code, 1, "{output}");
     assert!(output.contains("0 of the required 1"), "{output}");
+}
+
+/// Posts a witnessed checkpoint note as the operator (the checkpointer's call).
+async fn store_witnessed(cluster: &Cluster, note: &str) -> (u16, String) {
+    let reply = reqwest::Client::new()
+        .post(cluster.url(0, "/v1/transparency/checkpoint/witnessed"))
+        .bearer_auth(cluster.admin.trim())
+        .body(note.to_string())
+        .send()
+        .await
+        .expect("post");
+    (
+        reply.status().as_u16(),
+        reply.text().await.unwrap_or_default(),
+    )
+}
+
+/// A node started with `--witness-key` stores a witnessed checkpoint only when the
+/// cluster's own signature verifies and a trusted witness cosigned it; a node given a
+/// malformed witness key does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_witnessed_checkpoint_is_stored_only_when_a_trusted_witness_cosigned_it() {
+    let trusted = Cosigner::new("w1.test", AuditKey::generate().unwrap()).unwrap();
+    let stranger = Cosigner::new("w2.test", AuditKey::generate().unwrap()).unwrap();
+    let cluster = Cluster::start_with(
+        1,
+        &[
+            "--heads-interval-ms",
+            "100",
+            "--witness-key",
+            &trusted.vkey(),
+        ],
+    )
+    .await;
+    let policy = json!({"budget": 10, "scar_limit": 10, "tools": {"pay": {"cost": 1}}});
+    cluster.create_agent(0, "bot", policy).await;
+    act(&cluster, "bot", 1, "w").await;
+    let start = Instant::now();
+    let note = loop {
+        let (status, note) = text(&cluster.url(0, "/v1/transparency/checkpoint")).await;
+        if status == 200 && note.lines().nth(1).is_some_and(|size| size != "0") {
+            break note;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "no checkpoint");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let (body, signatures) = note.split_once("\n\n").expect("a signed note");
+    let checkpoint_text = format!("{body}\n");
+    let time = 1_800_000_000;
+    let cosigned_by = |witness: &Cosigner| {
+        format!(
+            "{checkpoint_text}\n{signatures}{}",
+            witness.cosign(&checkpoint_text, time)
+        )
+    };
+
+    let (status, answer) = store_witnessed(&cluster, &note).await;
+    assert_eq!(status, 400, "no cosignature: {answer}");
+    assert!(answer.contains("0 of the required 1 witnesses"), "{answer}");
+    let (status, answer) = store_witnessed(&cluster, &cosigned_by(&stranger)).await;
+    assert_eq!(status, 400, "an untrusted witness: {answer}");
+    // The trusted witness's cosignature over a checkpoint whose log signature is forged.
+    let forged_log_signature = {
+        let line = signatures.lines().next().expect("the log's signature");
+        let (prefix, blob) = line.rsplit_once(' ').expect("name and signature");
+        let mut blob = blob.to_string();
+        let last = if blob.ends_with('A') { "B" } else { "A" };
+        blob.replace_range(blob.len() - 2..blob.len() - 1, last);
+        format!("{prefix} {blob}\n")
+    };
+    let forged = format!(
+        "{checkpoint_text}\n{forged_log_signature}{}",
+        trusted.cosign(&checkpoint_text, time)
+    );
+    let (status, answer) = store_witnessed(&cluster, &forged).await;
+    assert_eq!(status, 400, "a forged log signature: {answer}");
+    let (status, _) = text(&cluster.url(0, "/v1/transparency/checkpoint/witnessed")).await;
+    assert_eq!(status, 404, "nothing refused may have been stored");
+
+    let good = cosigned_by(&trusted);
+    let (status, answer) = store_witnessed(&cluster, &good).await;
+    assert_eq!((status, answer.as_str()), (200, r#"{"stored":true}"#));
+    let (status, stored) = text(&cluster.url(0, "/v1/transparency/checkpoint/witnessed")).await;
+    assert_eq!((status, stored), (200, good));
+
+    let output = Command::new(env!("CARGO_BIN_EXE_lineage-node"))
+        .args(["run", "--id", "1", "--listen", "127.0.0.1:1"])
+        .args(["--data-dir", "/nonexistent", "--keys-dir", "/nonexistent"])
+        .args(["--witness-key", "w1.test+00000000+not-a-key"])
+        .output()
+        .expect("run lineage-node");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("witness key"), "{stderr}");
 }

@@ -100,11 +100,8 @@ impl Cli {
     }
 
     fn print_vkey(&self) -> Result<(), String> {
-        if !signed_note::is_key_name_valid(&self.name) {
-            return Err(format!("{:?} is not a valid key name", self.name));
-        }
         let key = self.read_key()?;
-        println!("{}", vkey_for(&self.name, &key));
+        println!("{}", vkey_for(&self.name, key.to_bytes())?);
         Ok(())
     }
 }
