@@ -268,20 +268,42 @@ def _api_error(status, text):
 # ---------------------------------------------------------------- clients
 
 
-class AgentClient:
-    """Used by the agent itself, with its own token (``agt_<id>.<mac>``)."""
+class _Client:
+    """What both clients share: the nodes, and which of them answered last."""
 
-    def __init__(self, url, agent_id, token, timeout=30, retry_for=15):
+    def __init__(self, url, token, timeout, retry_for):
         self._nodes = _Nodes(url, token, timeout, retry_for)
-        self.agent_id = agent_id
 
     @property
     def url(self):
+        """The node that answered last."""
         return self._nodes.urls[self._nodes.preferred]
 
     @property
     def urls(self):
         return list(self._nodes.urls)
+
+
+def _action_body(tool, input, cost):
+    body = {"tool": tool, "input": {} if input is None else input}
+    if cost is not None:
+        body["cost"] = cost
+    return body
+
+
+def _outcome_body(status, detail):
+    body = {"status": status}
+    if detail is not None:
+        body["detail"] = detail
+    return body
+
+
+class AgentClient(_Client):
+    """Used by the agent itself, with its own token (``agt_<id>.<mac>``)."""
+
+    def __init__(self, url, agent_id, token, timeout=30, retry_for=15):
+        super().__init__(url, token, timeout, retry_for)
+        self.agent_id = agent_id
 
     def _path(self, *parts):
         return "/v1/agents/" + "/".join(_quote(p) for p in (self.agent_id,) + parts)
@@ -290,9 +312,7 @@ class AgentClient:
         """Asks the guard before acting. Returns the decision: ``{"decision": "allowed",
         "action_id", "cost", "remaining"}``, ``{"decision": "denied", "reason", ...}`` or
         ``{"decision": "pending_approval", "action_id"}``."""
-        body = {"tool": tool, "input": {} if input is None else input}
-        if cost is not None:
-            body["cost"] = cost
+        body = _action_body(tool, input, cost)
         return self._nodes.call("POST", self._path("actions"), body, idempotency_key=idempotency_key)
 
     def authorize(self, tool, input=None, cost=None, approval_timeout=None, poll=0.5):
@@ -326,9 +346,7 @@ class AgentClient:
     def report(self, action_id, status, detail=None):
         """Reports how an allowed action went: ``success`` or ``failure`` (``harmful``
         is for operators). Returns the agent's status."""
-        body = {"status": status}
-        if detail is not None:
-            body["detail"] = detail
+        body = _outcome_body(status, detail)
         return self._nodes.call("POST", self._path("actions", action_id, "outcome"), body)
 
     def action(self, action_id):
@@ -360,19 +378,11 @@ class AgentClient:
         return wrap
 
 
-class AdminClient:
+class AdminClient(_Client):
     """Used by operators, dashboards, monitors and tool backends, with the admin token."""
 
     def __init__(self, url, token, timeout=30, retry_for=15):
-        self._nodes = _Nodes(url, token, timeout, retry_for)
-
-    @property
-    def url(self):
-        return self._nodes.urls[self._nodes.preferred]
-
-    @property
-    def urls(self):
-        return list(self._nodes.urls)
+        super().__init__(url, token, timeout, retry_for)
 
     def _call(self, method, agent_id, *parts, body=None, query=None):
         path = "/v1/agents/" + "/".join(_quote(p) for p in (agent_id,) + parts)
@@ -396,10 +406,7 @@ class AdminClient:
         return AgentClient(self.urls, agent_id, self.token(agent_id), timeout, retry_for)
 
     def request(self, agent_id, tool, input=None, cost=None):
-        body = {"tool": tool, "input": {} if input is None else input}
-        if cost is not None:
-            body["cost"] = cost
-        return self._call("POST", agent_id, "actions", body=body)
+        return self._call("POST", agent_id, "actions", body=_action_body(tool, input, cost))
 
     def pending(self, agent_id):
         """Actions waiting for a human, in log order: ``[{"action", "requested_at", "seq"}]``."""
@@ -422,9 +429,7 @@ class AdminClient:
 
     def report(self, agent_id, action_id, status, detail=None):
         """An outcome for the agent's action; operators may report ``harmful``."""
-        body = {"status": status}
-        if detail is not None:
-            body["detail"] = detail
+        body = _outcome_body(status, detail)
         return self._call("POST", agent_id, "actions", action_id, "outcome", body=body)
 
     def scar(self, agent_id, severity, reason, action_id=None):
