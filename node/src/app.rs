@@ -44,9 +44,15 @@ pub struct App {
     pub heads_origin: String,
     /// What a witnessed checkpoint must carry before this node stores it.
     pub witnesses: WitnessPolicy,
+    /// Reads that walk a whole agent log (verify, per-agent proofs, some public) run on
+    /// blocking threads, this many at once, so a flood of them cannot starve decisions.
+    pub whole_log_reads: tokio::sync::Semaphore,
     batcher: Batcher,
     agent_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
+
+/// Whole-log reads at once (`App::whole_log_reads`).
+const WHOLE_LOG_READS: usize = 2;
 
 /// The witnesses this node trusts: a witnessed checkpoint is stored only when it verifies
 /// against the cluster's own key and at least `quorum` of these cosigned it. With none
@@ -124,6 +130,7 @@ impl App {
             agent_locks: Mutex::new(HashMap::new()),
             heads_origin: String::new(),
             witnesses: WitnessPolicy::default(),
+            whole_log_reads: tokio::sync::Semaphore::new(WHOLE_LOG_READS),
         }
     }
 

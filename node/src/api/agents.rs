@@ -395,22 +395,43 @@ pub async fn verify_agent(
     require_admin(&headers, &app.keys)?;
     validate_agent_id(&agent_id)?;
     app.with_agent(&agent_id, |_| ())?;
-    let records = app
-        .sm
-        .records(&agent_id, 0, usize::MAX)
-        .map_err(ApiError::Internal)?;
-    let report = verify_records(
-        &records,
-        &VerifyOptions {
-            public_key: Some(app.keys.audit.public_key_hex().to_string()),
-            checkpoint: None,
-        },
-    );
-    Ok(Json(if report.ok {
-        json!({"ok": true, "records": report.records, "public_key": report.public_key, "head": report.head})
-    } else {
-        json!({"ok": false, "records": report.records, "failure": report.failure})
-    }))
+    whole_log_read(&app, move |app| {
+        let records = app
+            .sm
+            .records(&agent_id, 0, usize::MAX)
+            .map_err(ApiError::Internal)?;
+        let report = verify_records(
+            &records,
+            &VerifyOptions {
+                public_key: Some(app.keys.audit.public_key_hex().to_string()),
+                checkpoint: None,
+            },
+        );
+        Ok(if report.ok {
+            json!({"ok": true, "records": report.records, "public_key": report.public_key, "head": report.head})
+        } else {
+            json!({"ok": false, "records": report.records, "failure": report.failure})
+        })
+    })
+    .await
+    .map(Json)
+}
+
+/// Runs `read`, which walks a whole agent log, on a blocking thread once one of the
+/// node's few whole-log slots is free (`App::whole_log_reads`).
+async fn whole_log_read<T: Send + 'static>(
+    app: &Arc<App>,
+    read: impl FnOnce(&App) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let _slot = app
+        .whole_log_reads
+        .acquire()
+        .await
+        .map_err(|_| ApiError::Unavailable("the node is shutting down".into()))?;
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || read(&app))
+        .await
+        .map_err(|e| ApiError::Internal(format!("whole-log read: {e}")))?
 }
 
 /// Numeric query parameters for the proof endpoints, parsed with precise errors.
@@ -472,21 +493,25 @@ pub async fn inclusion_proof(
     let [index, size] = query_numbers(query.as_deref(), &["index", "size"])?[..] else {
         return Err(ApiError::Internal("query parsing".into()));
     };
-    let leaves = record_hashes(&app, &agent_id, size)?;
-    if index >= size {
-        return Err(ApiError::BadRequest(format!(
-            "index must be below size {size}"
-        )));
-    }
-    let proof = transparency::inclusion_proof(&leaves, index)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    Ok(Json(json!({
-        "index": index,
-        "size": size,
-        "leaf": b64(&leaves[index as usize]),
-        "root": b64(&transparency::root(&leaves)),
-        "proof": proof.iter().map(b64).collect::<Vec<_>>(),
-    })))
+    whole_log_read(&app, move |app| {
+        let leaves = record_hashes(app, &agent_id, size)?;
+        if index >= size {
+            return Err(ApiError::BadRequest(format!(
+                "index must be below size {size}"
+            )));
+        }
+        let proof = transparency::inclusion_proof(&leaves, index)
+            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        Ok(json!({
+            "index": index,
+            "size": size,
+            "leaf": b64(&leaves[index as usize]),
+            "root": b64(&transparency::root(&leaves)),
+            "proof": proof.iter().map(b64).collect::<Vec<_>>(),
+        }))
+    })
+    .await
+    .map(Json)
 }
 
 /// `GET /v1/agents/:id/proof/consistency?old=M&size=N`: the agent's tree of size M is a
@@ -500,19 +525,23 @@ pub async fn consistency_proof(
     let [old, size] = query_numbers(query.as_deref(), &["old", "size"])?[..] else {
         return Err(ApiError::Internal("query parsing".into()));
     };
-    let leaves = record_hashes(&app, &agent_id, size)?;
-    if old == 0 || old > size {
-        return Err(ApiError::BadRequest(format!(
-            "old must be between 1 and {size}"
-        )));
-    }
-    let proof = transparency::consistency_proof(&leaves, old)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    Ok(Json(json!({
-        "old": old,
-        "size": size,
-        "old_root": b64(&transparency::root(&leaves[..old as usize])),
-        "root": b64(&transparency::root(&leaves)),
-        "proof": proof.iter().map(b64).collect::<Vec<_>>(),
-    })))
+    whole_log_read(&app, move |app| {
+        let leaves = record_hashes(app, &agent_id, size)?;
+        if old == 0 || old > size {
+            return Err(ApiError::BadRequest(format!(
+                "old must be between 1 and {size}"
+            )));
+        }
+        let proof = transparency::consistency_proof(&leaves, old)
+            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        Ok(json!({
+            "old": old,
+            "size": size,
+            "old_root": b64(&transparency::root(&leaves[..old as usize])),
+            "root": b64(&transparency::root(&leaves)),
+            "proof": proof.iter().map(b64).collect::<Vec<_>>(),
+        }))
+    })
+    .await
+    .map(Json)
 }
