@@ -38,15 +38,38 @@ def node_binary():
     return path
 
 
+_next_port = [0]
+
+
 def free_addresses(count):
-    sockets = [socket.socket() for _ in range(count)]
+    """Loopback addresses nothing listens on, with ports from below the ephemeral range:
+    a port from bind(0) could be taken by an outgoing connection before a node binds it
+    (the Rust tests' util::free_port does the same)."""
+    lowest = 10_000
     try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 0
+    span = ephemeral_low - lowest
+    addresses = []
+    base = os.getpid() * 7_919 % max(span, 1)
+    for _ in range(max(span, 0)):
+        if len(addresses) == count:
+            break
+        port = lowest + (base + _next_port[0]) % span
+        _next_port[0] += 1
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        addresses.append(f"127.0.0.1:{port}")
+    while len(addresses) < count:  # no usable range below the ephemeral one
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            addresses.append(f"127.0.0.1:{probe.getsockname()[1]}")
+    return addresses
 
 
 class Cluster:
