@@ -93,7 +93,7 @@ pub async fn store_witnessed(
     }
     let note = String::from_utf8(body.to_vec())
         .map_err(|_| ApiError::BadRequest("the note is not UTF-8".into()))?;
-    // Checked here, on the node taking the request, not in apply: nodes may be
+    // Checked here, by the leader before it proposes, not in apply: nodes may be
     // configured with different witnesses, and apply must be the same everywhere.
     let log_vkey = lineage_core::heads::log_vkey(&origin(&app), app.keys.audit.public_key_hex())
         .map_err(|e| ApiError::Internal(e.to_string()))?;
