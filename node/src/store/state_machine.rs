@@ -437,8 +437,10 @@ impl StateMachine {
 
     /// Whether `apply_batch` would neither wait nor commit to redb: only writes (and
     /// blank or membership entries), their log entries already on disk, the writer
-    /// neither behind nor writing through. Only openraft's apply task applies, so
-    /// nothing changes this between the check and the apply.
+    /// neither behind nor writing through. Only openraft's apply task adds to the
+    /// writer's backlog and durability never goes back, so this holds through the
+    /// apply. The apply may still wait for the data lock, as request handlers do (a
+    /// snapshot holds it while it checkpoints agents).
     fn applies_without_waiting(&self, entries: &[Entry<TypeConfig>]) -> bool {
         let only_writes = entries.iter().all(|entry| {
             matches!(
