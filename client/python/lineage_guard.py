@@ -201,7 +201,7 @@ class _Nodes:
         self.token = (token or "").strip()
         self.timeout = timeout
         self.retry_for = retry_for
-        self.preferred = 0  # the node that answered last: most likely the leader's peer
+        self.preferred = 0  # the node that answered last, tried first next time
 
     def call(self, method, path, body=None, query=None, idempotency_key=None):
         """The parsed JSON of the first non-503 answer; GuardError for an API error, or
@@ -230,7 +230,10 @@ class _Nodes:
                 self.preferred = index
                 return _decode(text, reply.status)
             except urllib.error.HTTPError as e:
-                text = e.read()
+                try:
+                    text = e.read()
+                except (HTTPException, OSError):
+                    text = b""
                 error = _api_error(e.code, text)
                 # 503 means this node cannot decide now (no leader, leadership moved);
                 # another node may. A quarantined agent stays quarantined everywhere.
