@@ -12,9 +12,11 @@ use super::error::ApiError;
 /// Request bodies larger than this are refused (the reference's limit too).
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 
-pub struct JsonBody<T>(pub T);
+/// A JSON body. `LIMIT` is the body limit of the routes it serves, for the 413 message:
+/// routes with a larger `DefaultBodyLimit` (the Raft routes) name theirs here too.
+pub struct JsonBody<T, const LIMIT: usize = MAX_BODY_BYTES>(pub T);
 
-impl<S, T> FromRequest<S> for JsonBody<T>
+impl<S, T, const LIMIT: usize> FromRequest<S> for JsonBody<T, LIMIT>
 where
     T: DeserializeOwned,
     S: Send + Sync,
@@ -39,7 +41,7 @@ where
             .await
             .map_err(|rejection| {
                 if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::BodyTooLarge(MAX_BODY_BYTES)
+                    ApiError::BodyTooLarge(LIMIT)
                 } else {
                     ApiError::BadRequest(format!("cannot read request body: {rejection}"))
                 }
@@ -54,4 +56,48 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         serde_json::error::Category::Data => ApiError::InvalidBody(e.to_string()),
         _ => ApiError::MalformedJson(e.to_string()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::extract::DefaultBodyLimit;
+    use axum::http::StatusCode;
+    use axum::routing::post;
+    use axum::Router;
+    use serde_json::Value;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    async fn accept(JsonBody(_): JsonBody<Value, 64>) -> &'static str {
+        "ok"
+    }
+
+    #[tokio::test]
+    async fn an_oversized_body_is_refused_with_the_limit_of_its_route() {
+        let app = Router::new()
+            .route("/", post(accept))
+            .layer(DefaultBodyLimit::max(64));
+        let send = |body: String| {
+            let request = axum::http::Request::post("/")
+                .header(CONTENT_TYPE, "application/json")
+                .body(axum::body::Body::from(body))
+                .expect("request");
+            app.clone().oneshot(request)
+        };
+        let fits = send(format!("\"{}\"", "x".repeat(62)))
+            .await
+            .expect("answer");
+        assert_eq!(fits.status(), StatusCode::OK);
+        let over = send(format!("\"{}\"", "x".repeat(63)))
+            .await
+            .expect("answer");
+        assert_eq!(over.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let body = axum::body::to_bytes(over.into_body(), 1024)
+            .await
+            .expect("body");
+        let body: Value = serde_json::from_slice(&body).expect("JSON error");
+        assert_eq!(body["code"], "body_too_large");
+        assert_eq!(body["error"], "request body is larger than 64 bytes");
+    }
 }

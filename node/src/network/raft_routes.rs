@@ -52,21 +52,21 @@ async fn require_cluster_secret(
 
 async fn append(
     State(app): State<Arc<App>>,
-    JsonBody(request): JsonBody<AppendEntriesRequest<TypeConfig>>,
+    JsonBody(request): JsonBody<AppendEntriesRequest<TypeConfig>, MAX_RAFT_BODY_BYTES>,
 ) -> Response {
     Json(app.raft.append_entries(request).await).into_response()
 }
 
 async fn vote(
     State(app): State<Arc<App>>,
-    JsonBody(request): JsonBody<VoteRequest<NodeId>>,
+    JsonBody(request): JsonBody<VoteRequest<NodeId>, MAX_RAFT_BODY_BYTES>,
 ) -> Response {
     Json(app.raft.vote(request).await).into_response()
 }
 
 async fn snapshot(
     State(app): State<Arc<App>>,
-    JsonBody(request): JsonBody<InstallSnapshotRequest<TypeConfig>>,
+    JsonBody(request): JsonBody<InstallSnapshotRequest<TypeConfig>, MAX_RAFT_BODY_BYTES>,
 ) -> Response {
     Json(app.raft.install_snapshot(request).await).into_response()
 }
