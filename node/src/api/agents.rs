@@ -455,14 +455,30 @@ pub(super) fn query_numbers(query: Option<&str>, names: &[&str]) -> Result<Vec<u
         .collect()
 }
 
-/// The agent's record hashes for a tree of `size` leaves (its first `size` records).
-fn record_hashes(app: &App, agent_id: &str, size: u64) -> Result<Vec<Hash>> {
-    let head = app.with_agent(agent_id, |s| s.next_seq())?;
+/// A proof over the agent's first `size` record hashes. The cheap checks come first, in
+/// this order: the agent, the tree size, then the request's own `argument` check; only
+/// then is the log read, on a whole-log slot, and `build` given the leaves.
+async fn proof_over_records(
+    app: &Arc<App>,
+    agent_id: String,
+    size: u64,
+    argument: Result<()>,
+    build: impl FnOnce(&[Hash]) -> Result<Value> + Send + 'static,
+) -> Result<Json<Value>> {
+    let head = app.with_agent(&agent_id, |s| s.next_seq())?;
     if size == 0 || size > head {
         return Err(ApiError::BadRequest(format!(
             "size must be between 1 and {head}"
         )));
     }
+    argument?;
+    whole_log_read(app, move |app| build(&record_hashes(app, &agent_id, size)?))
+        .await
+        .map(Json)
+}
+
+/// The agent's first `size` record hashes (the leaves of its tree of that size).
+fn record_hashes(app: &App, agent_id: &str, size: u64) -> Result<Vec<Hash>> {
     let records = app
         .sm
         .records(agent_id, 0, size as usize)
@@ -493,25 +509,25 @@ pub async fn inclusion_proof(
     let [index, size] = query_numbers(query.as_deref(), &["index", "size"])?[..] else {
         return Err(ApiError::Internal("query parsing".into()));
     };
-    whole_log_read(&app, move |app| {
-        let leaves = record_hashes(app, &agent_id, size)?;
-        if index >= size {
-            return Err(ApiError::BadRequest(format!(
-                "index must be below size {size}"
-            )));
-        }
-        let proof = transparency::inclusion_proof(&leaves, index)
+    let argument = if index < size {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "index must be below size {size}"
+        )))
+    };
+    proof_over_records(&app, agent_id, size, argument, move |leaves| {
+        let proof = transparency::inclusion_proof(leaves, index)
             .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         Ok(json!({
             "index": index,
             "size": size,
             "leaf": b64(&leaves[index as usize]),
-            "root": b64(&transparency::root(&leaves)),
+            "root": b64(&transparency::root(leaves)),
             "proof": proof.iter().map(b64).collect::<Vec<_>>(),
         }))
     })
     .await
-    .map(Json)
 }
 
 /// `GET /v1/agents/:id/proof/consistency?old=M&size=N`: the agent's tree of size M is a
@@ -525,23 +541,23 @@ pub async fn consistency_proof(
     let [old, size] = query_numbers(query.as_deref(), &["old", "size"])?[..] else {
         return Err(ApiError::Internal("query parsing".into()));
     };
-    whole_log_read(&app, move |app| {
-        let leaves = record_hashes(app, &agent_id, size)?;
-        if old == 0 || old > size {
-            return Err(ApiError::BadRequest(format!(
-                "old must be between 1 and {size}"
-            )));
-        }
-        let proof = transparency::consistency_proof(&leaves, old)
+    let argument = if (1..=size).contains(&old) {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "old must be between 1 and {size}"
+        )))
+    };
+    proof_over_records(&app, agent_id, size, argument, move |leaves| {
+        let proof = transparency::consistency_proof(leaves, old)
             .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         Ok(json!({
             "old": old,
             "size": size,
             "old_root": b64(&transparency::root(&leaves[..old as usize])),
-            "root": b64(&transparency::root(&leaves)),
+            "root": b64(&transparency::root(leaves)),
             "proof": proof.iter().map(b64).collect::<Vec<_>>(),
         }))
     })
     .await
-    .map(Json)
 }
