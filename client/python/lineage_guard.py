@@ -78,16 +78,15 @@ class SetupError(Exception):
 # ---------------------------------------------------------------- environment
 
 
-def load_dotenv(path=None):
-    """Loads ``KEY=value`` lines from ``path`` (default ``./.env``) into ``os.environ``,
-    without overriding variables that are already set. Returns the names it set."""
-    path = path or os.path.join(os.getcwd(), ".env")
-    loaded = []
+def _dotenv_pairs(path):
+    """The ``KEY=value`` pairs of a .env file in order (``export`` prefixes, comments and
+    matching quotes handled); none when it cannot be read."""
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError:
-        return loaded
+        return []
+    pairs = []
     for line in lines:
         line = line.strip()
         if not line or line.startswith("#") or "=" not in line:
@@ -98,22 +97,20 @@ def load_dotenv(path=None):
         key, value = key.strip(), value.strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
-        if key and key not in os.environ:
+        if key:
+            pairs.append((key, value))
+    return pairs
+
+
+def load_dotenv(path=None):
+    """Loads ``KEY=value`` lines from ``path`` (default ``./.env``) into ``os.environ``,
+    without overriding variables that are already set. Returns the names it set."""
+    loaded = []
+    for key, value in _dotenv_pairs(path or os.path.join(os.getcwd(), ".env")):
+        if key not in os.environ:
             os.environ[key] = value
             loaded.append(key)
     return loaded
-
-
-def _dotenv_value(name, path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f.read().splitlines():
-                key, sep, value = line.strip().partition("=")
-                if sep and key.strip().replace("export ", "", 1).strip() == name:
-                    return value.strip().strip("'\"")
-    except OSError:
-        pass
-    return None
 
 
 def find_admin_token():
@@ -124,7 +121,8 @@ def find_admin_token():
     token = os.environ.get("GUARD_ADMIN_TOKEN", "").strip()
     if token:
         return token
-    token = (_dotenv_value("GUARD_ADMIN_TOKEN", os.path.join(os.getcwd(), ".env")) or "").strip()
+    dotenv = _dotenv_pairs(os.path.join(os.getcwd(), ".env"))
+    token = next((v for k, v in dotenv if k == "GUARD_ADMIN_TOKEN"), "").strip()
     if token:
         return token
     looked = []
