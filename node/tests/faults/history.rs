@@ -136,6 +136,19 @@ pub fn summarise(events: &[Event]) -> Summary {
     s
 }
 
+/// Whether the tester's history is linearizable. stateright's search recurses about once
+/// per operation, so a long history (the Docker scenarios run longest) overflowed the
+/// test thread's 2 MiB stack in CI once; the search gets a thread with room for it.
+fn is_linearizable(tester: LinearizabilityTester<usize, GuardModel>) -> bool {
+    std::thread::Builder::new()
+        .name("linearizability".into())
+        .stack_size(512 * 1024 * 1024)
+        .spawn(move || tester.is_consistent())
+        .expect("start the linearizability checker")
+        .join()
+        .expect("the linearizability checker panicked")
+}
+
 /// Checks a history against the final logs (`logs[node][agent]` = records as JSON).
 /// Returns every violation found; empty means the run kept every promise.
 pub fn check(
@@ -259,7 +272,7 @@ pub fn check(
                 break;
             }
         }
-        if valid && !tester.is_consistent() {
+        if valid && !is_linearizable(tester) {
             violations.push(format!("{agent}: history is not linearizable"));
         }
     }
