@@ -111,6 +111,46 @@ async fn applied_records_and_log_entries_survive_reopen() {
     assert_eq!(sm.records("bot", 0, 100).unwrap().len(), 4);
 }
 
+/// Lines that arrive (AppendEntries, the Raft log read back) are parsed when applied:
+/// they apply exactly as the leader's own sealed records do, and a line that is not a
+/// record is rejected there and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn received_lines_are_parsed_when_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([5; 32]);
+    let sealed = create_entries(&key);
+    // As a follower gets them: the same bytes, not parsed yet.
+    let received: Vec<AppendRecords> =
+        serde_json::from_slice(&serde_json::to_vec(&sealed).unwrap()).unwrap();
+    let not_a_record: RecordLine = serde_json::from_str(r#"{"seq":0,"kind":"genesis"}"#).unwrap();
+    let mut appends = received;
+    appends.push(AppendRecords {
+        agent_id: "other".into(),
+        records: vec![not_a_record],
+        idempotency: None,
+    });
+    let (_log, mut sm) = store::open(dir.path()).unwrap();
+    let outcomes = sm.apply(as_entries(&appends, 1)).await.unwrap();
+    assert_eq!(outcomes[0].0, vec![ApplyOutcome::Applied]);
+    assert_eq!(outcomes[1].0, vec![ApplyOutcome::Applied]);
+    match &outcomes[2].0[..] {
+        [ApplyOutcome::Rejected(reason)] => assert!(reason.contains("not a record"), "{reason}"),
+        other => panic!("a line that is not a record was not rejected: {other:?}"),
+    }
+    let data = sm.read_data();
+    assert!(data.agents.get("other").is_none(), "a rejected write left an agent");
+    drop(data);
+    let stored = sm.records("bot", 0, 100).unwrap();
+    let sent: Vec<&str> = sealed
+        .iter()
+        .flat_map(|a| a.records.iter().map(RecordLine::line))
+        .collect();
+    assert_eq!(stored.len(), sent.len());
+    for (record, line) in stored.iter().zip(sent) {
+        assert_eq!(record.to_line(), line);
+    }
+}
+
 fn as_entries(appends: &[AppendRecords], first_index: u64) -> Vec<Entry<TypeConfig>> {
     appends
         .iter()

@@ -8,7 +8,7 @@
 //! idempotency answers and the last applied log id are written in one redb transaction
 //! per applied batch.
 
-use std::borrow::Borrow;
+use std::borrow::{Borrow, Cow};
 use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::sync::{Arc, RwLock};
@@ -29,7 +29,7 @@ use super::record_rows;
 use super::sm_writer::{RowBatch, SmWriter, Tables};
 use crate::raft_types::{
     AppendRecords, ApplyOutcome, Batch, BatchOutcome, IdempotentAnswer, NodeId, Proposal,
-    StorageError, TypeConfig,
+    RecordLine, StorageError, TypeConfig,
 };
 
 /// (agent_id, seq) → the record's line.
@@ -496,14 +496,27 @@ impl StateMachine {
             let Batch(batch) = batch;
             let mut batch_outcomes = Vec::with_capacity(batch.len());
             for append in batch.iter() {
+                // Lines that arrived are parsed here, not on the append path.
+                let records = match append
+                    .records
+                    .iter()
+                    .map(RecordLine::record)
+                    .collect::<Result<Vec<_>, _>>()
+                {
+                    Ok(records) => records,
+                    Err(reason) => {
+                        batch_outcomes.push(ApplyOutcome::Rejected(reason));
+                        continue;
+                    }
+                };
                 let slot = data
                     .agents
                     .entry(append.agent_id.clone())
                     .or_insert_with(|| AgentSlot::Active(Box::default()));
-                let outcome = fold_into(slot, &append.agent_id, &append.records);
+                let outcome = fold_into(slot, &append.agent_id, &records);
                 if outcome == ApplyOutcome::Applied {
                     data.heads.mark_if_grown(&append.agent_id, slot);
-                    add_rows(append, &mut rows)?;
+                    add_rows(append, &records, &mut rows)?;
                     data.dirty.insert(append.agent_id.clone());
                 } else if matches!(slot, AgentSlot::Active(s) if s.head.is_none()) {
                     // A rejected first write leaves no agent behind.
@@ -651,12 +664,16 @@ fn write_applied(
 
 /// An applied write's rows: its records as stored lines, its idempotency answer, and the
 /// agent's index entry when the write creates it.
-fn add_rows(append: &AppendRecords, rows: &mut RowBatch) -> Result<(), StorageError> {
-    for record in &append.records {
+fn add_rows(
+    append: &AppendRecords,
+    records: &[Cow<'_, Record>],
+    rows: &mut RowBatch,
+) -> Result<(), StorageError> {
+    for (line, record) in append.records.iter().zip(records) {
         rows.records.push((
             append.agent_id.clone(),
-            record.record().seq,
-            record.line().to_string(),
+            record.seq,
+            line.line().to_string(),
         ));
     }
     if let Some(answer) = &append.idempotency {
@@ -664,7 +681,7 @@ fn add_rows(append: &AppendRecords, rows: &mut RowBatch) -> Result<(), StorageEr
         rows.idempotency
             .push((idempotency_key(&append.agent_id, &answer.key), bytes));
     }
-    if append.records.first().is_some_and(|r| r.record().seq == 0) {
+    if records.first().is_some_and(|r| r.seq == 0) {
         rows.new_agents.push(append.agent_id.clone());
     }
     Ok(())
