@@ -138,7 +138,10 @@ async fn received_lines_are_parsed_when_applied() {
         other => panic!("a line that is not a record was not rejected: {other:?}"),
     }
     let data = sm.read_data();
-    assert!(data.agents.get("other").is_none(), "a rejected write left an agent");
+    assert!(
+        data.agents.get("other").is_none(),
+        "a rejected write left an agent"
+    );
     drop(data);
     let stored = sm.records("bot", 0, 100).unwrap();
     let sent: Vec<&str> = sealed

@@ -670,11 +670,8 @@ fn add_rows(
     rows: &mut RowBatch,
 ) -> Result<(), StorageError> {
     for (line, record) in append.records.iter().zip(records) {
-        rows.records.push((
-            append.agent_id.clone(),
-            record.seq,
-            line.line().to_string(),
-        ));
+        rows.records
+            .push((append.agent_id.clone(), record.seq, line.line().to_string()));
     }
     if let Some(answer) = &append.idempotency {
         let bytes = serde_json::to_vec(answer).map_err(sm_write_err)?;
