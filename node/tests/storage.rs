@@ -139,7 +139,7 @@ async fn received_lines_are_parsed_when_applied() {
     }
     let data = sm.read_data();
     assert!(
-        data.agents.get("other").is_none(),
+        !data.agents.contains_key("other"),
         "a rejected write left an agent"
     );
     drop(data);
