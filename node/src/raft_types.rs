@@ -65,7 +65,7 @@ impl AppendRecords {
 /// is the record object, as it always was.
 ///
 /// A line that arrives (in an AppendEntries, or read back from the Raft log) is only
-/// checked to be one JSON value on one line; it is parsed into a record when it is
+/// checked to be one JSON object on one line; it is parsed into a record when it is
 /// applied. So a follower makes an entry durable and answers its leader without
 /// parsing the records first (that parse was ~15% of a follower's append on the
 /// replication round trip), and the decoded records it keeps for replication are just

@@ -7,7 +7,10 @@
 //! Baseline: entries holding plain records (every encode walks them, every store makes
 //! each line again). Measured: entries holding `RecordLine`s (the line is made once, by
 //! the leader; everything else copies it). Best of five rounds, so a busy machine skews
-//! both sides less.
+//! both sides less. A follower's measured side decodes lines only: it parses their
+//! records when it applies the entry, which is not counted here (the baseline parses on
+//! decode), so the follower's ratio says how much lighter its append path became, not
+//! its total.
 //!
 //!   cargo build --release -p lineage-benches && target/release/entry_codec [--rounds 2000]
 
