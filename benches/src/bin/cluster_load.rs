@@ -271,32 +271,14 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
         let path = format!("/v1/agents/agent-{agent}/actions");
         let body = json!({"tool": "work", "input": {"client": c}}).to_string();
         let token = tokens[agent].clone();
-        let task = if args.reqwest {
-            let http = http.clone();
-            let url = url.clone();
-            tokio::spawn(async move {
-                let mut latencies = Vec::new();
-                let mut errors = 0u64;
-                while Instant::now() < deadline {
-                    let t = Instant::now();
-                    let reply = http
-                        .post(format!("{url}{path}"))
-                        .bearer_auth(&token)
-                        .header("content-type", "application/json")
-                        .body(body.clone())
-                        .send()
-                        .await;
-                    match reply {
-                        Ok(r) if r.status().is_success() => latencies.push(t.elapsed()),
-                        _ => errors += 1,
-                    }
-                }
-                (latencies, errors)
-            })
-        } else {
-            let client = LeanClient::new(&url, &path, &token, body)?;
-            tokio::spawn(client.run_until(deadline))
-        };
+        let client = ActionClient::new(
+            &url,
+            &path,
+            &token,
+            body,
+            args.reqwest.then(|| http.clone()),
+        )?;
+        let task = tokio::spawn(client.run_until(deadline));
         tasks.push(task);
     }
     let mut latencies = Vec::new();
@@ -365,35 +347,59 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
     Ok(result)
 }
 
-/// One client of the load: a keep-alive HTTP/1.1 connection through hyper, sending the
-/// same action again and again. Everything but the connection is built once, so the
-/// generator takes little of the CPU the nodes share (reqwest took about twice as much).
-struct LeanClient {
+/// One client of the load, sending the same action again and again with its request
+/// built once. Lean: one keep-alive HTTP/1.1 connection through hyper, so the generator
+/// takes little of the CPU the nodes share; or through reqwest (about twice the CPU), as
+/// the generator did before, for comparison.
+struct ActionClient {
     addr: String,
     uri: hyper::Uri,
     host: hyper::header::HeaderValue,
     authorization: hyper::header::HeaderValue,
     body: bytes::Bytes,
+    via: Via,
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
 
-impl LeanClient {
-    fn new(url: &str, path: &str, token: &str, body: String) -> Result<Self, String> {
+enum Via {
+    /// The connection, once open (opened anew after it breaks).
+    Hyper(Option<Sender>),
+    Reqwest {
+        http: reqwest::Client,
+        url: String,
+    },
+}
+
+impl ActionClient {
+    fn new(
+        url: &str,
+        path: &str,
+        token: &str,
+        body: String,
+        reqwest: Option<reqwest::Client>,
+    ) -> Result<Self, String> {
         let addr = url.trim_start_matches("http://").to_string();
-        Ok(LeanClient {
+        Ok(ActionClient {
             uri: path.parse().map_err(|e| format!("{path}: {e}"))?,
             host: addr.parse().map_err(|e| format!("{addr}: {e}"))?,
             authorization: format!("Bearer {token}")
                 .parse()
                 .map_err(|e| format!("token: {e}"))?,
             body: body.into(),
+            via: match reqwest {
+                Some(http) => Via::Reqwest {
+                    http,
+                    url: format!("{url}{path}"),
+                },
+                None => Via::Hyper(None),
+            },
             addr,
         })
     }
 
-    async fn connect(&self) -> Result<Sender, String> {
-        let stream = tokio::net::TcpStream::connect(&self.addr)
+    async fn connect(addr: &str) -> Result<Sender, String> {
+        let stream = tokio::net::TcpStream::connect(addr)
             .await
             .map_err(|e| e.to_string())?;
         stream.set_nodelay(true).map_err(|e| e.to_string())?;
@@ -405,11 +411,34 @@ impl LeanClient {
         Ok(sender)
     }
 
-    /// One action; Ok(true) when the guard answered 2xx. The body is read to its end so
-    /// the connection can carry the next request.
-    async fn act(&self, sender: &mut Sender) -> Result<bool, String> {
+    /// One action; Ok(true) when the guard answered 2xx.
+    async fn act(&mut self) -> Result<bool, String> {
         use http_body_util::BodyExt;
         use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
+        let connection = match &mut self.via {
+            Via::Reqwest { http, url } => {
+                let reply = http
+                    .post(url.as_str())
+                    .header(AUTHORIZATION, self.authorization.clone())
+                    .header(CONTENT_TYPE, "application/json")
+                    .body(self.body.clone())
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                return Ok(reply.status().is_success());
+            }
+            Via::Hyper(connection) => connection,
+        };
+        let mut sender = match connection.take() {
+            Some(sender) => sender,
+            None => match Self::connect(&self.addr).await {
+                Ok(sender) => sender,
+                Err(e) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    return Err(e);
+                }
+            },
+        };
         let request = hyper::Request::post(self.uri.clone())
             .header(HOST, self.host.clone())
             .header(AUTHORIZATION, self.authorization.clone())
@@ -422,40 +451,25 @@ impl LeanClient {
             .await
             .map_err(|e| e.to_string())?;
         let ok = response.status().is_success();
+        // Read to its end, so the connection can carry the next request.
         response
             .into_body()
             .collect()
             .await
             .map_err(|e| e.to_string())?;
+        *connection = Some(sender);
         Ok(ok)
     }
 
-    /// Acts until `deadline`; a broken connection counts as an error and is opened anew.
-    async fn run_until(self, deadline: Instant) -> (Vec<Duration>, u64) {
+    /// Acts until `deadline`: the latency of each 2xx answer, and how many were not.
+    async fn run_until(mut self, deadline: Instant) -> (Vec<Duration>, u64) {
         let mut latencies = Vec::new();
         let mut errors = 0u64;
-        let mut sender = None;
         while Instant::now() < deadline {
             let t = Instant::now();
-            let current = match sender.take() {
-                Some(current) => Some(current),
-                None => self.connect().await.ok(),
-            };
-            let Some(mut current) = current else {
-                errors += 1;
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            };
-            match self.act(&mut current).await {
-                Ok(true) => {
-                    latencies.push(t.elapsed());
-                    sender = Some(current);
-                }
-                Ok(false) => {
-                    errors += 1;
-                    sender = Some(current);
-                }
-                Err(_) => errors += 1,
+            match self.act().await {
+                Ok(true) => latencies.push(t.elapsed()),
+                Ok(false) | Err(_) => errors += 1,
             }
         }
         (latencies, errors)
