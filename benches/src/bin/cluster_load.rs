@@ -541,6 +541,9 @@ async fn check_replicas_agree(
     Ok(())
 }
 
+/// The most threads the reference storage bound uses (one per agent).
+const MAX_CEILING_WRITERS: usize = 64;
+
 /// Records sealed (canonical JSON + SHA-256 + Ed25519) per second on one core.
 fn sign_ceiling() -> f64 {
     let key = AuditKey::from_seed([4; 32]);
@@ -574,6 +577,14 @@ fn real_main() -> Result<(), String> {
     let sign = sign_ceiling();
     let fsync = lineage_benches::durable_appends_per_second()?;
     println!("machine ceiling: {sign:.0} records sealed/s on one core, {fsync:.0} durable appends/s (1 fsync each)");
+    // The reference single node's storage path at this many agents: its own bound.
+    let reference =
+        lineage_benches::durable_appends_per_second_with(args.agents.min(MAX_CEILING_WRITERS))?
+            / 2.0;
+    println!(
+        "reference storage bound: {} agents' logs appended at once (seal + fdatasync per record) allow {reference:.0} decisions/s",
+        args.agents.min(MAX_CEILING_WRITERS)
+    );
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let sizes = match args.nodes {
         Some(n) => vec![n],
@@ -583,7 +594,7 @@ fn real_main() -> Result<(), String> {
         let cluster = start_cluster(&binary, nodes, args.no_early_ack)?;
         let r = runtime.block_on(run_load(&cluster, &args))?;
         println!(
-            "{nodes} node(s), {} clients over {} agents, {} s: {:.0} decisions/s (p50 {:.2} ms, p99 {:.2} ms), {} decisions, {} errors; {:.2}x the fsync ceiling, {:.3}x the signing ceiling (2 records per decision)",
+            "{nodes} node(s), {} clients over {} agents, {} s: {:.0} decisions/s (p50 {:.2} ms, p99 {:.2} ms), {} decisions, {} errors; {:.2}x the fsync ceiling, {:.3}x the signing ceiling (2 records per decision), {:.2}x the reference storage bound",
             args.clients,
             args.agents,
             args.seconds,
@@ -594,6 +605,7 @@ fn real_main() -> Result<(), String> {
             r.errors,
             r.per_second / fsync,
             r.per_second * 2.0 / sign,
+            r.per_second / reference,
         );
     }
     Ok(())
