@@ -14,8 +14,8 @@ pub fn durable_appends_per_second() -> Result<f64, String> {
 /// Durable single-record appends per second, over 1 s, with `writers` threads each
 /// appending to its own signed log at once: the reference guard's storage path (one file
 /// per agent, every record sealed and fdatasynced before the answer), without its HTTP
-/// and guard work. So what the reference single node can reach here is below
-/// `writers`' figure ÷ 2 decisions/s (2 records per decision).
+/// and guard work. A single node storing that way does fewer decisions/s here than this
+/// figure ÷ 2 (2 records per decision).
 pub fn durable_appends_per_second_with(writers: usize) -> Result<f64, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let logs = (0..writers.max(1))
