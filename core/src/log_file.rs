@@ -32,6 +32,8 @@ pub enum AuditError {
     KeyMismatch { log_key: String, writer_key: String },
     #[error("log is corrupt: {0}")]
     Corrupt(VerifyFailure),
+    #[error(transparent)]
+    NotRepresentable(#[from] crate::record::RoundTripError),
 }
 
 pub struct AuditLog {
@@ -256,9 +258,12 @@ impl AuditLog {
 
     /// Writes already-sealed records that extend the head, in one write and one sync.
     pub fn write_records(&mut self, records: &[Record]) -> Result<(), AuditError> {
+        // Every line is checked to read back as the record it holds before any is
+        // written, so a batch is written whole or not at all.
         let mut text = String::new();
         for record in records {
-            text.push_str(&record.to_line());
+            let (line, _) = record.to_checked_line()?;
+            text.push_str(&line);
             text.push('\n');
         }
         self.file

@@ -28,6 +28,11 @@ pub struct Record {
     pub signature: String,
 }
 
+/// A record whose line would not read back as the same record (`Record::to_checked_line`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("record does not round-trip through its line: {0}")]
+pub struct RoundTripError(pub String);
+
 /// The last record of a log, as published in checkpoints: `seq:hash`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Head {
@@ -158,6 +163,31 @@ impl Record {
         write_str(&mut out, &self.signature);
         out.push('}');
         out
+    }
+
+    /// The record's line, checked to be a fixed point of the format: the record parsed
+    /// back from it writes the same line and has the same content hash. Returns the line
+    /// and that parsed record, which is what every reader of the line will hold.
+    ///
+    /// A record that fails was never stored or replicated: a reader would get other
+    /// content than was hashed, so the record could not be verified or applied.
+    pub fn to_checked_line(&self) -> Result<(String, Record), RoundTripError> {
+        let line = self.to_line();
+        let parsed = Record::from_line(&line)
+            .map_err(|e| RoundTripError(format!("record seq {}: {e}", self.seq)))?;
+        if parsed.to_line() != line {
+            return Err(RoundTripError(format!(
+                "record seq {}: its line does not read back as the same line",
+                self.seq
+            )));
+        }
+        if hex::encode(parsed.recompute_hash()) != self.hash {
+            return Err(RoundTripError(format!(
+                "record seq {}: its line reads back with another content hash",
+                self.seq
+            )));
+        }
+        Ok((line, parsed))
     }
 
     /// Parses one line (without its newline). Unknown fields are ignored.

@@ -15,6 +15,7 @@ use openraft::error::{CheckIsLeaderError, RaftError};
 use serde_json::Value;
 
 use crate::api::error::ApiError;
+use crate::api::idempotency::IdempotencyKey;
 use crate::batcher::{Batcher, WriteError};
 use crate::raft_types::{AppendRecords, ApplyOutcome, IdempotentAnswer, NodeId, Raft, RecordLine};
 use crate::store::{AgentSlot, StateMachine};
@@ -221,13 +222,13 @@ impl App {
         &self,
         agent_id: &str,
         command: Command,
-        idempotency_key: Option<String>,
+        idempotency: Option<IdempotencyKey>,
         respond: Respond,
     ) -> Result<Answer, ApiError> {
         let lock = self.agent_lock(agent_id);
         let _serialised = lock.lock().await;
         match self
-            .decide_and_write(agent_id, &command, &idempotency_key, &respond)
+            .decide_and_write(agent_id, &command, &idempotency, &respond)
             .await
         {
             // The state this node decided on was behind (it has just become leader):
@@ -238,7 +239,7 @@ impl App {
                     .await
                     .map_err(|_| ApiError::NoLeader)?;
                 match self
-                    .decide_and_write(agent_id, &command, &idempotency_key, &respond)
+                    .decide_and_write(agent_id, &command, &idempotency, &respond)
                     .await
                 {
                     Err(ApiError::Stale(reason)) => Err(ApiError::Unavailable(format!(
@@ -251,19 +252,48 @@ impl App {
         }
     }
 
+    /// The answer first given under `key`, if the key was used: only for the same request
+    /// (422 otherwise), and a stored answer that cannot be read back intact is a 503,
+    /// never a reason to decide (and charge) again.
+    fn stored_answer(
+        &self,
+        agent_id: &str,
+        key: &IdempotencyKey,
+    ) -> Result<Option<Answer>, ApiError> {
+        let stored = self
+            .sm
+            .idempotent_answer(agent_id, &key.scoped)
+            .map_err(|e| {
+                tracing::error!(agent_id, error = %e, "stored idempotent answer unreadable");
+                ApiError::Unavailable(format!(
+                    "the answer stored under this Idempotency-Key cannot be read back: {e}"
+                ))
+            })?;
+        let Some(answer) = stored else {
+            return Ok(None);
+        };
+        // Answers stored before keys were bound to requests carry no digest.
+        if !answer.request.is_empty() && answer.request != key.request {
+            return Err(ApiError::IdempotencyKeyReused);
+        }
+        let body = serde_json::from_str(&answer.body)
+            .map_err(|e| ApiError::Unavailable(format!("the stored answer is not JSON: {e}")))?;
+        let status = StatusCode::from_u16(answer.status).map_err(|e| {
+            ApiError::Unavailable(format!("the stored answer has no valid status: {e}"))
+        })?;
+        Ok(Some(Answer { status, body }))
+    }
+
     async fn decide_and_write(
         &self,
         agent_id: &str,
         command: &Command,
-        idempotency_key: &Option<String>,
+        idempotency: &Option<IdempotencyKey>,
         respond: &Respond,
     ) -> Result<Answer, ApiError> {
-        if let Some(key) = &idempotency_key {
-            if let Some(answer) = self.sm.idempotent_answer(agent_id, key) {
-                let body = serde_json::from_str(&answer.body)
-                    .map_err(|e| ApiError::Internal(e.to_string()))?;
-                let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK);
-                return Ok(Answer { status, body });
+        if let Some(key) = idempotency {
+            if let Some(answer) = self.stored_answer(agent_id, key)? {
+                return Ok(answer);
             }
         }
         let now = timestamp::now_micros();
@@ -304,22 +334,24 @@ impl App {
             };
             (records, answer)
         };
-        let idempotency = match idempotency_key {
+        let idempotency = match idempotency {
             Some(key) => Some(IdempotentAnswer {
-                key: key.clone(),
+                key: key.scoped.clone(),
                 status: answer.status.as_u16(),
                 body: serde_json::to_string(&answer.body)
                     .map_err(|e| ApiError::Internal(e.to_string()))?,
+                request: key.request.clone(),
             }),
             None => None,
         };
         // The lines are made here, on the request's own task, so that nothing on the
-        // way to the store encodes a record again.
+        // way to the store encodes a record again; one that would not read back as the
+        // same record is refused before it is proposed.
         let records = records
             .into_iter()
             .map(RecordLine::new)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(ApiError::Internal)?;
+            .map_err(|e| ApiError::NotRepresentable(e.to_string()))?;
         let entry = AppendRecords {
             agent_id: agent_id.to_string(),
             records,

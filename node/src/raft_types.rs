@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::io::Cursor;
 use std::sync::Arc;
 
+use lineage_core::record::RoundTripError;
 use lineage_core::Record;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -73,24 +74,29 @@ impl AppendRecords {
 #[derive(Clone, Debug)]
 pub struct RecordLine {
     line: Box<RawValue>,
-    /// There when this node sealed the record (the leader that decided it).
-    sealed: Option<Record>,
+    /// The record parsed back from `line`, there on the leader that sealed it. Every
+    /// node, this one included, applies the record its line reads back as, never the
+    /// one the leader held before writing the line.
+    parsed: Option<Record>,
 }
 
 impl RecordLine {
-    pub fn new(record: Record) -> Result<Self, String> {
-        let line = RawValue::from_string(record.to_line())
-            .map_err(|e| format!("record seq {} has no JSON line: {e}", record.seq))?;
+    /// The line of a record sealed here. A record whose line would not read back as the
+    /// same record is refused here, before it can be proposed.
+    pub fn new(record: Record) -> Result<Self, RoundTripError> {
+        let (line, parsed) = record.to_checked_line()?;
+        let line = RawValue::from_string(line)
+            .map_err(|e| RoundTripError(format!("record seq {}: {e}", record.seq)))?;
         Ok(RecordLine {
             line,
-            sealed: Some(record),
+            parsed: Some(parsed),
         })
     }
 
-    /// The record: the one sealed here, or the line parsed now. Every node parses the
-    /// same bytes, so a line that is not a record fails alike everywhere.
+    /// The record its line reads back as: parsed when sealed here, or now. Every node
+    /// parses the same bytes, so a line that is not a record fails alike everywhere.
     pub fn record(&self) -> Result<Cow<'_, Record>, String> {
-        match &self.sealed {
+        match &self.parsed {
             Some(record) => Ok(Cow::Borrowed(record)),
             None => Record::from_line(self.line.get())
                 .map(Cow::Owned)
@@ -130,16 +136,21 @@ impl<'de> Deserialize<'de> for RecordLine {
         if !line.get().starts_with('{') {
             return Err(D::Error::custom("a record line must be a JSON object"));
         }
-        Ok(RecordLine { line, sealed: None })
+        Ok(RecordLine { line, parsed: None })
     }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct IdempotentAnswer {
+    /// The key in its caller's namespace (`api::idempotency::IdempotencyKey::scoped`).
     pub key: String,
     /// The HTTP status and JSON body first returned.
     pub status: u16,
     pub body: String,
+    /// Digest of the request first sent with the key; only the same request gets this
+    /// answer back. Empty in entries written before keys were bound to requests.
+    #[serde(default)]
+    pub request: String,
 }
 
 /// The result of applying one entry. Apply is deterministic: every node reports the same.

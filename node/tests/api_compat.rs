@@ -803,3 +803,156 @@ async fn without_an_admin_token_it_creates_one_in_the_reference_layout() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+impl Node {
+    /// A POST with an Idempotency-Key, answered as (status, JSON).
+    async fn post_keyed(
+        &self,
+        path: &str,
+        token: &str,
+        key: &str,
+        body: &str,
+    ) -> (StatusCode, Value) {
+        let reply = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .header("Idempotency-Key", key)
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = reply.status();
+        let text = reply.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+}
+
+/// An Idempotency-Key returns its stored answer only to the same request from the same
+/// kind of caller: another body or route gets 422, and an operator's key never returns an
+/// agent's decision (a terminate sent with a key the agent used still terminates).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_keys_are_bound_to_their_request_and_caller() {
+    let node = start().await;
+    let admin = Some(ADMIN);
+    let policy = json!({"budget": 100, "scar_limit": 10, "tools": {"search": {"cost": 1}, "fetch": {"cost": 2}}});
+    let (status, created) = node
+        .post(
+            "/v1/agents",
+            admin,
+            json!({"agent_id": "bot", "policy": policy}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    let token = created["token"].as_str().unwrap().to_string();
+    let actions = "/v1/agents/bot/actions";
+
+    let first = node
+        .post_keyed(
+            actions,
+            &token,
+            "k1",
+            r#"{"tool":"search","input":{"q":"a"}}"#,
+        )
+        .await;
+    assert_eq!(first.0, StatusCode::OK, "{:?}", first.1);
+    assert_eq!(first.1["decision"], "allowed");
+    // The same request, spelled differently: the stored answer, nothing appended.
+    let retry = node
+        .post_keyed(
+            actions,
+            &token,
+            "k1",
+            r#"{ "input": {"q":"a"}, "tool": "search" }"#,
+        )
+        .await;
+    assert_eq!(retry, first);
+    let spent = |status: &Value| status["spent"].as_u64().unwrap();
+    let (_, status) = node.get("/v1/agents/bot", admin).await;
+    assert_eq!(spent(&status), 1);
+    let head = status["head"]["seq"].as_u64().unwrap();
+
+    // Another body, another tool, another route: refused, nothing appended.
+    let reused = "this Idempotency-Key was already used for a different request; use a new key";
+    for (path, body) in [
+        (actions, r#"{"tool":"search","input":{"q":"b"}}"#),
+        (actions, r#"{"tool":"fetch","input":{"q":"a"}}"#),
+        (
+            "/v1/agents/bot/actions/act-1/outcome",
+            r#"{"status":"success"}"#,
+        ),
+    ] {
+        assert_error(
+            node.post_keyed(path, &token, "k1", body).await,
+            422,
+            "idempotency_key_reused",
+            reused,
+        );
+    }
+    let (_, status) = node.get("/v1/agents/bot", admin).await;
+    assert_eq!(status["head"]["seq"].as_u64().unwrap(), head);
+
+    // An operator's terminate with the agent's key terminates; its retry is its answer.
+    let terminate = r#"{"reason":"stop","by":"ops"}"#;
+    let (status, terminated) = node
+        .post_keyed("/v1/agents/bot/terminate", ADMIN, "k1", terminate)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{terminated}");
+    assert_eq!(terminated["alive"], false, "{terminated}");
+    let again = node
+        .post_keyed("/v1/agents/bot/terminate", ADMIN, "k1", terminate)
+        .await;
+    assert_eq!(again, (StatusCode::OK, terminated.clone()));
+    // The operator's key, reused for a fatal scar, is refused rather than answered.
+    assert_error(
+        node.post_keyed(
+            "/v1/agents/bot/scars",
+            ADMIN,
+            "k1",
+            r#"{"severity":"fatal","reason":"x"}"#,
+        )
+        .await,
+        422,
+        "idempotency_key_reused",
+        reused,
+    );
+    // The agent's own retry still gets its own first answer.
+    assert_eq!(
+        node.post_keyed(
+            actions,
+            &token,
+            "k1",
+            r#"{"tool":"search","input":{"q":"a"}}"#
+        )
+        .await,
+        first
+    );
+}
+
+/// `?local=true` reads a node's own copy; on a write it is refused, not run locally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_true_is_refused_on_a_write() {
+    let node = start().await;
+    let policy = json!({"budget": 5, "scar_limit": 5, "tools": {"search": {"cost": 1}}});
+    assert_error(
+        node.post(
+            "/v1/agents?local=true",
+            Some(ADMIN),
+            json!({"agent_id": "bot", "policy": policy}),
+        )
+        .await,
+        400,
+        "bad_request",
+        "local=true is for GET reads of this node's copy; writes always go to the leader",
+    );
+    assert_error(
+        node.get("/v1/agents/bot?local=true", Some(ADMIN)).await,
+        404,
+        "not_found",
+        "agent not found",
+    );
+}

@@ -220,6 +220,7 @@ async fn applied_rows_are_readable_at_once_and_on_disk_after_reopen() {
         key: "retry-me".into(),
         status: 200,
         body: "{\"decision\":\"allowed\"}".into(),
+        request: "ab".repeat(32),
     });
     let expected_records = 2 + 40 * 2;
     {
@@ -236,6 +237,7 @@ async fn applied_rows_are_readable_at_once_and_on_disk_after_reopen() {
         }
         let answer = sm
             .idempotent_answer("bot", "retry-me")
+            .expect("readable")
             .expect("answer at once");
         assert_eq!(answer.status, 200);
         // A page from the middle, across whatever is committed and what is not.
@@ -250,7 +252,61 @@ async fn applied_rows_are_readable_at_once_and_on_disk_after_reopen() {
         sm.records("bot", 0, usize::MAX).unwrap().len(),
         expected_records
     );
-    assert!(sm.idempotent_answer("bot", "retry-me").is_some());
+    assert!(sm.idempotent_answer("bot", "retry-me").unwrap().is_some());
+    assert_eq!(sm.idempotent_answer("bot", "never-used"), Ok(None));
     let (applied, _) = sm.applied_state().await.unwrap();
     assert_eq!(applied.map(|l| l.index), Some(41));
+}
+
+/// A stored idempotent answer whose bytes change on disk is an error when read, never
+/// served as is and never read as "no answer" (which would decide and charge again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_answer_changed_on_disk_is_an_error_not_an_answer() {
+    use lineage_node::raft_types::IdempotentAnswer;
+    use redb::ReadableTable;
+    const IDEMPOTENCY: redb::TableDefinition<&str, &[u8]> =
+        redb::TableDefinition::new("idempotency");
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([12; 32]);
+    let mut appends = entries_with_requests(&key, 2);
+    appends[2].idempotency = Some(IdempotentAnswer {
+        key: "k".into(),
+        status: 200,
+        body: "{\"decision\":\"allowed\",\"remaining\":98}".into(),
+        request: "cd".repeat(32),
+    });
+    {
+        let (_, mut sm) = store::open(dir.path()).unwrap();
+        for (i, append) in appends.iter().enumerate() {
+            sm.apply(as_entries(std::slice::from_ref(append), i as u64 + 1))
+                .await
+                .unwrap();
+        }
+        sm.flush().unwrap();
+    }
+    // Change one digit of the stored body, as a bad disk block would.
+    {
+        let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(IDEMPOTENCY).unwrap();
+            let mut row = table
+                .get("bot\nk")
+                .unwrap()
+                .expect("stored row")
+                .value()
+                .to_vec();
+            let at = row
+                .windows(2)
+                .rposition(|w| w == b"98")
+                .expect("the body in the row");
+            row[at] = b'9';
+            row[at + 1] = b'9';
+            table.insert("bot\nk", row.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let (_, sm) = store::open(dir.path()).unwrap();
+    let error = sm.idempotent_answer("bot", "k").unwrap_err();
+    assert!(error.contains("checksum"), "{error}");
 }

@@ -16,8 +16,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::auth::{require_admin, require_agent_or_admin, validate_agent_id};
-use super::body::JsonBody;
 use super::error::ApiError;
+use super::idempotency::{Caller, IdempotencyKey, WriteBody};
 use crate::app::{Answer, App, Respond};
 use crate::store::AgentSlot;
 
@@ -107,35 +107,25 @@ impl LogQuery {
     }
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>> {
-    match headers.get("idempotency-key") {
-        None => Ok(None),
-        Some(v) => {
-            let key = v.to_str().map_err(|_| {
-                ApiError::BadRequest("Idempotency-Key must be visible ASCII".into())
-            })?;
-            if key.is_empty() || key.len() > 255 {
-                return Err(ApiError::BadRequest(
-                    "Idempotency-Key must be 1-255 characters".into(),
-                ));
-            }
-            Ok(Some(key.to_string()))
-        }
-    }
-}
-
-/// The leader's write path for one command, answered as `respond` says.
+/// The leader's write path for one command, answered as `respond` says. A retry with
+/// the request's Idempotency-Key gets the first answer (`idempotency`).
 async fn write(
     app: &App,
     agent_id: &str,
-    headers: &HeaderMap,
+    key: Option<IdempotencyKey>,
     command: Command,
     respond: Respond,
 ) -> Result<Response> {
-    let answer = app
-        .execute(agent_id, command, idempotency_key(headers)?, respond)
-        .await?;
+    let answer = app.execute(agent_id, command, key, respond).await?;
     Ok((answer.status, Json(answer.body)).into_response())
+}
+
+fn caller(is_admin: bool) -> Caller {
+    if is_admin {
+        Caller::Operator
+    } else {
+        Caller::Agent
+    }
 }
 
 fn status_answer(status: lineage_core::Status) -> Answer {
@@ -152,9 +142,10 @@ pub async fn public_key(State(app): State<Arc<App>>) -> Json<Value> {
 pub async fn create_agent(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<CreateBody>,
+    body: WriteBody<CreateBody>,
 ) -> Result<Response> {
     require_admin(&headers, &app.keys)?;
+    let (body, key) = body.keyed(&headers, Caller::Operator)?;
     validate_agent_id(&body.agent_id)?;
     let token = token::issue(&app.keys.token_key, &body.agent_id);
     let command = Command::Create {
@@ -164,7 +155,7 @@ pub async fn create_agent(
     write(
         &app,
         &body.agent_id,
-        &headers,
+        key,
         command,
         Respond::Status(Box::new(move |status| Answer {
             status: StatusCode::OK,
@@ -220,10 +211,11 @@ pub async fn request_action(
     State(app): State<Arc<App>>,
     Path(agent_id): Path<String>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<ActionBody>,
+    body: WriteBody<ActionBody>,
 ) -> Result<Response> {
-    require_agent_or_admin(&headers, &app.keys, &agent_id)?;
+    let is_admin = require_agent_or_admin(&headers, &app.keys, &agent_id)?;
     validate_agent_id(&agent_id)?;
+    let (body, key) = body.keyed(&headers, caller(is_admin))?;
     if body.tool.is_empty() || body.tool.len() > TOOL_NAME_MAX_BYTES {
         return Err(ApiError::BadRequest("tool must be 1-128 characters".into()));
     }
@@ -232,7 +224,7 @@ pub async fn request_action(
         input: body.input,
         cost: body.cost,
     };
-    write(&app, &agent_id, &headers, command, Respond::Decision).await
+    write(&app, &agent_id, key, command, Respond::Decision).await
 }
 
 pub async fn pending_actions(
@@ -263,9 +255,10 @@ pub async fn report_outcome(
     State(app): State<Arc<App>>,
     Path((agent_id, action_id)): Path<(String, String)>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<OutcomeBody>,
+    body: WriteBody<OutcomeBody>,
 ) -> Result<Response> {
     let is_admin = require_agent_or_admin(&headers, &app.keys, &agent_id)?;
+    let (body, key) = body.keyed(&headers, caller(is_admin))?;
     if body.status == OutcomeStatus::Harmful && !is_admin {
         return Err(ApiError::Forbidden);
     }
@@ -280,7 +273,7 @@ pub async fn report_outcome(
     write(
         &app,
         &agent_id,
-        &headers,
+        key,
         command,
         Respond::Status(Box::new(status_answer)),
     )
@@ -291,43 +284,46 @@ pub async fn approve_action(
     State(app): State<Arc<App>>,
     Path((agent_id, action_id)): Path<(String, String)>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<ApproveBody>,
+    body: WriteBody<ApproveBody>,
 ) -> Result<Response> {
     require_admin(&headers, &app.keys)?;
     validate_agent_id(&agent_id)?;
+    let (body, key) = body.keyed(&headers, Caller::Operator)?;
     let command = Command::Approve {
         action_id,
         approver: body.approver,
         note: body.note,
     };
-    write(&app, &agent_id, &headers, command, Respond::Decision).await
+    write(&app, &agent_id, key, command, Respond::Decision).await
 }
 
 pub async fn reject_action(
     State(app): State<Arc<App>>,
     Path((agent_id, action_id)): Path<(String, String)>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<RejectBody>,
+    body: WriteBody<RejectBody>,
 ) -> Result<Response> {
     require_admin(&headers, &app.keys)?;
     validate_agent_id(&agent_id)?;
+    let (body, key) = body.keyed(&headers, Caller::Operator)?;
     let command = Command::Reject {
         action_id,
         approver: body.approver,
         reason: body.reason,
         scar: body.scar,
     };
-    write(&app, &agent_id, &headers, command, Respond::Decision).await
+    write(&app, &agent_id, key, command, Respond::Decision).await
 }
 
 pub async fn add_scar(
     State(app): State<Arc<App>>,
     Path(agent_id): Path<String>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<ScarBody>,
+    body: WriteBody<ScarBody>,
 ) -> Result<Response> {
     require_admin(&headers, &app.keys)?;
     validate_agent_id(&agent_id)?;
+    let (body, key) = body.keyed(&headers, Caller::Operator)?;
     let command = Command::Scar {
         severity: body.severity,
         reason: body.reason,
@@ -336,7 +332,7 @@ pub async fn add_scar(
     write(
         &app,
         &agent_id,
-        &headers,
+        key,
         command,
         Respond::Status(Box::new(status_answer)),
     )
@@ -347,10 +343,11 @@ pub async fn terminate(
     State(app): State<Arc<App>>,
     Path(agent_id): Path<String>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<TerminateBody>,
+    body: WriteBody<TerminateBody>,
 ) -> Result<Response> {
     require_admin(&headers, &app.keys)?;
     validate_agent_id(&agent_id)?;
+    let (body, key) = body.keyed(&headers, Caller::Operator)?;
     let command = Command::Terminate {
         reason: body.reason,
         by: body.by,
@@ -358,7 +355,7 @@ pub async fn terminate(
     write(
         &app,
         &agent_id,
-        &headers,
+        key,
         command,
         Respond::Status(Box::new(status_answer)),
     )

@@ -24,30 +24,38 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
-        let is_json = request
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .is_some_and(|mime| {
-                let mime = mime.trim().to_ascii_lowercase();
-                mime == "application/json"
-                    || (mime.starts_with("application/") && mime.ends_with("+json"))
-            });
-        if !is_json {
-            return Err(ApiError::UnsupportedMediaType);
-        }
-        let bytes = Bytes::from_request(request, state)
-            .await
-            .map_err(|rejection| {
-                if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::BodyTooLarge(LIMIT)
-                } else {
-                    ApiError::BadRequest(format!("cannot read request body: {rejection}"))
-                }
-            })?;
+        let bytes = json_bytes::<S, LIMIT>(request, state).await?;
         parse(&bytes).map(JsonBody)
     }
+}
+
+/// The bytes of a JSON request body: the content type checked, the size limited.
+pub async fn json_bytes<S: Send + Sync, const LIMIT: usize>(
+    request: Request,
+    state: &S,
+) -> Result<Bytes, ApiError> {
+    let is_json = request
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| {
+            let mime = mime.trim().to_ascii_lowercase();
+            mime == "application/json"
+                || (mime.starts_with("application/") && mime.ends_with("+json"))
+        });
+    if !is_json {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    Bytes::from_request(request, state)
+        .await
+        .map_err(|rejection| {
+            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::BodyTooLarge(LIMIT)
+            } else {
+                ApiError::BadRequest(format!("cannot read request body: {rejection}"))
+            }
+        })
 }
 
 /// Parses a JSON body, telling syntax errors from shape errors.

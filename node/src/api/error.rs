@@ -46,6 +46,12 @@ pub enum ApiError {
     Stale(String),
     #[error(transparent)]
     Guard(#[from] GuardError),
+    /// An Idempotency-Key first used for another request (route, agent or body).
+    #[error("this Idempotency-Key was already used for a different request; use a new key")]
+    IdempotencyKeyReused,
+    /// The request's input cannot be stored so that every reader gets it back exactly.
+    #[error("the input cannot be recorded exactly: {0}")]
+    NotRepresentable(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -83,6 +89,12 @@ impl ApiError {
                 GuardError::InputTooDeep { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
                 GuardError::NoPolicy => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             },
+            ApiError::IdempotencyKeyReused => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused")
+            }
+            ApiError::NotRepresentable(_) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "input_not_representable")
+            }
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }

@@ -24,6 +24,14 @@ pub async fn route_to_leader(
     request: Request,
     next: Next,
 ) -> Response {
+    if asks_for_local_copy(&request) && request.method() != axum::http::Method::GET {
+        // A write always goes through the leader; a node's own copy is only for reads.
+        return ApiError::BadRequest(
+            "local=true is for GET reads of this node's copy; writes always go to the leader"
+                .into(),
+        )
+        .into_response();
+    }
     if serves_locally(&request) {
         return next.run(request).await;
     }
@@ -51,12 +59,14 @@ pub async fn route_to_leader(
 
 /// Public, node-local answers: the public key and `?local=true` reads of a node's own copy.
 fn serves_locally(request: &Request) -> bool {
-    let path = request.uri().path();
-    path == "/v1/public-key"
-        || request
-            .uri()
-            .query()
-            .is_some_and(|q| q.split('&').any(|pair| pair == "local=true"))
+    request.uri().path() == "/v1/public-key" || asks_for_local_copy(request)
+}
+
+fn asks_for_local_copy(request: &Request) -> bool {
+    request
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|pair| pair == "local=true"))
 }
 
 async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, ApiError> {

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod forward;
+pub mod idempotency;
 pub mod transparency;
 
 use std::sync::Arc;

@@ -2,6 +2,7 @@
 //! replicated state machine on redb (`state_machine`). The engines stay behind this module.
 
 pub mod heads;
+pub mod idempotency_rows;
 pub mod log_store;
 pub mod record_rows;
 pub mod sm_writer;

@@ -24,6 +24,7 @@ use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::heads::{self, HeadsLog, HeadsSnapshot};
+use super::idempotency_rows;
 use super::log_store::DurableLog;
 use super::record_rows;
 use super::sm_writer::{RowBatch, SmWriter, Tables};
@@ -34,7 +35,7 @@ use crate::raft_types::{
 
 /// (agent_id, seq) → the record's line.
 const RECORDS: TableDefinition<(&str, u64), &str> = TableDefinition::new("records");
-/// "agent_id\n key" → JSON IdempotentAnswer.
+/// "agent_id\n scoped key" → an IdempotentAnswer with its checksum (`idempotency_rows`).
 const IDEMPOTENCY: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
 const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
 /// Every agent that has records (written with its first record).
@@ -401,16 +402,30 @@ impl StateMachine {
             .insert(agent_id.to_string(), AgentSlot::Quarantined(reason));
     }
 
-    /// The answer stored under an idempotency key, if any.
-    pub fn idempotent_answer(&self, agent_id: &str, key: &str) -> Option<IdempotentAnswer> {
+    /// The answer stored under an idempotency key (scoped to its caller), if any. A row
+    /// that cannot be read, or reads back changed, is an error: never "no answer", which
+    /// would decide (and charge) again.
+    pub fn idempotent_answer(
+        &self,
+        agent_id: &str,
+        key: &str,
+    ) -> Result<Option<IdempotentAnswer>, String> {
         let key_text = idempotency_key(agent_id, key);
-        if let Some(value) = self.read_data().unflushed.idempotency.get(&key_text) {
-            return serde_json::from_slice(value).ok();
+        if let Some(row) = self.read_data().unflushed.idempotency.get(&key_text) {
+            return idempotency_rows::decode(row, key).map(Some);
         }
-        let txn = self.db.begin_read().ok()?;
-        let table = txn.open_table(IDEMPOTENCY).ok()?;
-        let value = table.get(key_text.as_str()).ok()??;
-        serde_json::from_slice(value.value()).ok()
+        let read = |e: &dyn std::fmt::Display| format!("idempotency table: {e}");
+        let txn = self.db.begin_read().map_err(|e| read(&e))?;
+        let table = match txn.open_table(IDEMPOTENCY) {
+            Ok(table) => table,
+            // Nothing was ever stored under any key.
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(read(&e)),
+        };
+        match table.get(key_text.as_str()).map_err(|e| read(&e))? {
+            Some(row) => idempotency_rows::decode(row.value(), key).map(Some),
+            None => Ok(None),
+        }
     }
 
     fn apply_batch(
@@ -638,7 +653,12 @@ impl StateMachine {
         let idem = txn.open_table(IDEMPOTENCY).map_err(sm_read_err)?;
         for item in idem.iter().map_err(sm_read_err)? {
             let (key, value) = item.map_err(sm_read_err)?;
-            let answer = serde_json::from_slice(value.value()).map_err(sm_read_err)?;
+            let scoped = key
+                .value()
+                .split_once('\n')
+                .map_or("", |(_agent, scoped)| scoped);
+            let answer = idempotency_rows::decode(value.value(), scoped)
+                .map_err(|e| sm_read_err(std::io::Error::other(e)))?;
             body.idempotency.push((key.value().to_string(), answer));
         }
         serde_json::to_vec(&body).map_err(sm_read_err)
@@ -674,7 +694,7 @@ fn add_rows(
             .push((append.agent_id.clone(), record.seq, line.line().to_string()));
     }
     if let Some(answer) = &append.idempotency {
-        let bytes = serde_json::to_vec(answer).map_err(sm_write_err)?;
+        let bytes = idempotency_rows::encode(answer).map_err(sm_write_err)?;
         rows.idempotency
             .push((idempotency_key(&append.agent_id, &answer.key), bytes));
     }
@@ -791,7 +811,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let mut idem = txn.open_table(IDEMPOTENCY).map_err(sm_write_err)?;
             idem.retain(|_, _| false).map_err(sm_write_err)?;
             for (key, answer) in &body.idempotency {
-                let value = serde_json::to_vec(answer).map_err(sm_write_err)?;
+                let value = idempotency_rows::encode(answer).map_err(sm_write_err)?;
                 idem.insert(key.as_str(), value.as_slice())
                     .map_err(sm_write_err)?;
             }

@@ -382,3 +382,115 @@ async fn a_wiped_node_catches_up_from_a_snapshot_when_the_log_was_purged() {
     let log_after = cluster.converged_log("bot", Duration::from_secs(20)).await;
     assert_eq!(log_after, log);
 }
+
+/// Request bodies whose numbers and strings a careless parser changes on the way back:
+/// 17-digit floats at both ends of the range, subnormals, integers at and past the u64
+/// and i64 limits, escapes and astral-plane text; the rest drawn from a seeded generator.
+fn hostile_inputs(count: usize, seed: u64) -> Vec<String> {
+    let mut fixed: Vec<String> = [
+        "3.4980118210031664e-13",
+        "0.30000000000000004",
+        "2.2250738585072014e-308",
+        "1.7976931348623157e+308",
+        "5e-324",
+        "18446744073709551615",
+        "18446744073709551616",
+        "-9223372036854775808",
+        "-9223372036854775809",
+        "123456789012345678901234567890",
+        "1e21",
+        "-0.0",
+        "\"\\u2028 \\ud83d\\ude00 \\\" \\\\ \\n \\u0000 \\/\"",
+    ]
+    .iter()
+    .map(|n| format!(r#"{{"tool":"search","input":{{"v":{n},"w":[{n},{{"x":{n}}}]}}}}"#))
+    .collect();
+    let mut state = seed | 1;
+    let mut next = move || {
+        // xorshift64*: deterministic, so a failure names its seed and repeats.
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    };
+    while fixed.len() < count {
+        let float = f64::from_bits(next());
+        let float = if float.is_finite() { float } else { 1.5 };
+        let big = format!("{}{}", u64::MAX, next() % 100_000);
+        fixed.push(format!(
+            r#"{{"tool":"search","input":{{"f":{float:.16e},"g":{float:?},"big":{big},"i":{},"s":"\u00e9\u0001{}"}}}}"#,
+            next() as i64,
+            next() % 1000
+        ));
+    }
+    fixed
+}
+
+/// Finding 0 of the storage-faults issue: the leader applied its in-memory record while
+/// followers applied what they parsed from the line; a float that did not read back the
+/// same made every follower refuse the record, and a failover then lost acknowledged
+/// decisions. Every replica must hold the same head, and a failover must lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_that_must_read_back_exactly_give_one_head_everywhere_and_survive_failover() {
+    let cluster = Cluster::start(3).await;
+    let public_key = cluster.public_key().await;
+    let token = cluster.create_agent(0, "floats", policy(1000)).await;
+    let seed = 0x5eed_f10a7;
+    let inputs = hostile_inputs(40, seed);
+    for (n, body) in inputs.iter().enumerate() {
+        let start = Instant::now();
+        loop {
+            let reply = cluster
+                .http
+                .post(cluster.url(n % 3, "/v1/agents/floats/actions"))
+                .bearer_auth(&token)
+                .header("content-type", "application/json")
+                .header("Idempotency-Key", format!("in-{n}"))
+                .body(body.clone())
+                .send()
+                .await;
+            if let Ok(reply) = reply {
+                let status = reply.status().as_u16();
+                let answer: Value = reply.json().await.unwrap_or(Value::Null);
+                if status == 200 {
+                    assert_eq!(
+                        answer["decision"], "allowed",
+                        "input {n} (seed {seed:#x}): {body}"
+                    );
+                    break;
+                }
+                assert!(
+                    status >= 500,
+                    "input {n} refused with {status}: {answer} for {body}"
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "input {n} not served"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let log = cluster
+        .converged_log("floats", Duration::from_secs(10))
+        .await;
+    assert_eq!(log.len(), 2 + 2 * inputs.len(), "seed {seed:#x}");
+    verify(&log, &public_key);
+
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    cluster.kill(leader);
+    let survivor = (leader + 1) % 3;
+    let (answer, _) =
+        act_until_served(&cluster, survivor, "floats", &token, "after-failover").await;
+    assert_eq!(
+        answer["action_id"],
+        format!("act-{}", inputs.len() + 1),
+        "{answer}"
+    );
+    let (_, status) = cluster.get(survivor, "/v1/agents/floats", &token).await;
+    assert_eq!(status["spent"], inputs.len() as u64 + 1, "{status}");
+    let log = cluster
+        .converged_log("floats", Duration::from_secs(10))
+        .await;
+    verify(&log, &public_key);
+}
