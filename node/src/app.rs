@@ -18,6 +18,7 @@ use crate::api::error::ApiError;
 use crate::api::idempotency::IdempotencyKey;
 use crate::batcher::{Batcher, WriteError};
 use crate::raft_types::{AppendRecords, ApplyOutcome, IdempotentAnswer, NodeId, Raft, RecordLine};
+use crate::store::log_store::DurableLog;
 use crate::store::{AgentSlot, StateMachine};
 
 /// How long a read waits for this leader to apply its whole log before answering 503.
@@ -48,6 +49,8 @@ pub struct App {
     /// Reads that walk a whole agent log (verify, per-agent proofs, some public) run on
     /// blocking threads, this many at once, so a flood of them cannot starve decisions.
     pub whole_log_reads: tokio::sync::Semaphore,
+    /// This node's Raft log as the disk has it: its repair floor (`store::repair_floor`).
+    pub log: Option<DurableLog>,
     batcher: Batcher,
     agent_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -131,6 +134,7 @@ impl App {
             agent_locks: Mutex::new(HashMap::new()),
             heads_origin: String::new(),
             witnesses: WitnessPolicy::default(),
+            log: None,
             whole_log_reads: tokio::sync::Semaphore::new(WHOLE_LOG_READS),
         }
     }
@@ -139,6 +143,21 @@ impl App {
     pub fn with_witnesses(mut self, witnesses: WitnessPolicy) -> Self {
         self.witnesses = witnesses;
         self
+    }
+
+    /// Gives the node its Raft log's durability handle (repair floor).
+    pub fn with_log(mut self, log: DurableLog) -> Self {
+        self.log = Some(log);
+        self
+    }
+
+    /// Why this node is being repaired (it may have lost acknowledged entries), if it is:
+    /// it then serves no reads of its own copy and takes no part in elections.
+    pub fn repairing(&self) -> Option<String> {
+        self.log
+            .as_ref()
+            .and_then(DurableLog::repair_floor)
+            .map(|floor| floor.reason)
     }
 
     /// Sets the heads log's origin (the cluster name).

@@ -84,7 +84,7 @@ const SNAPSHOT_CHUNK_BYTES: u64 = 256 * 1024;
 /// few megabytes of state to receive never came back.
 const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 60_000;
 
-fn raft_config(id: NodeId, snapshot_every: u64) -> Result<openraft::Config, String> {
+fn raft_config(id: NodeId, snapshot_every: u64, elect: bool) -> Result<openraft::Config, String> {
     let min = ELECTION_TIMEOUT_BASE_MS + (id % 5) * ELECTION_TIMEOUT_STAGGER_MS;
     openraft::Config {
         cluster_name: "lineage".into(),
@@ -95,6 +95,7 @@ fn raft_config(id: NodeId, snapshot_every: u64) -> Result<openraft::Config, Stri
         max_in_snapshot_log_to_keep: LOGS_KEPT_BEHIND_SNAPSHOT.min(snapshot_every),
         snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
         install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
+        enable_elect: elect,
         ..Default::default()
     }
     .validate()
@@ -120,6 +121,8 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         durable_log = Some(gate);
     }
     let committed_index = log_store.committed_index.clone();
+    let log_handle = log_store.durability();
+    let repairing = log_handle.repair_floor().is_some();
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_millis(RAFT_CONNECT_TIMEOUT_MS))
         .build()
@@ -131,7 +134,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     };
     let raft = openraft::Raft::new(
         config.id,
-        Arc::new(raft_config(config.id, config.snapshot_every)?),
+        Arc::new(raft_config(config.id, config.snapshot_every, !repairing)?),
         network,
         log_store,
         state_machine.clone(),
@@ -165,6 +168,10 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
             metrics.clone(),
         );
     }
+    if repairing {
+        spawn_campaign_after_repair(raft.clone(), log_handle.clone());
+    }
+    spawn_exit_on_fatal(raft.clone());
     heads_rounds::spawn(
         raft.clone(),
         state_machine.clone(),
@@ -183,7 +190,8 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
             committed_index,
         )
         .with_heads_origin(config.cluster_name.clone())
-        .with_witnesses(config.witnesses.clone()),
+        .with_witnesses(config.witnesses.clone())
+        .with_log(log_handle),
     );
     let router = api::router(app);
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "lineage-node serving");
@@ -204,6 +212,45 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         tracing::warn!(error = %e, "could not checkpoint agent states at shutdown");
     }
     Ok(())
+}
+
+/// Exit status when openraft stops on a fatal error (`main.rs` uses the same for panics).
+const EXIT_FATAL: i32 = 70;
+
+/// When openraft stops on a fatal error (a failed log write or fsync, a storage assertion,
+/// a panic in its core), the node exits with a clear last line instead of staying up and
+/// answering 503: its supervisor restarts it and start-up recovers from disk.
+fn spawn_exit_on_fatal(raft: raft_types::Raft) {
+    let mut metrics = raft.metrics();
+    tokio::spawn(async move {
+        loop {
+            let state = metrics.borrow().running_state.clone();
+            if let Some(fatal) = state
+                .err()
+                .filter(|f| !matches!(f, openraft::error::Fatal::Stopped))
+            {
+                tracing::error!(error = %fatal, "fatal: raft stopped; exiting");
+                eprintln!("lineage-node: fatal: raft stopped: {fatal}");
+                std::process::exit(EXIT_FATAL);
+            }
+            if metrics.changed().await.is_err() {
+                // Raft shut down (graceful stop): nothing more to watch.
+                return;
+            }
+        }
+    });
+}
+
+/// A node under repair starts with elections off (`store::repair_floor`); they go back on
+/// once its log has passed the floor.
+fn spawn_campaign_after_repair(raft: raft_types::Raft, log: store::log_store::DurableLog) {
+    tokio::spawn(async move {
+        while log.repair_floor().is_some() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tracing::info!("repaired: this node takes part in elections again");
+        raft.runtime_config().elect(true);
+    });
 }
 
 async fn shutdown_signal() {

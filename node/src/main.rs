@@ -166,10 +166,28 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
+/// Exit status of a node stopped by a panic or a fatal Raft or storage error.
+const EXIT_FATAL: i32 = 70;
+
+/// A panic anywhere (openraft's core, a storage thread, a request task) ends the process
+/// with a clear last line and a non-zero status instead of leaving it half alive: tokio
+/// would catch the panic and the node would go on answering 503 ("panicked") forever.
+/// Supervisors (`dev`, systemd, compose) restart it, and start-up recovers from disk.
+fn exit_on_panic() {
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("unnamed");
+        eprintln!("lineage-node: fatal: panic in thread {name}: {info}");
+        tracing::error!(thread = name, %info, "fatal: panic; exiting");
+        std::process::exit(EXIT_FATAL);
+    }));
+}
+
 fn main() -> ExitCode {
     no_transparent_huge_pages();
     let cli = Cli::parse();
     init_tracing(cli.log_format);
+    exit_on_panic();
     let result = match cli.command {
         Some(Command::Keygen { dir }) => keys::keygen(&dir).map(|()| {
             println!("keys written to {} (mode 0600)", dir.display());

@@ -5,6 +5,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use lineage_node::raft_types::TypeConfig;
+use lineage_node::store::repair_floor::Floor;
 use lineage_node::store::LogStore;
 use openraft::storage::RaftLogStorage;
 use openraft::testing::log_id;
@@ -78,6 +79,7 @@ async fn a_torn_write_at_the_end_is_cut_and_nothing_acknowledged_is_lost() {
     let dir = tempfile::tempdir().unwrap();
     {
         let mut log = LogStore::open(dir.path()).unwrap();
+        log.save_vote(&Vote::new(1, 1)).await.unwrap();
         log.append_and_wait(blanks(1, 1..=6)).await.unwrap();
     }
     // The frames end where the zeros written ahead of them begin.
@@ -96,6 +98,11 @@ async fn a_torn_write_at_the_end_is_cut_and_nothing_acknowledged_is_lost() {
 
     let mut log = LogStore::open(dir.path()).unwrap();
     assert_eq!(indexes(&mut log).await, (1..=6).collect::<Vec<_>>());
+    assert_eq!(
+        log.durability().repair_floor(),
+        None,
+        "beyond the watermark: no fault"
+    );
     let after = std::fs::read(&last).unwrap();
     assert_eq!(
         &after[..frames_end],
@@ -112,23 +119,192 @@ async fn a_torn_write_at_the_end_is_cut_and_nothing_acknowledged_is_lost() {
     assert_eq!(indexes(&mut log).await, (1..=7).collect::<Vec<_>>());
 }
 
+/// Damage in an acknowledged frame (below the watermark), even far from the end, is never
+/// read as "the log ends here" silently: the node keeps a repair floor at its watermark,
+/// cuts what it cannot read, and the floor is cleared once replication brings the log
+/// past it again.
 #[tokio::test]
-async fn corruption_before_the_last_segment_stops_start_up() {
+async fn damage_below_the_watermark_sets_a_repair_floor_that_replication_clears() {
     let dir = tempfile::tempdir().unwrap();
-    // Small segments: several of them.
-    drop(blanks_in_small_segments(dir.path(), 12).await);
+    {
+        let mut log = blanks_in_small_segments(dir.path(), 12).await;
+        log.save_vote(&Vote::new(1, 1)).await.unwrap();
+    }
     let files = segments(dir.path());
     assert!(files.len() >= 3, "{files:?}");
     // Flip one payload byte in the first segment.
     let mut bytes = std::fs::read(&files[0]).unwrap();
     bytes[10] ^= 0x20;
     std::fs::write(&files[0], bytes).unwrap();
-    let error = LogStore::open(dir.path()).err().expect("refused");
-    assert!(error.contains("raft log corrupt"), "{error}");
+
+    let mut log = LogStore::open_with_segment_bytes(dir.path(), 200).unwrap();
+    let floor = log.durability().repair_floor().expect("a repair floor");
+    assert_eq!(floor.floor, Floor::Entry(log_id(1, 1, 12)));
     assert!(
-        error.contains(&files[0].display().to_string()),
-        "names the file: {error}"
+        floor.reason.contains(&files[0].display().to_string()),
+        "names the file: {}",
+        floor.reason
     );
+    assert!(indexes(&mut log).await.is_empty(), "cut at the damage");
+    // It survives a restart before the repair.
+    drop(log);
+    let mut log = LogStore::open_with_segment_bytes(dir.path(), 200).unwrap();
+    assert!(log.durability().repair_floor().is_some());
+    // Replication brings the entries back: the floor goes once the log passes it.
+    log.append_and_wait(blanks(1, 1..=11)).await.unwrap();
+    assert!(log.durability().repair_floor().is_some(), "not yet past it");
+    log.append_and_wait(blanks(1, 12..=13)).await.unwrap();
+    assert_eq!(log.durability().repair_floor(), None);
+    drop(log);
+    let mut log = LogStore::open_with_segment_bytes(dir.path(), 200).unwrap();
+    assert_eq!(log.durability().repair_floor(), None);
+    assert_eq!(indexes(&mut log).await, (1..=13).collect::<Vec<_>>());
+}
+
+/// The frames of a segment: (offset, total length with header).
+fn frames(path: &Path) -> Vec<(usize, usize)> {
+    let bytes = std::fs::read(path).unwrap();
+    let mut found = Vec::new();
+    let mut offset = 0;
+    while offset + 8 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap()) as usize;
+        if len == 0 {
+            break;
+        }
+        found.push((offset, 8 + len));
+        offset += 8 + len;
+    }
+    found
+}
+
+/// A one-segment log with entries 1..=30 acknowledged in three group commits, a vote,
+/// and the segment's path.
+async fn thirty_acknowledged(dir: &Path) -> PathBuf {
+    let mut log = LogStore::open(dir).unwrap();
+    log.save_vote(&Vote::new(1, 1)).await.unwrap();
+    for batch in [1..=10, 11..=20, 21..=30] {
+        log.append_and_wait(blanks(1, batch)).await.unwrap();
+    }
+    let files = segments(dir);
+    assert_eq!(files.len(), 1);
+    files[0].clone()
+}
+
+/// Every storage fault of an acknowledged part of the last segment: a flipped bit in the
+/// middle and at the last frame, a zeroed 4 KiB block, the file cut inside a frame, and
+/// the segment deleted. Each one sets the floor at the watermark; none is cut silently.
+#[tokio::test]
+async fn every_fault_in_acknowledged_frames_sets_the_floor() {
+    type Fault = fn(&Path, &[(usize, usize)]);
+    let faults: [(&str, Fault, u64); 5] = [
+        (
+            "bit flip in the middle",
+            |path, frames| flip(path, frames[14].0 + 20),
+            14,
+        ),
+        (
+            "bit flip in the last frame",
+            |path, frames| flip(path, frames[29].0 + 20),
+            29,
+        ),
+        (
+            "zeroed 4 KiB block",
+            |path, frames| {
+                let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+                let block = frames[14].0 / 4096 * 4096;
+                file.write_all_at(&[0u8; 4096], block as u64).unwrap();
+            },
+            0,
+        ),
+        (
+            "truncated inside a frame",
+            |path, frames| {
+                let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+                file.set_len((frames[20].0 + 5) as u64).unwrap();
+            },
+            20,
+        ),
+        (
+            "segment deleted",
+            |path, _| std::fs::remove_file(path).unwrap(),
+            0,
+        ),
+    ];
+    for (name, fault, kept) in faults {
+        let dir = tempfile::tempdir().unwrap();
+        let segment = thirty_acknowledged(dir.path()).await;
+        fault(&segment, &frames(&segment));
+        let mut log = LogStore::open(dir.path()).unwrap();
+        let floor = log.durability().repair_floor();
+        assert_eq!(
+            floor.map(|f| f.floor),
+            Some(Floor::Entry(log_id(1, 1, 30))),
+            "{name}"
+        );
+        let left = indexes(&mut log).await;
+        assert!(left.len() as u64 <= kept.max(1), "{name}: kept {left:?}");
+        assert_eq!(left, (1..=left.len() as u64).collect::<Vec<_>>(), "{name}");
+    }
+}
+
+fn flip(path: &Path, at: usize) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at] ^= 0x01;
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Lost metadata: a lost watermark with an intact log is written anew (no fault); a lost
+/// watermark with damage in the log cannot tell a torn write from a lost acknowledged
+/// entry (floor of unknown height); a lost vote while the log has followed a leader could
+/// let this node vote twice in a term (floor of unknown height).
+#[tokio::test]
+async fn lost_watermark_or_vote() {
+    let dir = tempfile::tempdir().unwrap();
+    let segment = thirty_acknowledged(dir.path()).await;
+    std::fs::remove_file(dir.path().join("watermark")).unwrap();
+    let mut log = LogStore::open(dir.path()).unwrap();
+    assert_eq!(log.durability().repair_floor(), None);
+    assert_eq!(indexes(&mut log).await.len(), 30);
+    drop(log);
+    // The watermark written anew protects the log again.
+    flip(&segment, frames(&segment)[29].0 + 20);
+    let log = LogStore::open(dir.path()).unwrap();
+    assert_eq!(
+        log.durability().repair_floor().map(|f| f.floor),
+        Some(Floor::Entry(log_id(1, 1, 30)))
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let segment = thirty_acknowledged(dir.path()).await;
+    std::fs::remove_file(dir.path().join("watermark")).unwrap();
+    flip(&segment, frames(&segment)[29].0 + 20);
+    let log = LogStore::open(dir.path()).unwrap();
+    assert_eq!(
+        log.durability().repair_floor().map(|f| f.floor),
+        Some(Floor::Unknown)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    thirty_acknowledged(dir.path()).await;
+    std::fs::remove_file(dir.path().join("vote.json")).unwrap();
+    let log = LogStore::open(dir.path()).unwrap();
+    let floor = log.durability().repair_floor().expect("floor");
+    assert_eq!(floor.floor, Floor::Unknown);
+    assert!(floor.reason.contains("vote"), "{}", floor.reason);
+}
+
+/// Truncating committed entries is refused (a fatal assertion), and the log then refuses
+/// everything (the node exits and recovers from disk).
+#[tokio::test]
+async fn truncating_committed_entries_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = LogStore::open(dir.path()).unwrap();
+    log.append_and_wait(blanks(1, 1..=10)).await.unwrap();
+    log.save_committed(Some(log_id(1, 1, 8))).await.unwrap();
+    log.truncate(log_id(1, 1, 9)).await.unwrap();
+    let error = log.truncate(log_id(1, 1, 8)).await.unwrap_err();
+    assert!(error.to_string().contains("committed"), "{error}");
+    assert!(log.append_and_wait(blanks(1, 9..=9)).await.is_err());
 }
 
 #[tokio::test]

@@ -33,6 +33,13 @@ pub async fn route_to_leader(
         .into_response();
     }
     if serves_locally(&request) {
+        if let Some(reason) = app.repairing().filter(|_| asks_for_local_copy(&request)) {
+            // This node's copy may lack acknowledged decisions: never serve it as is.
+            return ApiError::Unavailable(format!(
+                "this node is being repaired from the cluster and serves no local reads: {reason}"
+            ))
+            .into_response();
+        }
         return next.run(request).await;
     }
     // Reads are linearizable: leadership confirmed with a quorum, state caught up.

@@ -41,8 +41,9 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
     let metrics = app.raft.metrics().borrow().clone();
     let applied = metrics.last_applied.map_or(0, |l| l.index);
     let logged = metrics.last_log_index.unwrap_or(0);
-    let ready = metrics.current_leader.is_some() && applied >= logged;
-    let body = json!({"ready": ready, "leader": metrics.current_leader, "applied_index": applied});
+    let repairing = app.repairing();
+    let ready = metrics.current_leader.is_some() && applied >= logged && repairing.is_none();
+    let body = json!({"ready": ready, "leader": metrics.current_leader, "applied_index": applied, "repairing": repairing});
     let status = if ready {
         StatusCode::OK
     } else {

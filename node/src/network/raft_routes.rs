@@ -7,13 +7,17 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use lineage_core::token::secrets_equal;
-use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use openraft::error::RaftError;
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest, VoteResponse,
+};
 
 use super::raft_client::CLUSTER_SECRET_HEADER;
 use crate::api::body::JsonBody;
 use crate::api::error::ApiError;
 use crate::app::App;
 use crate::raft_types::{NodeId, TypeConfig};
+use crate::store::repair_floor::Floor;
 
 /// Raft bodies may be larger than the API's: an AppendEntries always carries at least
 /// one whole entry, and a batch may end with one large write. Only nodes holding the
@@ -54,13 +58,39 @@ async fn append(
     State(app): State<Arc<App>>,
     JsonBody(request): JsonBody<AppendEntriesRequest<TypeConfig>, MAX_RAFT_BODY_BYTES>,
 ) -> Response {
-    Json(app.raft.append_entries(request).await).into_response()
+    let leader_commit = request.leader_commit;
+    let response = app.raft.append_entries(request).await;
+    if let (Ok(AppendEntriesResponse::Success), Some(log)) = (&response, &app.log) {
+        if let Err(e) = log.caught_up_with(leader_commit) {
+            tracing::error!(error = %e, "cannot record the repair");
+        }
+    }
+    Json(response).into_response()
 }
 
+/// A node under repair (`store::repair_floor`) gives its vote only to a candidate whose
+/// log has passed its floor: it may have acknowledged entries it lost, and a candidate
+/// behind them could win without them. It answers as a voter with a longer log would, so
+/// the candidate backs off.
 async fn vote(
     State(app): State<Arc<App>>,
     JsonBody(request): JsonBody<VoteRequest<NodeId>, MAX_RAFT_BODY_BYTES>,
 ) -> Response {
+    let floor = app.log.as_ref().and_then(|log| log.repair_floor());
+    if let Some(floor) = floor.filter(|f| !f.floor.allows_candidate(request.last_log_id)) {
+        let metrics = app.raft.metrics().borrow().clone();
+        tracing::info!(candidate = %request.vote, floor = ?floor.floor, "vote refused: the candidate's log is behind this node's repair floor");
+        let last_log_id = match floor.floor {
+            Floor::Entry(id) => Some(id),
+            Floor::Unknown => request.last_log_id,
+        };
+        let refused: Result<VoteResponse<NodeId>, RaftError<NodeId>> = Ok(VoteResponse {
+            vote: metrics.vote,
+            vote_granted: false,
+            last_log_id,
+        });
+        return Json(refused).into_response();
+    }
     Json(app.raft.vote(request).await).into_response()
 }
 

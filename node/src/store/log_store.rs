@@ -58,11 +58,14 @@ use openraft::{Entry, LogId, LogState, RaftLogReader, StorageIOError, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::log_recovery;
+use super::repair_floor::{self, Floor, RepairFloor};
+use super::watermark::{Mark, Watermark};
 use crate::raft_types::{NodeId, StorageError, TypeConfig};
 
 /// A segment is closed and a new one started once it reaches this size.
 pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
-const FRAME_HEADER: usize = 8;
+pub(super) const FRAME_HEADER: usize = 8;
 /// How many bytes of frames the newest durable entries may hold decoded in memory.
 const RECENT_BYTES: u64 = 16 * 1024 * 1024;
 /// Zeros written ahead of the frames, extended by this much whenever a write reaches
@@ -75,7 +78,7 @@ const VOTE_FILE: &str = "vote.json";
 const PURGED_FILE: &str = "purged.json";
 const COMMITTED_FILE: &str = "committed.json";
 
-type Id = LogId<NodeId>;
+pub(super) type Id = LogId<NodeId>;
 
 fn read_err(e: impl std::fmt::Display) -> StorageError {
     StorageIOError::read_logs(openraft::AnyError::error(e.to_string())).into()
@@ -87,19 +90,38 @@ fn write_err(e: impl std::fmt::Display) -> StorageError {
 
 /// Where a durable entry's frame is.
 #[derive(Clone, Copy)]
-struct Frame {
-    log_id: Id,
-    segment: u64,
-    offset: u64,
-    len: u32,
+pub(super) struct Frame {
+    pub log_id: Id,
+    pub segment: u64,
+    pub offset: u64,
+    pub len: u32,
+    /// The CRC in the frame's header.
+    pub crc: u32,
 }
 
-struct Segment {
-    file: Arc<File>,
+impl Frame {
+    /// Where the frame ends in its segment.
+    pub fn end(&self) -> u64 {
+        self.offset + FRAME_HEADER as u64 + u64::from(self.len)
+    }
+
+    /// The watermark that says this frame (and all before it) is durable.
+    pub fn mark(&self) -> Mark {
+        Mark {
+            log_id: Some(self.log_id),
+            segment: self.segment,
+            end: self.end(),
+            frame_crc: self.crc,
+        }
+    }
+}
+
+pub(super) struct Segment {
+    pub file: Arc<File>,
     /// Where the frames end and the next write goes.
-    len: u64,
+    pub len: u64,
     /// The file holds zeros from `len` up to here (see [`ZERO_AHEAD`]).
-    zeroed: u64,
+    pub zeroed: u64,
 }
 
 /// Everything readers and the writer share, under one lock.
@@ -120,6 +142,8 @@ struct LogIndex {
     segments: BTreeMap<u64, Segment>,
     /// Set after a failed write: the log refuses everything from then on.
     failed: Option<String>,
+    /// Set while this node may have lost acknowledged entries (`repair_floor`).
+    floor: Option<RepairFloor>,
 }
 
 impl LogIndex {
@@ -293,7 +317,12 @@ impl LogStore {
         let last_purged: Option<Id> = read_json_file(&dir.join(PURGED_FILE))?;
         // Only a hint: unreadable means "apply from what the state machine has".
         let committed: Option<Id> = read_json_file(&dir.join(COMMITTED_FILE)).unwrap_or(None);
-        let (segments, durable) = recover_segments(dir, last_purged)?;
+        let log_recovery::Recovered {
+            segments,
+            durable,
+            watermark,
+            floor,
+        } = log_recovery::recover(dir, last_purged, vote.is_some())?;
         let committed = committed.filter(|c| {
             durable
                 .back()
@@ -314,6 +343,7 @@ impl LogStore {
                 recent_bytes: 0,
                 segments,
                 failed: None,
+                floor,
             }),
             append_timer: OnceLock::new(),
             flushed: Condvar::new(),
@@ -324,7 +354,7 @@ impl LogStore {
         let for_thread = shared.clone();
         std::thread::Builder::new()
             .name("raft-log-writer".into())
-            .spawn(move || run_writer(&for_thread, &ops))
+            .spawn(move || run_writer(&for_thread, &ops, watermark))
             .map_err(|e| format!("cannot start the raft log writer: {e}"))?;
         Ok(LogStore {
             shared,
@@ -606,6 +636,29 @@ impl DurableLog {
         }
     }
 
+    /// The repair floor while this node may have lost acknowledged entries (`repair_floor`).
+    pub fn repair_floor(&self) -> Option<RepairFloor> {
+        self.0.lock().floor.clone()
+    }
+
+    /// Called after a leader's AppendEntries succeeded: a floor of unknown height is
+    /// cleared once this node holds, durably, everything that leader says is committed
+    /// (an entry a quorum holds is in every later leader's log; this node now has them).
+    pub fn caught_up_with(&self, leader_commit: Option<Id>) -> Result<(), String> {
+        let Some(committed) = leader_commit else {
+            return Ok(());
+        };
+        let mut log = self.0.lock();
+        let unknown = log
+            .floor
+            .as_ref()
+            .is_some_and(|f| f.floor == Floor::Unknown);
+        if unknown && durable_in(&log, committed).unwrap_or(false) {
+            clear_floor(&self.0, &mut log)?;
+        }
+        Ok(())
+    }
+
     /// Whether entry `log_id` is on disk now, without waiting; errors as `wait_durable`.
     pub fn is_durable(&self, log_id: Id) -> Result<bool, String> {
         durable_in(&self.0.lock(), log_id)
@@ -625,7 +678,7 @@ impl DurableLog {
 
 // ---- the writer thread ----
 
-fn run_writer(shared: &Shared, ops: &mpsc::Receiver<Op>) {
+fn run_writer(shared: &Shared, ops: &mpsc::Receiver<Op>, mut watermark: Watermark) {
     /// Tells waiters the writer is gone, also when it panics.
     struct Running<'a>(&'a Shared);
     impl Drop for Running<'_> {
@@ -661,15 +714,15 @@ fn run_writer(shared: &Shared, ops: &mpsc::Receiver<Op>) {
                     continue;
                 }
                 Op::Truncate { index, done } => {
-                    flush_appends(shared, std::mem::take(&mut appends));
-                    (truncate(shared, index), done)
+                    flush_appends(shared, &mut watermark, std::mem::take(&mut appends));
+                    (truncate(shared, &mut watermark, index), done)
                 }
                 Op::Purge { log_id, done } => {
-                    flush_appends(shared, std::mem::take(&mut appends));
+                    flush_appends(shared, &mut watermark, std::mem::take(&mut appends));
                     (purge(shared, log_id), done)
                 }
                 Op::SaveVote { vote, done } => {
-                    flush_appends(shared, std::mem::take(&mut appends));
+                    flush_appends(shared, &mut watermark, std::mem::take(&mut appends));
                     (save_vote(shared, vote), done)
                 }
             };
@@ -678,20 +731,20 @@ fn run_writer(shared: &Shared, ops: &mpsc::Receiver<Op>) {
             }
             let _ = done.send(result);
         }
-        flush_appends(shared, appends);
+        flush_appends(shared, &mut watermark, appends);
         save_committed_hint(shared, &mut hint);
     }
 }
 
 /// Writes the pending entries of `appends` with one write and one fdatasync, then calls
 /// their callbacks in order.
-fn flush_appends(shared: &Shared, appends: Vec<(usize, Flushed)>) {
+fn flush_appends(shared: &Shared, watermark: &mut Watermark, appends: Vec<(usize, Flushed)>) {
     if appends.is_empty() {
         return;
     }
     let count: usize = appends.iter().map(|(n, _)| n).sum();
     let _timer = shared.append_timer.get().map(|t| t.start_timer());
-    let result = write_pending(shared, count);
+    let result = write_pending(shared, watermark, count).and_then(|()| clear_passed_floor(shared));
     if let Err(e) = &result {
         shared.lock().failed.get_or_insert_with(|| e.to_string());
     }
@@ -705,7 +758,7 @@ fn flush_appends(shared: &Shared, appends: Vec<(usize, Flushed)>) {
     }
 }
 
-fn write_pending(shared: &Shared, count: usize) -> Result<(), String> {
+fn write_pending(shared: &Shared, watermark: &mut Watermark, count: usize) -> Result<(), String> {
     let (frames_buf, frames, segment_first, file, offset, zeroed) = {
         let mut index = shared.lock();
         index.check().map_err(|e| e.to_string())?;
@@ -722,11 +775,12 @@ fn write_pending(shared: &Shared, count: usize) -> Result<(), String> {
         let mut frames = Vec::with_capacity(count);
         for entry in index.pending.iter().take(count) {
             let start = buf.len();
-            encode_frame(entry, &mut buf)?;
+            let crc = encode_frame(entry, &mut buf)?;
             frames.push((
                 entry.log_id,
                 start as u64,
                 (buf.len() - start - FRAME_HEADER) as u32,
+                crc,
             ));
         }
         let needs_new = index
@@ -769,12 +823,25 @@ fn write_pending(shared: &Shared, count: usize) -> Result<(), String> {
     file.write_all_at(&write, offset)
         .and_then(|()| file.sync_data())
         .map_err(|e| format!("raft log write: {e}"))?;
+    // The entries are on disk; the watermark says so (durably) before anyone hears it.
+    if let Some(&(log_id, start, len, crc)) = frames.last() {
+        let last = Frame {
+            log_id,
+            segment: segment_first,
+            offset: offset + start,
+            len,
+            crc,
+        };
+        watermark
+            .write(&last.mark())
+            .map_err(|e| format!("raft log watermark write: {e}"))?;
+    }
     let mut index = shared.lock();
     if let Some(segment) = index.segments.get_mut(&segment_first) {
         segment.len = offset + frames_len;
         segment.zeroed = segment.zeroed.max(offset + write.len() as u64);
     }
-    for (log_id, start, len) in frames {
+    for (log_id, start, len, crc) in frames {
         if let Some(entry) = index.pending.pop_front() {
             index.recent.push_back((entry, len));
             index.recent_bytes += u64::from(len);
@@ -784,21 +851,42 @@ fn write_pending(shared: &Shared, count: usize) -> Result<(), String> {
             segment: segment_first,
             offset: offset + start,
             len,
+            crc,
         });
     }
     index.trim_recent();
     Ok(())
 }
 
-/// Deletes entries from `index` on.
-fn truncate(shared: &Shared, index: u64) -> Result<(), StorageError> {
+/// Deletes entries from `index` on. The watermark comes down first: a crash after it
+/// finds the longer log, which is beyond the watermark and valid, so it is kept and
+/// truncated again by Raft.
+fn truncate(shared: &Shared, watermark: &mut Watermark, index: u64) -> Result<(), StorageError> {
     let mut log = shared.lock();
     log.check()?;
+    if let Some(committed) = log.committed.filter(|c| index <= c.index) {
+        // Raft only ever truncates entries that are not committed; doing so would lose
+        // decisions. Stop here (the node exits; module docs) rather than obey.
+        let reason = format!(
+            "refusing to truncate the raft log at {index}: entries up to {committed} are committed"
+        );
+        tracing::error!(%reason, "fatal storage assertion");
+        log.failed.get_or_insert(reason.clone());
+        return Err(write_err(reason));
+    }
     // Nothing is pending: every earlier append was flushed before this op ran.
     let Some(position) = log.durable.iter().position(|f| f.log_id.index >= index) else {
         return Ok(());
     };
     let frame = log.durable[position];
+    let new_last = match position.checked_sub(1) {
+        Some(p) => log.durable[p].mark(),
+        None => Mark {
+            log_id: log.last_purged,
+            ..Mark::EMPTY
+        },
+    };
+    watermark.write(&new_last).map_err(write_err)?;
     let later: Vec<u64> = log
         .segments
         .range(frame.segment + 1..)
@@ -866,6 +954,29 @@ fn purge(shared: &Shared, log_id: Id) -> Result<(), StorageError> {
     if removed {
         sync_dir(&shared.dir).map_err(write_err)?;
     }
+    drop(log);
+    // A snapshot installed past the floor repairs the node too.
+    clear_passed_floor(shared).map_err(write_err)
+}
+
+/// Clears the repair floor, durably, once the durable log has passed it.
+fn clear_passed_floor(shared: &Shared) -> Result<(), String> {
+    let mut log = shared.lock();
+    let passed = log
+        .floor
+        .as_ref()
+        .is_some_and(|f| f.floor.passed_by(log.last_durable()));
+    if passed {
+        clear_floor(shared, &mut log)?;
+    }
+    Ok(())
+}
+
+fn clear_floor(shared: &Shared, log: &mut LogIndex) -> Result<(), String> {
+    repair_floor::clear(&shared.dir).map_err(|e| format!("cannot clear the repair floor: {e}"))?;
+    if let Some(floor) = log.floor.take() {
+        tracing::info!(floor = ?floor.floor, last = ?log.last_durable(), "raft log repaired: the repair floor is cleared");
+    }
     Ok(())
 }
 
@@ -929,7 +1040,7 @@ fn save_committed_hint(shared: &Shared, last: &mut CommittedHint) {
 
 // ---- files ----
 
-fn segment_path(dir: &Path, first: u64) -> PathBuf {
+pub(super) fn segment_path(dir: &Path, first: u64) -> PathBuf {
     dir.join(format!("{first:020}.seg"))
 }
 
@@ -946,14 +1057,14 @@ fn create_segment(dir: &Path, first: u64) -> Result<File, String> {
     Ok(file)
 }
 
-fn remove_file(path: &Path) -> io::Result<()> {
+pub(super) fn remove_file(path: &Path) -> io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
 }
 
-fn sync_dir(dir: &Path) -> io::Result<()> {
+pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
@@ -980,7 +1091,8 @@ fn read_json_file<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, String>
     }
 }
 
-fn encode_frame(entry: &Entry<TypeConfig>, buf: &mut Vec<u8>) -> Result<(), String> {
+/// Appends `entry`'s frame to `buf` and returns the frame's CRC.
+fn encode_frame(entry: &Entry<TypeConfig>, buf: &mut Vec<u8>) -> Result<u32, String> {
     let start = buf.len();
     buf.extend_from_slice(&[0; FRAME_HEADER]);
     serde_json::to_writer(&mut *buf, entry).map_err(|e| format!("encode entry: {e}"))?;
@@ -989,11 +1101,11 @@ fn encode_frame(entry: &Entry<TypeConfig>, buf: &mut Vec<u8>) -> Result<(), Stri
     let crc = crc32fast::hash(payload);
     buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
     buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
-    Ok(())
+    Ok(crc)
 }
 
 /// Decodes one whole frame (header + payload).
-fn decode_frame(frame: &[u8]) -> Result<Entry<TypeConfig>, String> {
+pub(super) fn decode_frame(frame: &[u8]) -> Result<Entry<TypeConfig>, String> {
     let (len, crc) = frame_header(frame).ok_or("short frame")?;
     let payload = frame
         .get(FRAME_HEADER..FRAME_HEADER + len as usize)
@@ -1004,150 +1116,8 @@ fn decode_frame(frame: &[u8]) -> Result<Entry<TypeConfig>, String> {
     serde_json::from_slice(payload).map_err(|e| format!("bad entry: {e}"))
 }
 
-fn frame_header(bytes: &[u8]) -> Option<(u32, u32)> {
+pub(super) fn frame_header(bytes: &[u8]) -> Option<(u32, u32)> {
     let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?);
     let crc = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
     Some((len, crc))
-}
-
-/// Opens every segment, checks its frames, cuts a torn tail off the last one, and deletes
-/// segments a purge left behind. Returns the segments and the durable entries after
-/// `last_purged`.
-fn recover_segments(
-    dir: &Path,
-    last_purged: Option<Id>,
-) -> Result<(BTreeMap<u64, Segment>, VecDeque<Frame>), String> {
-    let mut firsts = Vec::new();
-    for item in std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))? {
-        let item = item.map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
-        let name = item.file_name();
-        let name = name.to_string_lossy();
-        if let Some(first) = name
-            .strip_suffix(".seg")
-            .and_then(|n| n.parse::<u64>().ok())
-        {
-            firsts.push(first);
-        }
-    }
-    firsts.sort_unstable();
-    let purged_to = last_purged.map(|p| p.index);
-    let mut segments = BTreeMap::new();
-    let mut durable: VecDeque<Frame> = VecDeque::new();
-    let mut expected: Option<u64> = None;
-    for (n, &first) in firsts.iter().enumerate() {
-        let is_last = n + 1 == firsts.len();
-        let path = segment_path(dir, first);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-        let bytes =
-            std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let mut offset = 0usize;
-        let mut zeroed = None;
-        let mut next = first;
-        if let Some(expected) = expected {
-            if first != expected {
-                return Err(format!(
-                    "{} starts at index {first}, but the previous segment ends before {expected}",
-                    path.display()
-                ));
-            }
-        }
-        while offset < bytes.len() {
-            if frame_header(&bytes[offset..]).is_some_and(|(len, _)| len == 0)
-                && bytes[offset..].iter().all(|&b| b == 0)
-            {
-                // The zeros written ahead: the frames end here.
-                zeroed = Some(bytes.len() as u64);
-                break;
-            }
-            let frame = frame_header(&bytes[offset..])
-                .filter(|(len, _)| offset + FRAME_HEADER + *len as usize <= bytes.len())
-                .ok_or_else(|| "a frame runs past the end of the file".to_string())
-                .and_then(|(len, _)| {
-                    decode_frame(&bytes[offset..offset + FRAME_HEADER + len as usize])
-                        .map(|entry| (entry, len))
-                });
-            let (entry, len) = match frame {
-                Ok(found) => found,
-                Err(reason) if is_last => {
-                    tracing::warn!(
-                        segment = %path.display(),
-                        offset,
-                        dropped_bytes = bytes.len() - offset,
-                        %reason,
-                        "cutting an unacknowledged torn write off the raft log"
-                    );
-                    file.set_len(offset as u64)
-                        .and_then(|()| file.sync_data())
-                        .map_err(|e| format!("cannot cut {}: {e}", path.display()))?;
-                    break;
-                }
-                Err(reason) => {
-                    return Err(format!(
-                        "raft log corrupt: {} at offset {offset}: {reason}",
-                        path.display()
-                    ))
-                }
-            };
-            if entry.log_id.index != next {
-                return Err(format!(
-                    "raft log corrupt: {} holds index {} where {next} belongs",
-                    path.display(),
-                    entry.log_id.index
-                ));
-            }
-            if purged_to.is_none_or(|p| entry.log_id.index > p) {
-                durable.push_back(Frame {
-                    log_id: entry.log_id,
-                    segment: first,
-                    offset: offset as u64,
-                    len,
-                });
-            }
-            offset += FRAME_HEADER + len as usize;
-            next += 1;
-        }
-        expected = Some(next);
-        if offset == 0 && is_last {
-            // Created, then the process stopped before its first frame: holds nothing.
-            remove_file(&path).map_err(|e| format!("cannot delete {}: {e}", path.display()))?;
-            continue;
-        }
-        segments.insert(
-            first,
-            Segment {
-                file: Arc::new(file),
-                len: offset as u64,
-                zeroed: zeroed.unwrap_or(offset as u64),
-            },
-        );
-    }
-    if let (Some(front), Some(p)) = (durable.front(), purged_to) {
-        if front.log_id.index != p + 1 {
-            return Err(format!(
-                "raft log has a hole: purged to {p}, next entry is {}",
-                front.log_id.index
-            ));
-        }
-    }
-    // Segments holding only purged entries (a purge interrupted before deleting them).
-    let keep_from = durable.front().map(|f| f.segment);
-    let stale: Vec<u64> = segments
-        .keys()
-        .copied()
-        .filter(|&first| keep_from.is_none_or(|keep| first < keep))
-        .filter(|_| last_purged.is_some())
-        .collect();
-    for first in &stale {
-        segments.remove(first);
-        remove_file(&segment_path(dir, *first))
-            .map_err(|e| format!("cannot delete a purged segment: {e}"))?;
-    }
-    if !stale.is_empty() {
-        sync_dir(dir).map_err(|e| format!("cannot sync {}: {e}", dir.display()))?;
-    }
-    Ok((segments, durable))
 }

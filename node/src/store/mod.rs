@@ -3,10 +3,13 @@
 
 pub mod heads;
 pub mod idempotency_rows;
+mod log_recovery;
 pub mod log_store;
 pub mod record_rows;
+pub mod repair_floor;
 pub mod sm_writer;
 pub mod state_machine;
+pub mod watermark;
 
 use std::path::Path;
 use std::sync::Arc;
