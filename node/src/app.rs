@@ -17,6 +17,7 @@ use serde_json::Value;
 use crate::api::error::ApiError;
 use crate::api::idempotency::IdempotencyKey;
 use crate::batcher::{Batcher, WriteError};
+use crate::disk_reserve::DiskReserve;
 use crate::raft_types::{AppendRecords, ApplyOutcome, IdempotentAnswer, NodeId, Raft, RecordLine};
 use crate::store::log_store::DurableLog;
 use crate::store::{AgentSlot, StateMachine};
@@ -51,6 +52,8 @@ pub struct App {
     pub whole_log_reads: tokio::sync::Semaphore,
     /// This node's Raft log as the disk has it: its repair floor (`store::repair_floor`).
     pub log: Option<DurableLog>,
+    /// Free space the leader keeps before it seals anything (`disk_reserve`).
+    disk: Option<DiskReserve>,
     batcher: Batcher,
     agent_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -135,6 +138,7 @@ impl App {
             heads_origin: String::new(),
             witnesses: WitnessPolicy::default(),
             log: None,
+            disk: None,
             whole_log_reads: tokio::sync::Semaphore::new(WHOLE_LOG_READS),
         }
     }
@@ -148,6 +152,12 @@ impl App {
     /// Gives the node its Raft log's durability handle (repair floor).
     pub fn with_log(mut self, log: DurableLog) -> Self {
         self.log = Some(log);
+        self
+    }
+
+    /// Refuses writes (507) while the data directory's disk is below `disk`'s reserve.
+    pub fn with_disk_reserve(mut self, disk: DiskReserve) -> Self {
+        self.disk = Some(disk);
         self
     }
 
@@ -314,6 +324,11 @@ impl App {
             if let Some(answer) = self.stored_answer(agent_id, key)? {
                 return Ok(answer);
             }
+        }
+        // A full disk refuses before anything is decided or sealed: the request leaves no
+        // trace, and its retry is decided afresh once space returns.
+        if let Some(full) = self.disk.as_ref().and_then(|d| d.check().err()) {
+            return Err(ApiError::InsufficientStorage(full.to_string()));
         }
         let now = timestamp::now_micros();
         let (records, answer) = {

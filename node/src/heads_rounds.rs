@@ -4,13 +4,21 @@
 
 use std::time::Duration;
 
+use crate::disk_reserve::DiskReserve;
 use crate::raft_types::{NodeId, Proposal, Raft};
 use crate::store::StateMachine;
 
 /// Default interval between heads rounds.
 pub const DEFAULT_HEADS_INTERVAL_MS: u64 = 1000;
 
-pub fn spawn(raft: Raft, sm: StateMachine, id: NodeId, origin: String, interval: Duration) {
+pub fn spawn(
+    raft: Raft,
+    sm: StateMachine,
+    disk: DiskReserve,
+    id: NodeId,
+    origin: String,
+    interval: Duration,
+) {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -18,6 +26,11 @@ pub fn spawn(raft: Raft, sm: StateMachine, id: NodeId, origin: String, interval:
             ticker.tick().await;
             let leading = raft.metrics().borrow().current_leader == Some(id);
             if !leading || sm.read_data().heads.pending.is_empty() {
+                continue;
+            }
+            if let Err(full) = disk.check() {
+                // The round waits for space like every write (`disk_reserve`).
+                tracing::debug!(%full, "heads round postponed");
                 continue;
             }
             let round = Proposal::HeadsRound {

@@ -9,6 +9,7 @@ pub mod api;
 pub mod app;
 pub mod batcher;
 pub mod console;
+pub mod disk_reserve;
 pub mod heads_rounds;
 pub mod keys;
 pub mod metrics;
@@ -59,6 +60,8 @@ pub struct NodeConfig {
     pub leader_early_ack: bool,
     /// Witnesses whose cosignatures a stored witnessed checkpoint must carry.
     pub witnesses: app::WitnessPolicy,
+    /// Free bytes the data directory's disk keeps; below it writes are refused (507).
+    pub disk_reserve_bytes: u64,
 }
 
 /// Default milliseconds between the state machine's fsynced commits (see
@@ -172,9 +175,11 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         spawn_campaign_after_repair(raft.clone(), log_handle.clone());
     }
     spawn_exit_on_fatal(raft.clone());
+    let disk = disk_reserve::DiskReserve::new(&config.data_dir, config.disk_reserve_bytes);
     heads_rounds::spawn(
         raft.clone(),
         state_machine.clone(),
+        disk.clone(),
         config.id,
         config.cluster_name.clone(),
         config.heads_interval,
@@ -191,7 +196,8 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         )
         .with_heads_origin(config.cluster_name.clone())
         .with_witnesses(config.witnesses.clone())
-        .with_log(log_handle),
+        .with_log(log_handle)
+        .with_disk_reserve(disk),
     );
     let router = api::router(app);
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "lineage-node serving");

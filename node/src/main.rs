@@ -105,6 +105,10 @@ enum Command {
         /// How many of the --witness-key witnesses must cosign (default: 1 when any are given)
         #[arg(long, env = "LINEAGE_WITNESS_QUORUM")]
         witness_quorum: Option<usize>,
+        /// Free space (MiB) the data directory's disk keeps: below it the leader answers
+        /// new writes 507 insufficient_storage, recording nothing, until space returns
+        #[arg(long, env = "LINEAGE_DISK_RESERVE_MB", default_value_t = lineage_node::disk_reserve::DEFAULT_DISK_RESERVE_MB)]
+        disk_reserve_mb: u64,
     },
     /// Run a local cluster on 127.0.0.1 (ports P, P+1, …) until Ctrl-C
     Dev {
@@ -211,6 +215,7 @@ fn main() -> ExitCode {
             leader_early_ack,
             witness_keys,
             witness_quorum,
+            disk_reserve_mb,
         }) => parse_peers(&peers).and_then(|peers| {
             let witnesses = WitnessPolicy::new(witness_keys, witness_quorum)?;
             serve(NodeConfig {
@@ -228,6 +233,7 @@ fn main() -> ExitCode {
                 state_fsync_interval: std::time::Duration::from_millis(state_fsync_interval_ms),
                 leader_early_ack,
                 witnesses,
+                disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
             })
         }),
         Some(Command::Dev {
@@ -283,6 +289,12 @@ fn reference_mode() -> Result<(), String> {
             .map_err(|_| format!("LINEAGE_STATE_FSYNC_INTERVAL_MS {v:?} is not a number"))?,
         Err(_) => lineage_node::DEFAULT_STATE_FSYNC_INTERVAL_MS,
     };
+    let disk_reserve_mb = match std::env::var("LINEAGE_DISK_RESERVE_MB") {
+        Ok(v) => v
+            .parse::<u64>()
+            .map_err(|_| format!("LINEAGE_DISK_RESERVE_MB {v:?} is not a number"))?,
+        Err(_) => lineage_node::disk_reserve::DEFAULT_DISK_RESERVE_MB,
+    };
     let keys_dir = data_dir.join("keys");
     keys::create_missing(&keys_dir, admin_token.is_some())?;
     println!("lineage-node listening on http://{listen}");
@@ -311,6 +323,7 @@ fn reference_mode() -> Result<(), String> {
         state_fsync_interval: std::time::Duration::from_millis(state_fsync_ms),
         leader_early_ack: false,
         witnesses: WitnessPolicy::default(),
+        disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
     })
 }
 

@@ -46,6 +46,9 @@ pub enum ApiError {
     Stale(String),
     #[error(transparent)]
     Guard(#[from] GuardError),
+    /// The disk is below its reserve; nothing was recorded (507).
+    #[error("{0}")]
+    InsufficientStorage(String),
     /// An Idempotency-Key first used for another request (route, agent or body).
     #[error("this Idempotency-Key was already used for a different request; use a new key")]
     IdempotencyKeyReused,
@@ -89,6 +92,9 @@ impl ApiError {
                 GuardError::InputTooDeep { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
                 GuardError::NoPolicy => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             },
+            ApiError::InsufficientStorage(_) => {
+                (StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage")
+            }
             ApiError::IdempotencyKeyReused => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused")
             }

@@ -1,0 +1,86 @@
+//! Admission control for disk space: a full disk refuses new writes up front instead of
+//! failing them half-way. The leader checks the free space of its data directory against
+//! a reserve before it seals anything; below the reserve a write is answered 507
+//! `insufficient_storage` with nothing sealed or proposed, and the node serves again by
+//! itself as soon as space returns. The reserve leaves room for what is already under way
+//! (entries in flight, the state machine's commits, the log's zeros written ahead), so
+//! ENOSPC does not reach a log write or an fsync in normal operation; if it still does,
+//! the log fails stop and the node exits to be restarted (`lib.rs`).
+
+use std::path::{Path, PathBuf};
+
+/// Default free space, in MiB, below which the leader refuses new writes.
+pub const DEFAULT_DISK_RESERVE_MB: u64 = 64;
+
+#[derive(Clone, Debug)]
+pub struct DiskReserve {
+    dir: PathBuf,
+    reserve_bytes: u64,
+}
+
+/// The disk is below its reserve: nothing is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BelowReserve {
+    pub free_bytes: u64,
+    pub reserve_bytes: u64,
+}
+
+impl std::fmt::Display for BelowReserve {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the node's disk has {} KiB free, below its reserve of {} KiB; nothing was recorded, retry once space is freed",
+            self.free_bytes / 1024,
+            self.reserve_bytes / 1024
+        )
+    }
+}
+
+impl DiskReserve {
+    pub fn new(dir: &Path, reserve_bytes: u64) -> Self {
+        DiskReserve {
+            dir: dir.to_path_buf(),
+            reserve_bytes,
+        }
+    }
+
+    /// Ok when the data directory's file system has at least the reserve free. A
+    /// `statvfs` that fails counts as no space: never write blind.
+    pub fn check(&self) -> Result<(), BelowReserve> {
+        let free_bytes = free_bytes(&self.dir).unwrap_or(0);
+        if free_bytes >= self.reserve_bytes {
+            Ok(())
+        } else {
+            Err(BelowReserve {
+                free_bytes,
+                reserve_bytes: self.reserve_bytes,
+            })
+        }
+    }
+}
+
+/// Bytes an unprivileged writer may still use on the file system holding `dir`.
+pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+    let stats = rustix::fs::statvfs(dir)?;
+    Ok(stats.f_bavail.saturating_mul(stats.f_frsize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reserve_above_the_free_space_refuses() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = free_bytes(dir.path()).unwrap();
+        assert!(free > 0);
+        assert!(DiskReserve::new(dir.path(), 0).check().is_ok());
+        let refused = DiskReserve::new(dir.path(), u64::MAX).check().unwrap_err();
+        assert_eq!(refused.reserve_bytes, u64::MAX);
+        assert!(refused.to_string().contains("nothing was recorded"));
+        // A directory that does not exist has no space to offer.
+        assert!(DiskReserve::new(Path::new("/nonexistent/lineage"), 1)
+            .check()
+            .is_err());
+    }
+}

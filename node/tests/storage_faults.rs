@@ -1,0 +1,238 @@
+//! Storage faults on one node of three real processes: the scenario that lost 60
+//! acknowledged decisions before the durable watermark (issue: "never lose an acknowledged
+//! decision", finding 1). 30 actions; kill -9 follower F2; 60 more actions, acknowledged
+//! by the leader and F3 only; kill -9 the leader and F3; damage F3's Raft log where the 60
+//! are; restart F2 and F3, then the old leader. Every node must end with all 90, agree,
+//! verify, and be ready (F3's repair floor cleared), with no operator.
+
+#[path = "cluster/util.rs"]
+mod util;
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use lineage_core::record::Record;
+use lineage_core::verify::{verify_records, VerifyOptions};
+use serde_json::{json, Value};
+use util::Cluster;
+
+/// Where F3's copy is damaged: the bytes of one phase-two action's entry.
+#[derive(Clone, Copy, Debug)]
+enum Damage {
+    /// No fault: the control run.
+    None,
+    /// One bit flipped in the entry holding this phase-two action.
+    FlipAt(usize),
+    /// The 4 KiB block holding this action's entry zeroed.
+    ZeroBlockAt(usize),
+    /// The segment cut inside this action's entry.
+    TruncateAt(usize),
+}
+
+const BEFORE: usize = 30;
+const AFTER: usize = 60;
+
+fn marker(n: usize) -> String {
+    format!("\"mark\":\"p2-{n}\"")
+}
+
+/// The Raft-log segment of node `i` holding `needle`, and the needle's offset in it.
+fn find_in_segments(dir: &Path, needle: &str) -> (PathBuf, usize) {
+    let log_dir = dir.join("raft-log");
+    for entry in std::fs::read_dir(&log_dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|x| x == "seg") {
+            let bytes = std::fs::read(&path).unwrap();
+            if let Some(at) = bytes
+                .windows(needle.len())
+                .position(|w| w == needle.as_bytes())
+            {
+                return (path, at);
+            }
+        }
+    }
+    panic!("{needle} is in no segment of {}", log_dir.display());
+}
+
+fn damage(dir: &Path, damage: Damage) {
+    let write = |path: &Path, at: u64, bytes: &[u8]| {
+        let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        file.write_all_at(bytes, at).unwrap();
+        file.sync_all().unwrap();
+    };
+    match damage {
+        Damage::None => {}
+        Damage::FlipAt(n) => {
+            let (path, at) = find_in_segments(dir, &marker(n));
+            let byte = std::fs::read(&path).unwrap()[at + 3];
+            write(&path, at as u64 + 3, &[byte ^ 0x01]);
+        }
+        Damage::ZeroBlockAt(n) => {
+            let (path, at) = find_in_segments(dir, &marker(n));
+            write(&path, (at / 4096 * 4096) as u64, &[0u8; 4096]);
+        }
+        Damage::TruncateAt(n) => {
+            let (path, at) = find_in_segments(dir, &marker(n));
+            let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            file.set_len(at as u64).unwrap();
+            file.sync_all().unwrap();
+        }
+    }
+}
+
+async fn act(cluster: &Cluster, via: usize, token: &str, key: &str) -> Value {
+    let (status, body) = cluster
+        .post_until_served(
+            via,
+            "/v1/agents/bot/actions",
+            token,
+            json!({"tool": "search", "input": {"mark": key}}),
+            key,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["decision"], "allowed", "{body}");
+    body
+}
+
+fn verify(log: &[Value], public_key: &str) {
+    let records: Vec<Record> = log
+        .iter()
+        .map(|r| serde_json::from_value(r.clone()).expect("record"))
+        .collect();
+    let report = verify_records(
+        &records,
+        &VerifyOptions {
+            public_key: Some(public_key.to_string()),
+            checkpoint: None,
+        },
+    );
+    assert!(report.ok, "{report:?}");
+}
+
+async fn scenario(fault: Damage) {
+    let cluster = Cluster::start(3).await;
+    let public_key = cluster.public_key().await;
+    let token = cluster
+        .create_agent(
+            0,
+            "bot",
+            json!({"budget": 100_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}}),
+        )
+        .await;
+    for n in 0..BEFORE {
+        act(&cluster, n % 3, &token, &format!("p1-{n}")).await;
+    }
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    let f2 = (leader + 1) % 3;
+    let f3 = (leader + 2) % 3;
+    cluster.kill(f2);
+    for n in 0..AFTER {
+        act(&cluster, leader, &token, &format!("p2-{n}")).await;
+    }
+    cluster.kill(leader);
+    cluster.kill(f3);
+    damage(&cluster.data_dir(f3), fault);
+
+    // F2 lacks the 60; F3 lost some of them. Together they must not elect a leader that
+    // serves a history without them.
+    cluster.start_node(f2);
+    cluster.start_node(f3);
+    let quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_secs(3) {
+        for node in [f2, f3] {
+            let (status, body) = cluster.get(node, "/v1/agents/bot", &token).await;
+            if status == 200 {
+                assert_eq!(
+                    body["spent"],
+                    (BEFORE + AFTER) as u64,
+                    "{fault:?}: node {} served a history without acknowledged decisions: {body}\n{}",
+                    node + 1,
+                    cluster.log_tails(30)
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let restarted = Instant::now();
+    cluster.start_node(leader);
+    let log = cluster.converged_log("bot", Duration::from_secs(30)).await;
+    let converged = restarted.elapsed();
+    assert_eq!(log.len(), 2 + 2 * (BEFORE + AFTER), "{fault:?}");
+    verify(&log, &public_key);
+    for node in 0..3 {
+        let start = Instant::now();
+        loop {
+            let (status, body) = cluster
+                .get(node, "/v1/agents/bot?local=true", &cluster.admin.clone())
+                .await;
+            let ready = cluster
+                .http
+                .get(cluster.url(node, "/readyz"))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0);
+            if status == 200 && ready == 200 {
+                assert_eq!(
+                    body["spent"],
+                    (BEFORE + AFTER) as u64,
+                    "{fault:?} node {}",
+                    node + 1
+                );
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{fault:?}: node {} not repaired and ready: {status} {body} ready {ready}\n{}",
+                node + 1,
+                cluster.log_tails(30)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // The cluster decides on from the full history.
+    let next = act(&cluster, f3, &token, "after").await;
+    assert_eq!(
+        next["action_id"],
+        format!("act-{}", BEFORE + AFTER + 1),
+        "{next}"
+    );
+    println!(
+        "{fault:?}: all {} decisions on every node, {:.1} s after the old leader returned",
+        BEFORE + AFTER,
+        converged.as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_run_without_a_fault() {
+    scenario(Damage::None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_bit_in_the_first_entry_the_lagging_follower_lacks() {
+    scenario(Damage::FlipAt(0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_bit_in_the_middle_of_the_last_segment() {
+    scenario(Damage::FlipAt(AFTER / 2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_bit_in_the_last_acknowledged_entry() {
+    scenario(Damage::FlipAt(AFTER - 1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zeroed_block_among_acknowledged_entries() {
+    scenario(Damage::ZeroBlockAt(AFTER / 2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_segment_cut_inside_an_acknowledged_entry() {
+    scenario(Damage::TruncateAt(AFTER * 3 / 4)).await;
+}
