@@ -6,73 +6,18 @@
 //! Needs root (losetup, mount). `.ci/run` sets LINEAGE_REQUIRE_LOOP=1: there a missing
 //! capability fails the test instead of skipping it.
 
+#[path = "cluster/loop_disk.rs"]
+mod loop_disk;
 #[path = "cluster/util.rs"]
 mod util;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-
-/// A small ext4 file system on a loop device, unmounted when dropped.
-pub struct LoopMount {
-    pub dir: PathBuf,
-}
-
-impl LoopMount {
-    /// Mounts a fresh `size_mb` ext4 image under `parent`, or says why it cannot.
-    pub fn new(parent: &Path, size_mb: u64) -> Result<LoopMount, String> {
-        let image = parent.join("disk.ext4");
-        let dir = parent.join("mnt");
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        std::fs::File::create(&image)
-            .and_then(|f| f.set_len(size_mb * 1024 * 1024))
-            .map_err(|e| format!("image: {e}"))?;
-        run("mkfs.ext4", &["-q", "-F", "-m", "0", path(&image)])?;
-        run("mount", &["-o", "loop", path(&image), path(&dir)])?;
-        Ok(LoopMount { dir })
-    }
-}
-
-impl Drop for LoopMount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-    }
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
-fn run(program: &str, args: &[&str]) -> Result<(), String> {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{program}: {e}"))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{program} {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        ))
-    }
-}
-
-/// The loop mount, or None (test skipped, said so) where the machine cannot make one and
-/// LINEAGE_REQUIRE_LOOP is not set.
-pub fn loop_mount_or_skip(parent: &Path, size_mb: u64) -> Option<LoopMount> {
-    match LoopMount::new(parent, size_mb) {
-        Ok(mount) => Some(mount),
-        Err(why) if std::env::var_os("LINEAGE_REQUIRE_LOOP").is_none() => {
-            eprintln!("SKIPPED: cannot mount a loop ext4 image here ({why}); set LINEAGE_REQUIRE_LOOP=1 to fail instead");
-            None
-        }
-        Err(why) => panic!("LINEAGE_REQUIRE_LOOP is set but no loop ext4 image: {why}"),
-    }
-}
 
 struct Node {
     child: Child,
@@ -150,7 +95,7 @@ fn fill(dir: &Path, limit_mb: u64) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_writes_cleanly_and_serves_again_once_space_returns() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(mount) = loop_mount_or_skip(tmp.path(), 64) else {
+    let Some(mount) = loop_disk::loop_disk_or_skip(tmp.path(), "disk", 64) else {
         return;
     };
     let keys = tmp.path().join("keys");

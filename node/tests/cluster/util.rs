@@ -21,6 +21,8 @@ pub struct Cluster {
     pub extra_args: Vec<String>,
     /// Nodes this harness did not start (containers): never killed or restarted here.
     external: bool,
+    /// Where each node keeps its data, when not under `dir` (a loop-mounted disk).
+    data_dirs: Option<Vec<PathBuf>>,
 }
 
 /// A loopback port nothing listens on right now, and that no outgoing connection will
@@ -102,6 +104,16 @@ impl Cluster {
     }
 
     pub async fn start_with(n: usize, extra_args: &[&str]) -> Cluster {
+        Self::start_on(n, extra_args, None).await
+    }
+
+    /// `start_with`, each node keeping its data in the given directory (for example
+    /// its own file system).
+    pub async fn start_on(
+        n: usize,
+        extra_args: &[&str],
+        data_dirs: Option<Vec<PathBuf>>,
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let keys = dir.path().join("keys");
         let status = Command::new(env!("CARGO_BIN_EXE_lineage-node"))
@@ -115,7 +127,8 @@ impl Cluster {
         let addrs: Vec<String> = (0..n)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
-        let cluster = Cluster::new(dir, addrs, admin, extra_args, false);
+        let mut cluster = Cluster::new(dir, addrs, admin, extra_args, false);
+        cluster.data_dirs = data_dirs;
         for i in 0..n {
             cluster.start_node(i);
         }
@@ -150,10 +163,14 @@ impl Cluster {
                 .expect("client"),
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             external,
+            data_dirs: None,
         }
     }
 
     pub fn data_dir(&self, i: usize) -> PathBuf {
+        if let Some(dirs) = &self.data_dirs {
+            return dirs[i].clone();
+        }
         self.dir.path().join(format!("node-{}", i + 1))
     }
 
