@@ -2,6 +2,8 @@
 //! With no subcommand it is a drop-in for the reference guard server: it reads
 //! `GUARD_DATA_DIR`, `GUARD_BIND` and `GUARD_ADMIN_TOKEN` and runs a one-node cluster.
 
+mod dev_supervisor;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -327,7 +329,8 @@ fn reference_mode() -> Result<(), String> {
     })
 }
 
-/// Starts `nodes` child processes on consecutive ports and stops them on Ctrl-C.
+/// Starts `nodes` child processes on consecutive ports, restarts any that exits, and stops
+/// them all on Ctrl-C or SIGTERM.
 fn dev(nodes: u64, base_port: u16, data_dir: &Path) -> Result<(), String> {
     if nodes == 0 || nodes > 9 {
         return Err("--nodes must be between 1 and 9".into());
@@ -339,25 +342,32 @@ fn dev(nodes: u64, base_port: u16, data_dir: &Path) -> Result<(), String> {
     let peers: Vec<String> = (1..=nodes).map(|i| format!("{i}={}", addr(i))).collect();
     // The witness's key comes first: the nodes store only checkpoints it cosigned.
     let witness = dev_witness(&exe, data_dir);
-    let mut children = Vec::new();
+    let mut nodes_running = Vec::new();
     for i in 1..=nodes {
-        let mut command = std::process::Command::new(&exe);
-        command
-            .args(["run", "--id", &i.to_string(), "--listen", &addr(i)])
-            .arg("--data-dir")
-            .arg(data_dir.join(format!("node-{i}")))
-            .arg("--keys-dir")
-            .arg(&keys_dir)
-            .arg("--peers")
-            .arg(peers.join(","));
-        if let Ok(witness) = &witness {
-            command.args(["--witness-key", &witness.vkey]);
-        }
-        let child = command
-            .spawn()
-            .map_err(|e| format!("cannot start node {i}: {e}"))?;
-        children.push(child);
+        let (exe, listen, peers) = (exe.clone(), addr(i), peers.join(","));
+        let (node_dir, keys_dir) = (data_dir.join(format!("node-{i}")), keys_dir.clone());
+        let witness_key = witness.as_ref().ok().map(|w| w.vkey.clone());
+        let make = move || {
+            let mut command = std::process::Command::new(&exe);
+            command
+                .args(["run", "--id", &i.to_string(), "--listen", &listen])
+                .arg("--data-dir")
+                .arg(&node_dir)
+                .arg("--keys-dir")
+                .arg(&keys_dir)
+                .arg("--peers")
+                .arg(&peers);
+            if let Some(vkey) = &witness_key {
+                command.args(["--witness-key", vkey]);
+            }
+            command
+        };
+        nodes_running.push(dev_supervisor::Supervised::spawn(
+            format!("node {i}"),
+            Box::new(make),
+        )?);
     }
+    let mut children = Vec::new();
     let urls: Vec<String> = (1..=nodes).map(|i| format!("http://{}", addr(i))).collect();
     let witness_port = base_port as u64 + nodes;
     let started = witness.and_then(|witness| {
@@ -378,22 +388,11 @@ fn dev(nodes: u64, base_port: u16, data_dir: &Path) -> Result<(), String> {
     let token_path = keys_dir.join(keys::ADMIN_TOKEN);
     println!("  admin token  {}", token_path.display());
     println!(
-        "\nTry:\n  curl -s -H \"Authorization: Bearer $(cat {})\" http://{}/v1/cluster\n\nCtrl-C stops every node.",
+        "\nTry:\n  curl -s -H \"Authorization: Bearer $(cat {})\" http://{}/v1/cluster\n\nA node that exits is restarted; Ctrl-C (or SIGTERM) stops everything.",
         token_path.display(),
         addr(1)
     );
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("runtime: {e}"))?;
-    runtime.block_on(async {
-        let _ = tokio::signal::ctrl_c().await;
-    });
-    for mut child in children {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    Ok(())
+    dev_supervisor::run(nodes_running, children)
 }
 
 /// The dev witness: its binary beside this one, its data dir, and its verifier key
