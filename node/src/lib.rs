@@ -214,8 +214,9 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         .map_err(|e| format!("server: {e}"))?;
     let _ = raft.shutdown().await;
     // So the next start replays only what follows these checkpoints.
-    if let Err(e) = state_machine.checkpoint_agents() {
-        tracing::warn!(error = %e, "could not checkpoint agent states at shutdown");
+    match state_machine.checkpoint_agents() {
+        Ok(_) => store::mark_clean_stop(&config.data_dir),
+        Err(e) => tracing::warn!(error = %e, "could not checkpoint agent states at shutdown"),
     }
     Ok(())
 }

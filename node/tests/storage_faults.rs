@@ -236,3 +236,171 @@ async fn a_zeroed_block_among_acknowledged_entries() {
 async fn the_segment_cut_inside_an_acknowledged_entry() {
     scenario(Damage::TruncateAt(AFTER * 3 / 4)).await;
 }
+
+/// A fault in one file of a follower's data directory, made while it is down.
+#[derive(Clone, Copy, Debug)]
+enum Place {
+    /// The state machine's redb file deleted (its log was purged behind a snapshot, so
+    /// only a snapshot from the leader can rebuild it).
+    RedbDeleted,
+    /// Bytes of the redb file overwritten with garbage.
+    RedbGarbage,
+    /// The Raft log's watermark file deleted.
+    WatermarkDeleted,
+    /// Both watermark slots zeroed.
+    WatermarkZeroed,
+    /// The vote file deleted.
+    VoteDeleted,
+    /// The newest Raft-log segment deleted.
+    NewestSegmentDeleted,
+    /// The head (first frame) of the oldest segment flipped.
+    OldestSegmentHeadFlipped,
+    /// The whole data directory gone (a replaced disk).
+    Wiped,
+}
+
+fn newest_segment(data_dir: &Path, oldest: bool) -> PathBuf {
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(data_dir.join("raft-log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    segments.sort();
+    if oldest {
+        segments.remove(0)
+    } else {
+        segments.pop().unwrap()
+    }
+}
+
+fn fault_in(data_dir: &Path, place: Place) {
+    let overwrite = |path: &Path, at: u64, bytes: &[u8]| {
+        let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        file.write_all_at(bytes, at).unwrap();
+        file.sync_all().unwrap();
+    };
+    match place {
+        Place::RedbDeleted => std::fs::remove_file(data_dir.join("node.redb")).unwrap(),
+        Place::RedbGarbage => {
+            let path = data_dir.join("node.redb");
+            let len = std::fs::metadata(&path).unwrap().len();
+            // Every page after the header: the tables' contents.
+            let mut at = 4096;
+            while at + 64 < len {
+                overwrite(&path, at, &[0x5a; 64]);
+                at += 4096;
+            }
+        }
+        Place::WatermarkDeleted => {
+            std::fs::remove_file(data_dir.join("raft-log/watermark")).unwrap()
+        }
+        Place::WatermarkZeroed => {
+            std::fs::write(data_dir.join("raft-log/watermark"), vec![0u8; 8192]).unwrap()
+        }
+        Place::VoteDeleted => std::fs::remove_file(data_dir.join("raft-log/vote.json")).unwrap(),
+        Place::NewestSegmentDeleted => {
+            std::fs::remove_file(newest_segment(data_dir, false)).unwrap()
+        }
+        Place::OldestSegmentHeadFlipped => {
+            let path = newest_segment(data_dir, true);
+            let byte = std::fs::read(&path).unwrap()[12];
+            overwrite(&path, 12, &[byte ^ 0x10]);
+        }
+        Place::Wiped => std::fs::remove_dir_all(data_dir).unwrap(),
+    }
+}
+
+/// 30 actions; kill -9 a follower; fault one of its files; 30 more actions without it;
+/// restart it. It must be repaired (or rebuilt) by the cluster with no operator: every
+/// node ends with all 60, agrees, verifies and is ready, and the cluster decides on.
+async fn follower_fault(place: Place) {
+    let cluster = Cluster::start_with(3, &["--snapshot-every", "16"]).await;
+    let public_key = cluster.public_key().await;
+    let token = cluster
+        .create_agent(
+            0,
+            "bot",
+            json!({"budget": 100_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}}),
+        )
+        .await;
+    for n in 0..30 {
+        act(&cluster, n % 3, &token, &format!("p1-{n}")).await;
+    }
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    let follower = (leader + 1) % 3;
+    cluster.kill(follower);
+    fault_in(&cluster.data_dir(follower), place);
+    for n in 0..30 {
+        act(&cluster, leader, &token, &format!("p2-{n}")).await;
+    }
+    let restarted = Instant::now();
+    cluster.start_node(follower);
+    let log = cluster.converged_log("bot", Duration::from_secs(30)).await;
+    assert_eq!(log.len(), 2 + 2 * 60, "{place:?}");
+    verify(&log, &public_key);
+    let start = Instant::now();
+    loop {
+        let ready = cluster
+            .http
+            .get(cluster.url(follower, "/readyz"))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0);
+        if ready == 200 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{place:?}: the follower is not ready\n{}",
+            cluster.log_tails(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let next = act(&cluster, follower, &token, "after").await;
+    assert_eq!(next["action_id"], "act-61", "{place:?}: {next}");
+    println!(
+        "{place:?}: repaired, all 60 on every node, {:.1} s after the restart",
+        restarted.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_redb_deleted() {
+    follower_fault(Place::RedbDeleted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_redb_overwritten_with_garbage() {
+    follower_fault(Place::RedbGarbage).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_watermark_deleted() {
+    follower_fault(Place::WatermarkDeleted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_watermark_zeroed() {
+    follower_fault(Place::WatermarkZeroed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_vote_deleted() {
+    follower_fault(Place::VoteDeleted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_newest_segment_deleted() {
+    follower_fault(Place::NewestSegmentDeleted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_oldest_segment_head_flipped() {
+    follower_fault(Place::OldestSegmentHeadFlipped).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_wiped() {
+    follower_fault(Place::Wiped).await;
+}

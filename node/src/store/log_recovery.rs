@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use super::log_store::{
     decode_frame, frame_header, remove_file, segment_path, sync_dir, Frame, Id, Segment,
-    FRAME_HEADER,
+    COMMITTED_FILE, FRAME_HEADER, PURGED_FILE,
 };
 use super::repair_floor::{self, Floor, RepairFloor};
 use super::watermark::{Found, Mark, Watermark};
@@ -436,4 +436,39 @@ fn drop_purged_segments(
         sync_dir(dir).map_err(|e| format!("cannot sync {}: {e}", dir.display()))?;
     }
     Ok(())
+}
+
+/// Empties the log in `dir` so that the node catches up from a snapshot: its state
+/// machine is behind the log's start and the log cannot replay it. The entries it had
+/// acknowledged go with it, so a repair floor at its watermark is stored first; the vote
+/// stays. Interrupted at any step, the next start finds the floor and does the rest again.
+pub(super) fn discard_for_snapshot(dir: &Path, reason: &str) -> Result<(), String> {
+    let (mut watermark, found) = Watermark::open(dir)?;
+    let purged: Option<Id> = super::log_store::read_purged(dir)?;
+    let floor = match found {
+        Found::Mark(mark) => match mark.log_id.max(purged) {
+            Some(last) => Floor::Entry(last),
+            None => Floor::Unknown,
+        },
+        Found::Created | Found::Unreadable(_) => Floor::Unknown,
+    };
+    let stored = repair_floor::read(dir)?;
+    let floor = RepairFloor {
+        floor: stored.map_or(floor, |s| s.floor.max(floor)),
+        reason: format!("{reason}; the log was emptied to take a snapshot"),
+    };
+    repair_floor::write(dir, &floor)
+        .map_err(|e| format!("cannot store the repair floor in {}: {e}", dir.display()))?;
+    tracing::error!(floor = ?floor.floor, %reason, "raft log emptied: this node is rebuilt from a snapshot");
+    for first in segment_firsts(dir)? {
+        remove_file(&segment_path(dir, first))
+            .map_err(|e| format!("cannot delete segment {first}: {e}"))?;
+    }
+    for name in [PURGED_FILE, COMMITTED_FILE] {
+        remove_file(&dir.join(name)).map_err(|e| format!("cannot delete {name}: {e}"))?;
+    }
+    sync_dir(dir).map_err(|e| format!("cannot sync {}: {e}", dir.display()))?;
+    watermark
+        .write(&Mark::EMPTY)
+        .map_err(|e| format!("cannot write the watermark: {e}"))
 }

@@ -75,8 +75,8 @@ const RECENT_BYTES: u64 = 16 * 1024 * 1024;
 /// disk). A zero frame header marks where the frames end.
 const ZERO_AHEAD: u64 = 4 * 1024 * 1024;
 const VOTE_FILE: &str = "vote.json";
-const PURGED_FILE: &str = "purged.json";
-const COMMITTED_FILE: &str = "committed.json";
+pub(super) const PURGED_FILE: &str = "purged.json";
+pub(super) const COMMITTED_FILE: &str = "committed.json";
 
 pub(super) type Id = LogId<NodeId>;
 
@@ -389,6 +389,11 @@ impl LogStore {
             .await
             .map_err(|_| write_err("the raft log writer has stopped"))?
     }
+}
+
+/// The last purged entry recorded in `dir`, if any.
+pub fn read_purged(dir: &Path) -> Result<Option<Id>, String> {
+    read_json_file(&dir.join(PURGED_FILE))
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {

@@ -35,15 +35,72 @@ pub fn open_with(
 ) -> Result<(LogStore, StateMachine), String> {
     std::fs::create_dir_all(data_dir)
         .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
-    let path = data_dir.join("node.redb");
-    let db = redb::Database::create(&path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let db = open_state_db(data_dir)?;
     refuse_redb_raft_log(&db, data_dir)?;
-    let log = LogStore::open(&data_dir.join(RAFT_LOG_DIR)).map_err(|e| format!("raft log: {e}"))?;
     let sm = StateMachine::open(Arc::new(db))
         .map_err(|e| format!("state machine: {e}"))?
         .with_fsync_interval(state_fsync_interval);
+    let log_dir = data_dir.join(RAFT_LOG_DIR);
+    let applied = sm.read_data().last_applied;
+    if let Some(purged) = log_store::read_purged(&log_dir)?.filter(|p| applied < Some(*p)) {
+        // The state machine is behind the log's start (its file was lost or damaged):
+        // the log cannot replay it, so only a snapshot from the leader can. Start the log
+        // afresh, under a repair floor, and let replication bring the snapshot.
+        let applied = applied.map_or("nothing".to_string(), |a| a.to_string());
+        log_recovery::discard_for_snapshot(
+            &log_dir,
+            &format!("the state machine holds {applied}, behind the log's start after {purged}"),
+        )?;
+    }
+    let log = LogStore::open(&log_dir).map_err(|e| format!("raft log: {e}"))?;
     Ok((log, sm))
+}
+
+/// The state machine's file, where the marker of a clean stop is kept.
+const STATE_DB: &str = "node.redb";
+const CLEAN_STOP: &str = "clean-stop";
+
+/// Opens the state machine's redb file. After a stop that was not clean its integrity is
+/// checked; a file redb finds corrupted is moved aside (kept for inspection) and the node
+/// starts with an empty one, rebuilt from the Raft log or a snapshot: the log, not this
+/// file, is the durable copy.
+fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
+    let path = data_dir.join(STATE_DB);
+    let clean = std::fs::remove_file(data_dir.join(CLEAN_STOP)).is_ok();
+    let opened = redb::Database::create(&path).and_then(|mut db| {
+        if !clean && !db.check_integrity()? {
+            tracing::warn!(file = %path.display(), "state machine file repaired by redb after an unclean stop");
+        }
+        Ok(db)
+    });
+    match opened {
+        Ok(db) => Ok(db),
+        Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(why))) => {
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let aside = data_dir.join(format!("{STATE_DB}.damaged-{stamp}"));
+            std::fs::rename(&path, &aside)
+                .map_err(|e| format!("cannot move the damaged {} aside: {e}", path.display()))?;
+            tracing::error!(
+                file = %path.display(),
+                kept_as = %aside.display(),
+                reason = %why,
+                "state machine file corrupted: moved aside, rebuilding from the raft log or a snapshot"
+            );
+            redb::Database::create(&path)
+                .map_err(|e| format!("cannot create {}: {e}", path.display()))
+        }
+        Err(e) => Err(format!("cannot open {}: {e}", path.display())),
+    }
+}
+
+/// Records a clean stop (everything committed and checkpointed): the next start skips the
+/// integrity check of the state machine's file.
+pub fn mark_clean_stop(data_dir: &Path) {
+    if let Err(e) = std::fs::write(data_dir.join(CLEAN_STOP), b"") {
+        tracing::warn!(error = %e, "cannot record the clean stop");
+    }
 }
 
 /// Data dirs from before the log moved out of redb kept it in table `raft_log`; starting
