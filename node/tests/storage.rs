@@ -194,6 +194,60 @@ async fn start_up_replays_only_the_records_after_the_last_checkpoint() {
     }
 }
 
+/// A checkpoint whose bytes changed on disk (here: `spent` lowered, which would refund
+/// budget) is not used: start-up replays every record and gets the true state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_changed_on_disk_is_not_trusted() {
+    use redb::ReadableTable;
+    const CHECKPOINTS: redb::TableDefinition<&str, &[u8]> =
+        redb::TableDefinition::new("agent_checkpoints");
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([10; 32]);
+    let appends = entries_with_requests(&key, 30);
+    let expected = {
+        let (_, mut sm) = store::open(dir.path()).unwrap();
+        sm.apply(as_entries(&appends, 1)).await.unwrap();
+        assert_eq!(sm.checkpoint_agents().unwrap(), 1);
+        let data = sm.read_data();
+        match data.agents.get("bot") {
+            Some(AgentSlot::Active(state)) => state.as_ref().clone(),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(expected.status().spent > 0);
+    {
+        let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(CHECKPOINTS).unwrap();
+            let mut row = table
+                .get("bot")
+                .unwrap()
+                .expect("checkpoint")
+                .value()
+                .to_vec();
+            let text = String::from_utf8_lossy(&row[32..]).to_string();
+            let spent = format!("\"spent\":{}", expected.status().spent);
+            let at = text.find(&spent).expect("spent in the checkpoint") + 32;
+            // The first digit of `spent` becomes 0: a refund, if it were believed.
+            row[at + "\"spent\":".len()] = b'0';
+            table.insert("bot", row.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let (_, sm) = store::open(dir.path()).unwrap();
+    let data = sm.read_data();
+    assert_eq!(
+        data.records_replayed_at_open,
+        2 + 30 * 2,
+        "replayed from seq 0"
+    );
+    match data.agents.get("bot") {
+        Some(AgentSlot::Active(state)) => assert_eq!(state.as_ref(), &expected),
+        other => panic!("agent not restored: {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_checkpoint_start_up_replays_and_checks_every_record() {
     let dir = tempfile::tempdir().unwrap();

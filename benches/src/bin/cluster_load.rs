@@ -7,6 +7,7 @@
 //! Build the node first, then run:
 //!   cargo build --release -p lineage-node -p lineage-benches
 //!   target/release/cluster_load [--clients 16] [--agents 16] [--seconds 10] [--nodes N]
+//!     [--baseline-node PATH]   (alternating rounds against another build, with ratios)
 //!     [--no-early-ack]   (nodes run with --leader-early-ack false)
 //!     [--reqwest]        (clients use reqwest, as before: about twice the generator's CPU)
 //!
@@ -35,6 +36,8 @@ struct Args {
     no_early_ack: bool,
     /// Clients send through reqwest (the generator before its clients went lean).
     reqwest: bool,
+    /// Another `lineage-node` build to measure against, in alternating rounds.
+    baseline: Option<std::path::PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -45,6 +48,7 @@ fn parse_args() -> Result<Args, String> {
         nodes: None,
         no_early_ack: false,
         reqwest: false,
+        baseline: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -55,6 +59,11 @@ fn parse_args() -> Result<Args, String> {
             }
             "--reqwest" => {
                 args.reqwest = true;
+                continue;
+            }
+            "--baseline-node" => {
+                let path = it.next().ok_or("--baseline-node needs a path")?;
+                args.baseline = Some(path.into());
                 continue;
             }
             _ => {}
@@ -564,6 +573,63 @@ fn sign_ceiling() -> f64 {
     n as f64 / start.elapsed().as_secs_f64()
 }
 
+/// Rounds per build when comparing two builds; they alternate, so drifts of a shared
+/// machine fall on both alike.
+const COMPARE_ROUNDS: usize = 3;
+
+/// Runs the same load against `baseline` and this build in alternating rounds, and prints
+/// each round and the ratios (this build / baseline) of the medians.
+fn compare_with_baseline(
+    runtime: &tokio::runtime::Runtime,
+    binary: &Path,
+    baseline: &Path,
+    sizes: &[usize],
+    args: &Args,
+) -> Result<(), String> {
+    if !baseline.exists() {
+        return Err(format!(
+            "--baseline-node {}: no such file",
+            baseline.display()
+        ));
+    }
+    for &nodes in sizes {
+        let mut results: [Vec<(f64, f64, f64)>; 2] = [Vec::new(), Vec::new()];
+        for round in 0..COMPARE_ROUNDS {
+            for (which, path) in [baseline, binary].into_iter().enumerate() {
+                let cluster = start_cluster(path, nodes, args.no_early_ack)?;
+                let r = runtime.block_on(run_load(&cluster, args))?;
+                drop(cluster);
+                let name = ["baseline", "this build"][which];
+                println!(
+                    "round {round}, {name}, {nodes} node(s): {:.0} decisions/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",
+                    r.per_second,
+                    r.p50.as_secs_f64() * 1e3,
+                    r.p99.as_secs_f64() * 1e3,
+                    r.errors
+                );
+                results[which].push((r.per_second, r.p50.as_secs_f64(), r.p99.as_secs_f64()));
+            }
+        }
+        let median = |values: &[(f64, f64, f64)], pick: fn(&(f64, f64, f64)) -> f64| {
+            let mut v: Vec<f64> = values.iter().map(pick).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let ratio = |pick: fn(&(f64, f64, f64)) -> f64| {
+            median(&results[1], pick) / median(&results[0], pick)
+        };
+        println!(
+            "{nodes} node(s), {} clients over {} agents: this build / baseline (medians of {COMPARE_ROUNDS}): decisions/s {:.3}x, p50 {:.3}x, p99 {:.3}x",
+            args.clients,
+            args.agents,
+            ratio(|r| r.0),
+            ratio(|r| r.1),
+            ratio(|r| r.2),
+        );
+    }
+    Ok(())
+}
+
 fn main() {
     if let Err(e) = real_main() {
         eprintln!("cluster_load: {e}");
@@ -589,6 +655,9 @@ fn real_main() -> Result<(), String> {
         Some(n) => vec![n],
         None => vec![1, 3],
     };
+    if let Some(baseline) = &args.baseline {
+        return compare_with_baseline(&runtime, &binary, baseline, &sizes, &args);
+    }
     for nodes in sizes {
         let cluster = start_cluster(&binary, nodes, args.no_early_ack)?;
         let r = runtime.block_on(run_load(&cluster, &args))?;

@@ -1,35 +1,19 @@
-//! The `idempotency` table's rows: a stored answer with its own checksum. redb keeps a
-//! crashed commit out, but not a byte that changed on disk afterwards; an answer read
-//! back is served only if its SHA-256 still matches, so a changed answer is an error
-//! (the API answers 503), never a wrong decision and never "no answer, decide again".
-//!
-//! Layout: 32 bytes of SHA-256 over the rest, then the answer as JSON.
+//! The `idempotency` table's rows: a stored answer as JSON in a checksummed row
+//! (`checked_row`). A changed answer is an error (the API answers 503), never a wrong
+//! decision and never "no answer, decide again".
 
-use sha2::{Digest, Sha256};
-
+use super::checked_row;
 use crate::raft_types::IdempotentAnswer;
-
-const DIGEST_BYTES: usize = 32;
 
 /// The row stored for `answer`.
 pub fn encode(answer: &IdempotentAnswer) -> Result<Vec<u8>, serde_json::Error> {
-    let json = serde_json::to_vec(answer)?;
-    let mut row = Vec::with_capacity(DIGEST_BYTES + json.len());
-    row.extend_from_slice(&Sha256::digest(&json));
-    row.extend_from_slice(&json);
-    Ok(row)
+    Ok(checked_row::seal(&serde_json::to_vec(answer)?))
 }
 
 /// The answer in a row read back under `scoped_key`, checked: its checksum, its JSON,
 /// and that it was stored under that key.
 pub fn decode(row: &[u8], scoped_key: &str) -> Result<IdempotentAnswer, String> {
-    if row.len() < DIGEST_BYTES {
-        return Err(format!("stored answer is {} bytes, too short", row.len()));
-    }
-    let (digest, json) = row.split_at(DIGEST_BYTES);
-    if Sha256::digest(json).as_slice() != digest {
-        return Err("stored answer does not match its checksum".into());
-    }
+    let json = checked_row::unseal(row).map_err(|e| format!("stored answer: {e}"))?;
     let answer: IdempotentAnswer =
         serde_json::from_slice(json).map_err(|e| format!("stored answer: {e}"))?;
     if answer.key != scoped_key {

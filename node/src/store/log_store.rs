@@ -3,8 +3,10 @@
 //!
 //! Layout of `<data>/raft-log/`: segments named by their first index (`<20 digits>.seg`),
 //! each a run of frames `[len: u32 LE][crc32: u32 LE][the entry as JSON]` with consecutive
-//! indexes; `vote.json` and `purged.json`, replaced atomically and fsynced; `committed.json`,
-//! a start-up hint that is never ahead of what is durable.
+//! indexes; `watermark`, the last entry reported durable (`watermark.rs`); `vote.json` and
+//! `purged.json`, replaced atomically and fsynced; `committed.json`, a start-up hint that
+//! is never ahead of what is durable; `repair-floor.json` while the node is being repaired
+//! (`repair_floor.rs`); `format`, which marks a log kept with a watermark.
 //!
 //! Why not redb for the log: a durable redb commit costs about five fdatasyncs of appended
 //! bytes here, and redb's single writer made log appends and state-machine applies wait
@@ -27,21 +29,26 @@
 //! is durable here ([`DurableLog::clamp_commit`]). So before any node applies an entry or
 //! any client hears of it, it is on the leader's disk and on a follower's: a majority.
 //! Interrupted at each step:
-//! - append: a crash before the fdatasync leaves nothing or a torn last frame. Start-up cuts
-//!   a torn frame at the end of the last segment, and any bytes after the frames end (it
-//!   was never acknowledged); a bad frame anywhere else stops start-up, because that is
-//!   corruption, not an interrupted write. A leader that loses its unflushed entries this
-//!   way had applied none of them and sent no commit for them: a follower's copy or the
-//!   next leader's log replaces them.
+//! - append: the frames are written and fdatasynced, then the watermark is overwritten
+//!   and fdatasynced, and only then is anyone told. A crash before the watermark leaves
+//!   frames beyond it (kept if whole, cut if torn: never acknowledged); start-up cuts a bad
+//!   frame silently only beyond the watermark. Damage at or below it is an acknowledged
+//!   entry lost: the node stores a repair floor and is repaired by its peers
+//!   (`log_recovery.rs`). A leader that loses its early-acknowledged, unflushed entries
+//!   had applied none of them and sent no commit for them: a follower's copy or the next
+//!   leader's log replaces them.
 //! - a new segment: created, then the directory fsynced, before its frames are acknowledged.
-//! - truncate: later segments are deleted first, then the containing one is cut; a crash in
-//!   between leaves the longer log, a state it had before, which Raft truncates again.
+//! - truncate: refused at or below the committed index (a fatal assertion). The watermark
+//!   comes down to the new last entry first, then later segments are deleted, then the
+//!   containing one is cut; a crash in between leaves the longer log (valid frames beyond
+//!   the watermark, kept), a state it had before, which Raft truncates again.
 //! - purge: `purged.json` is made durable first, then whole segments are deleted; segments
 //!   left by a crash in between are deleted at start-up.
 //! - vote: a temporary file, fsynced, renamed over the old one, directory fsynced.
 //!
 //! A failed write or fsync leaves the file in an unknown state: the log then refuses every
-//! later operation (fail-stop) and openraft stops this node; a restart recovers from disk.
+//! later operation (fail-stop), openraft stops, and the process exits (`lib.rs`) for its
+//! supervisor to restart it; start-up recovers from disk.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Debug;

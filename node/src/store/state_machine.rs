@@ -23,6 +23,7 @@ use openraft::{
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
+use super::checked_row;
 use super::heads::{self, HeadsLog, HeadsSnapshot};
 use super::idempotency_rows;
 use super::log_store::DurableLog;
@@ -319,8 +320,15 @@ impl StateMachine {
         for item in index.iter().map_err(sm_read_err)? {
             let (agent, _) = item.map_err(sm_read_err)?;
             let agent_id = agent.value();
+            // A checkpoint that fails its checksum or does not parse is not used: the
+            // records are the truth, replay them all (a changed `spent` would refund).
             let start: AgentState = match checkpoints.get(agent_id).map_err(sm_read_err)? {
-                Some(bytes) => serde_json::from_slice(bytes.value()).map_err(sm_read_err)?,
+                Some(row) => checked_row::unseal(row.value())
+                    .and_then(|json| serde_json::from_slice(json).map_err(|e| e.to_string()))
+                    .unwrap_or_else(|e| {
+                        tracing::warn!(agent_id, error = %e, "agent checkpoint unusable; replaying all its records");
+                        AgentState::new()
+                    }),
                 None => AgentState::new(),
             };
             // A checkpoint whose Merkle frontier does not cover exactly its records
@@ -618,9 +626,10 @@ impl StateMachine {
             let mut table = txn.open_table(AGENT_CHECKPOINTS).map_err(sm_write_err)?;
             for agent_id in &dirty {
                 if let Some(AgentSlot::Active(state)) = data.agents.get(agent_id) {
-                    let bytes = serde_json::to_vec(state.as_ref()).map_err(sm_write_err)?;
+                    let json = serde_json::to_vec(state.as_ref()).map_err(sm_write_err)?;
+                    let row = checked_row::seal(&json);
                     table
-                        .insert(agent_id.as_str(), bytes.as_slice())
+                        .insert(agent_id.as_str(), row.as_slice())
                         .map_err(sm_write_err)?;
                 }
             }
