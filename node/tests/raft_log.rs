@@ -466,3 +466,26 @@ async fn the_committed_hint_is_kept_but_never_ahead_of_the_durable_log() {
         Some(5)
     );
 }
+
+/// A log written before watermarks existed (no `watermark`, no `format` marker) is read by
+/// the old rule once — a bad frame at the end of the last segment is cut as torn — and a
+/// watermark is then written for it, so the next fault is judged by the watermark.
+#[tokio::test]
+async fn a_log_from_before_watermarks_is_adopted() {
+    let dir = tempfile::tempdir().unwrap();
+    let segment = thirty_acknowledged(dir.path()).await;
+    std::fs::remove_file(dir.path().join("watermark")).unwrap();
+    std::fs::remove_file(dir.path().join("format")).unwrap();
+    flip(&segment, frames(&segment)[29].0 + 20);
+    let mut log = LogStore::open(dir.path()).unwrap();
+    assert_eq!(log.durability().repair_floor(), None);
+    assert_eq!(indexes(&mut log).await, (1..=29).collect::<Vec<_>>());
+    drop(log);
+    assert!(dir.path().join("format").exists());
+    flip(&segment, frames(&segment)[28].0 + 20);
+    let log = LogStore::open(dir.path()).unwrap();
+    assert_eq!(
+        log.durability().repair_floor().map(|f| f.floor),
+        Some(Floor::Entry(log_id(1, 1, 29)))
+    );
+}

@@ -65,9 +65,11 @@ pub(super) fn recover(
     let had_segments = segment_firsts(dir)?.next().is_some();
     let marked = dir.join(FORMAT_FILE).exists();
     let (mut watermark, found) = Watermark::open(dir)?;
+    // A log from before watermarks stays legacy until the watermark that speaks for it
+    // is written (the marker comes after it, at the end), whatever a crash left between.
     let trust = match found {
+        _ if had_segments && !marked => Trust::Legacy,
         Found::Mark(mark) => Trust::Mark(mark),
-        Found::Created if had_segments && !marked => Trust::Legacy,
         Found::Created if had_segments => Trust::Lost(format!(
             "{} was missing",
             dir.join(super::watermark::WATERMARK_FILE).display()
@@ -75,12 +77,6 @@ pub(super) fn recover(
         Found::Created => Trust::Mark(Mark::EMPTY),
         Found::Unreadable(reason) => Trust::Lost(reason),
     };
-    if !marked {
-        std::fs::write(dir.join(FORMAT_FILE), FORMAT)
-            .and_then(|()| std::fs::File::open(dir.join(FORMAT_FILE))?.sync_all())
-            .and_then(|()| sync_dir(dir))
-            .map_err(|e| format!("cannot write {}: {e}", dir.join(FORMAT_FILE).display()))?;
-    }
     let (mut segments, mut durable, damage, later) = scan(dir, last_purged)?;
 
     let mut fault: Option<RepairFloor> = None;
@@ -250,6 +246,12 @@ pub(super) fn recover(
         watermark
             .write(&mark)
             .map_err(|e| format!("cannot write the watermark: {e}"))?;
+    }
+    if !marked {
+        std::fs::write(dir.join(FORMAT_FILE), FORMAT)
+            .and_then(|()| std::fs::File::open(dir.join(FORMAT_FILE))?.sync_all())
+            .and_then(|()| sync_dir(dir))
+            .map_err(|e| format!("cannot write {}: {e}", dir.join(FORMAT_FILE).display()))?;
     }
     Ok(Recovered {
         segments,
