@@ -161,6 +161,15 @@ impl App {
         self
     }
 
+    /// 507 while the data directory's disk is below its reserve (`disk_reserve`): call
+    /// before proposing anything.
+    pub fn check_disk(&self) -> Result<(), ApiError> {
+        match self.disk.as_ref().map(DiskReserve::check) {
+            Some(Err(full)) => Err(ApiError::InsufficientStorage(full.to_string())),
+            _ => Ok(()),
+        }
+    }
+
     /// Why this node is being repaired (it may have lost acknowledged entries), if it is:
     /// it then serves no reads of its own copy and takes no part in elections.
     pub fn repairing(&self) -> Option<String> {
@@ -289,15 +298,23 @@ impl App {
         agent_id: &str,
         key: &IdempotencyKey,
     ) -> Result<Option<Answer>, ApiError> {
-        let stored = self
-            .sm
-            .idempotent_answer(agent_id, &key.scoped)
-            .map_err(|e| {
+        let lookup = |scoped: &str| {
+            self.sm.idempotent_answer(agent_id, scoped).map_err(|e| {
                 tracing::error!(agent_id, error = %e, "stored idempotent answer unreadable");
                 ApiError::Unavailable(format!(
                     "the answer stored under this Idempotency-Key cannot be read back: {e}"
                 ))
-            })?;
+            })
+        };
+        let stored = lookup(&key.scoped)?;
+        if let (None, Some(unscoped)) = (&stored, &key.unscoped) {
+            // Before keys had namespaces an operator's answer sat under the bare key, as
+            // agents' still do: an old answer there may be the operator's first answer or
+            // an agent's. Neither decide again nor hand over an agent's answer: refuse.
+            if lookup(unscoped)?.is_some_and(|answer| answer.request.is_empty()) {
+                return Err(ApiError::IdempotencyKeyAmbiguous);
+            }
+        }
         let Some(answer) = stored else {
             return Ok(None);
         };
@@ -327,9 +344,7 @@ impl App {
         }
         // A full disk refuses before anything is decided or sealed: the request leaves no
         // trace, and its retry is decided afresh once space returns.
-        if let Some(full) = self.disk.as_ref().and_then(|d| d.check().err()) {
-            return Err(ApiError::InsufficientStorage(full.to_string()));
-        }
+        self.check_disk()?;
         let now = timestamp::now_micros();
         let (records, answer) = {
             let data = self.sm.read_data();

@@ -1,6 +1,7 @@
-//! `lineage-node dev`'s supervisor: restarts a node that exits (a node stops itself on a
-//! panic, a failed fsync or a storage assertion, and recovers from disk when started
-//! again), and stops every child on Ctrl-C or SIGTERM.
+//! `lineage-node dev`'s supervisor: restarts a node that fails (a node stops itself with
+//! status 70 on a panic, a failed fsync or a storage assertion, and recovers from disk
+//! when started again; a kill by signal counts too), and stops every child on Ctrl-C or
+//! SIGTERM. A node that stops cleanly (status 0) is left stopped.
 
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -43,6 +44,12 @@ impl Supervised {
         if let Some(child) = &mut self.child {
             if let Ok(Some(status)) = child.try_wait() {
                 self.child = None;
+                if status.success() {
+                    // A clean stop (SIGTERM or Ctrl-C of its own): as systemd's
+                    // Restart=on-failure, not a failure to restart from.
+                    println!("dev: {} stopped ({status})", self.name);
+                    return;
+                }
                 if self.started.elapsed() >= STABLE_AFTER {
                     self.backoff = FIRST_BACKOFF;
                 }
@@ -87,10 +94,13 @@ pub fn run(mut supervised: Vec<Supervised>, others: Vec<Child>) -> Result<(), St
     runtime.block_on(async {
         let mut terminate =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        // Made once, so a Ctrl-C that arrives while a tick runs is not lost.
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
         let mut tick = tokio::time::interval(POLL);
         loop {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => break,
+                _ = &mut ctrl_c => break,
                 _ = async {
                     match terminate.as_mut() {
                         Some(signal) => { signal.recv().await; }

@@ -3,9 +3,11 @@
 //! a reserve before it seals anything; below the reserve a write is answered 507
 //! `insufficient_storage` with nothing sealed or proposed, and the node serves again by
 //! itself as soon as space returns. The reserve leaves room for what is already under way
-//! (entries in flight, the state machine's commits, the log's zeros written ahead), so
-//! ENOSPC does not reach a log write or an fsync in normal operation; if it still does,
-//! the log fails stop and the node exits to be restarted (`lib.rs`).
+//! (entries in flight, the state machine's commits, the log's zeros written ahead), so on
+//! the leader ENOSPC does not reach a log write or an fsync in normal operation.
+//! Followers do not check (they must take what the leader committed): a follower whose
+//! disk fills fails its log write, exits (`lib.rs`) and is restarted by its supervisor,
+//! catching up once space returns; the quorum goes on meanwhile.
 
 use std::path::{Path, PathBuf};
 

@@ -112,8 +112,12 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     lineage_core::transparency::NoteSigner::new(&config.cluster_name, &keys.audit)
         .map_err(|e| format!("--cluster-name: {e}"))?;
     let metrics = Arc::new(metrics::Metrics::new(config.id));
-    let (log_store, state_machine) =
-        store::open_with(&config.data_dir, config.state_fsync_interval)?;
+    let configured_alone = config.peers.iter().all(|(id, _)| *id == config.id);
+    let (log_store, state_machine) = store::open_with(
+        &config.data_dir,
+        config.state_fsync_interval,
+        configured_alone,
+    )?;
     let mut log_store = log_store.with_append_timer(metrics.log_append_duration.clone());
     let mut state_machine = state_machine;
     let mut durable_log = None;
@@ -126,6 +130,26 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     let committed_index = log_store.committed_index.clone();
     let log_handle = log_store.durability();
     let repairing = log_handle.repair_floor().is_some();
+    if let Some(floor) = log_handle.repair_floor() {
+        if store::single_voter(&state_machine, configured_alone) {
+            // No peer can repair the only voter: say what was lost and what to do.
+            return Err(format!(
+                "this node may have lost acknowledged decisions ({}), and as its cluster's \
+                 only voter no peer can repair it. Restore {} from a backup, or accept the \
+                 loss of the entries up to {:?} by deleting {}",
+                floor.reason,
+                config.data_dir.display(),
+                floor.floor,
+                config
+                    .data_dir
+                    .join(store::RAFT_LOG_DIR)
+                    .join(store::repair_floor::FLOOR_FILE)
+                    .display()
+            ));
+        }
+        // Never the leader of its old term on a cut log (`demote_own_leadership`).
+        log_store.demote_own_leadership(config.id);
+    }
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_millis(RAFT_CONNECT_TIMEOUT_MS))
         .build()

@@ -489,3 +489,19 @@ async fn a_log_from_before_watermarks_is_adopted() {
         Some(Floor::Entry(log_id(1, 1, 29)))
     );
 }
+
+/// A floor the log already passes when it opens (a crash between passing it and clearing
+/// it) is cleared at once, not left until the next write.
+#[tokio::test]
+async fn a_floor_already_passed_is_cleared_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    thirty_acknowledged(dir.path()).await;
+    let floor = lineage_node::store::repair_floor::RepairFloor {
+        floor: Floor::Entry(log_id(1, 1, 20)),
+        reason: "test".into(),
+    };
+    lineage_node::store::repair_floor::write(dir.path(), &floor).unwrap();
+    let log = LogStore::open(dir.path()).unwrap();
+    assert_eq!(log.durability().repair_floor(), None);
+    assert!(!dir.path().join("repair-floor.json").exists());
+}

@@ -111,6 +111,31 @@ fn verify(log: &[Value], public_key: &str) {
     assert!(report.ok, "{report:?}");
 }
 
+/// Waits (bounded) until every replica holds the same log of `records` records. Replicas
+/// can agree for a moment on a prefix while they apply what was just committed, so
+/// agreement alone is not the end; a log that never reaches `records` fails here.
+async fn converged_with(cluster: &Cluster, records: usize, what: &str) -> Vec<Value> {
+    let start = Instant::now();
+    loop {
+        let log = cluster.converged_log("bot", Duration::from_secs(30)).await;
+        if log.len() == records {
+            return log;
+        }
+        assert!(
+            log.len() < records,
+            "{what}: {} records, more than {records}",
+            log.len()
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: the replicas agree on {} records, not {records}\n{}",
+            log.len(),
+            cluster.log_tails(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn scenario(fault: Damage) {
     let cluster = Cluster::start(3).await;
     let public_key = cluster.public_key().await;
@@ -158,9 +183,8 @@ async fn scenario(fault: Damage) {
 
     let restarted = Instant::now();
     cluster.start_node(leader);
-    let log = cluster.converged_log("bot", Duration::from_secs(30)).await;
+    let log = converged_with(&cluster, 2 + 2 * (BEFORE + AFTER), &format!("{fault:?}")).await;
     let converged = restarted.elapsed();
-    assert_eq!(log.len(), 2 + 2 * (BEFORE + AFTER), "{fault:?}");
     verify(&log, &public_key);
     for node in 0..3 {
         let start = Instant::now();
@@ -251,6 +275,10 @@ enum Place {
     WatermarkZeroed,
     /// The vote file deleted.
     VoteDeleted,
+    /// The vote file overwritten with garbage.
+    VoteGarbage,
+    /// `purged.json` (where the log starts) overwritten with garbage.
+    PurgedGarbage,
     /// The newest Raft-log segment deleted.
     NewestSegmentDeleted,
     /// The head (first frame) of the oldest segment flipped.
@@ -298,6 +326,17 @@ fn fault_in(data_dir: &Path, place: Place) {
             std::fs::write(data_dir.join("raft-log/watermark"), vec![0u8; 8192]).unwrap()
         }
         Place::VoteDeleted => std::fs::remove_file(data_dir.join("raft-log/vote.json")).unwrap(),
+        Place::VoteGarbage => {
+            std::fs::write(data_dir.join("raft-log/vote.json"), b"{\"lea").unwrap()
+        }
+        Place::PurgedGarbage => {
+            let path = data_dir.join("raft-log/purged.json");
+            assert!(
+                path.exists(),
+                "the follower's log was purged behind a snapshot"
+            );
+            std::fs::write(path, b"\x00\x00garbage").unwrap()
+        }
         Place::NewestSegmentDeleted => {
             std::fs::remove_file(newest_segment(data_dir, false)).unwrap()
         }
@@ -335,8 +374,7 @@ async fn follower_fault(place: Place) {
     }
     let restarted = Instant::now();
     cluster.start_node(follower);
-    let log = cluster.converged_log("bot", Duration::from_secs(30)).await;
-    assert_eq!(log.len(), 2 + 2 * 60, "{place:?}");
+    let log = converged_with(&cluster, 2 + 2 * 60, &format!("{place:?}")).await;
     verify(&log, &public_key);
     let start = Instant::now();
     loop {
@@ -403,4 +441,116 @@ async fn follower_oldest_segment_head_flipped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_wiped() {
     follower_fault(Place::Wiped).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_vote_overwritten_with_garbage() {
+    follower_fault(Place::VoteGarbage).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_purge_marker_overwritten_with_garbage() {
+    follower_fault(Place::PurgedGarbage).await;
+}
+
+/// The damaged node is the old leader, without early acknowledgement (so it kept a
+/// committed vote for itself), and it comes back first: it must not lead its old term on
+/// a cut log (openraft would restore it as leader, elections off or not). Then the
+/// lagging follower; neither may serve a history without the 60. Then the intact F3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_former_leader_without_early_ack_does_not_lead_again() {
+    let cluster = Cluster::start_with(3, &["--leader-early-ack", "false"]).await;
+    let public_key = cluster.public_key().await;
+    let token = cluster
+        .create_agent(
+            0,
+            "bot",
+            json!({"budget": 100_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}}),
+        )
+        .await;
+    for n in 0..BEFORE {
+        act(&cluster, n % 3, &token, &format!("p1-{n}")).await;
+    }
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    let f2 = (leader + 1) % 3;
+    let f3 = (leader + 2) % 3;
+    cluster.kill(f2);
+    for n in 0..AFTER {
+        act(&cluster, leader, &token, &format!("p2-{n}")).await;
+    }
+    cluster.kill(leader);
+    cluster.kill(f3);
+    damage(&cluster.data_dir(leader), Damage::FlipAt(0));
+    cluster.start_node(leader);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.start_node(f2);
+    let quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_secs(3) {
+        for node in [leader, f2] {
+            let (status, body) = cluster.get(node, "/v1/agents/bot", &token).await;
+            if status == 200 {
+                assert_eq!(
+                    body["spent"],
+                    (BEFORE + AFTER) as u64,
+                    "node {} served a history without acknowledged decisions: {body}\n{}",
+                    node + 1,
+                    cluster.log_tails(30)
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cluster.start_node(f3);
+    let log = converged_with(&cluster, 2 + 2 * (BEFORE + AFTER), "damaged leader").await;
+    verify(&log, &public_key);
+    let next = act(&cluster, leader, &token, "after").await;
+    assert_eq!(
+        next["action_id"],
+        format!("act-{}", BEFORE + AFTER + 1),
+        "{next}"
+    );
+}
+
+/// A cluster's only voter has no peer to repair it: losing acknowledged entries makes it
+/// stop with the reason and the procedure (never serve a shorter history), while a lost
+/// vote, harmless with no one to vote against, does not stop it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_cannot_be_repaired_and_says_what_to_do() {
+    let cluster = Cluster::start(1).await;
+    let token = cluster
+        .create_agent(
+            0,
+            "bot",
+            json!({"budget": 100, "scar_limit": 10, "tools": {"search": {"cost": 1}}}),
+        )
+        .await;
+    for n in 0..AFTER {
+        act(&cluster, 0, &token, &format!("p2-{n}")).await;
+    }
+    cluster.kill(0);
+    std::fs::remove_file(cluster.data_dir(0).join("raft-log/vote.json")).unwrap();
+    cluster.start_node(0);
+    cluster.wait_for_leader(Duration::from_secs(15)).await;
+    let (status, body) = cluster.get(0, "/v1/agents/bot", &token).await;
+    assert_eq!(
+        (status, body["spent"].as_u64()),
+        (200, Some(AFTER as u64)),
+        "{body}"
+    );
+
+    cluster.kill(0);
+    damage(&cluster.data_dir(0), Damage::FlipAt(AFTER / 2));
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_lineage-node"))
+        .args(["run", "--id", "1", "--listen", &cluster.addrs[0], "--peers"])
+        .arg(format!("1={}", cluster.addrs[0]))
+        .arg("--data-dir")
+        .arg(cluster.data_dir(0))
+        .arg("--keys-dir")
+        .arg(cluster.dir.path().join("keys"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("only voter"), "{stderr}");
+    assert!(stderr.contains("repair-floor.json"), "{stderr}");
 }

@@ -52,6 +52,9 @@ pub enum ApiError {
     /// An Idempotency-Key first used for another request (route, agent or body).
     #[error("this Idempotency-Key was already used for a different request; use a new key")]
     IdempotencyKeyReused,
+    /// An operator's key that an earlier version stored an answer under, unbound.
+    #[error("this Idempotency-Key was used before keys were bound to requests; check the agent's state, then use a new key")]
+    IdempotencyKeyAmbiguous,
     /// The request's input cannot be stored so that every reader gets it back exactly.
     #[error("the input cannot be recorded exactly: {0}")]
     NotRepresentable(String),
@@ -97,6 +100,9 @@ impl ApiError {
             }
             ApiError::IdempotencyKeyReused => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused")
+            }
+            ApiError::IdempotencyKeyAmbiguous => {
+                (StatusCode::CONFLICT, "idempotency_key_ambiguous")
             }
             ApiError::NotRepresentable(_) => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "input_not_representable")

@@ -74,6 +74,9 @@ pub struct IdempotencyKey {
     pub scoped: String,
     /// Digest of the request (method, path, canonical body).
     pub request: String,
+    /// For operators, the key as sent: where a version before the namespaces stored
+    /// their answers (an unbound answer found there is refused, 409).
+    pub unscoped: Option<String>,
 }
 
 impl<T> WriteBody<T> {
@@ -109,11 +112,15 @@ impl IdempotencyKey {
         }
         let request = request
             .ok_or_else(|| ApiError::Internal("keyed write without a request digest".into()))?;
-        let scoped = match caller {
-            Caller::Agent => key.to_string(),
-            Caller::Operator => format!("operator\n{key}"),
+        let (scoped, unscoped) = match caller {
+            Caller::Agent => (key.to_string(), None),
+            Caller::Operator => (format!("operator\n{key}"), Some(key.to_string())),
         };
-        Ok(Some(IdempotencyKey { scoped, request }))
+        Ok(Some(IdempotencyKey {
+            scoped,
+            request,
+            unscoped,
+        }))
     }
 }
 

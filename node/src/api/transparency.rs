@@ -100,6 +100,7 @@ pub async fn store_witnessed(
     app.witnesses
         .check(&note, &log_vkey)
         .map_err(|e| ApiError::BadRequest(format!("witnessed checkpoint refused: {e}")))?;
+    app.check_disk()?;
     let response = app
         .raft
         .client_write(Proposal::Witnessed { note })

@@ -58,7 +58,11 @@ async fn append(
     State(app): State<Arc<App>>,
     JsonBody(request): JsonBody<AppendEntriesRequest<TypeConfig>, MAX_RAFT_BODY_BYTES>,
 ) -> Response {
-    let leader_commit = request.leader_commit;
+    // A leader's commit index covers every entry committed before it only once it has
+    // committed an entry of its own term; before that it may lag an earlier term's.
+    let leader_commit = request
+        .leader_commit
+        .filter(|c| request.vote.is_committed() && c.leader_id == *request.vote.leader_id());
     let response = app.raft.append_entries(request).await;
     if let (Ok(AppendEntriesResponse::Success), Some(log)) = (&response, &app.log) {
         if let Err(e) = log.caught_up_with(leader_commit) {

@@ -1,9 +1,28 @@
 //! The `idempotency` table's rows: a stored answer as JSON in a checksummed row
 //! (`checked_row`). A changed answer is an error (the API answers 503), never a wrong
 //! decision and never "no answer, decide again".
+//!
+//! Rows written before answers were checksummed are plain JSON (they begin with `{`,
+//! which a checksummed row does only by a 1-in-256 chance and then fails to parse); they
+//! are still read, unprotected, so an upgrade keeps every stored answer.
 
 use super::checked_row;
 use crate::raft_types::IdempotentAnswer;
+
+/// What a snapshot carries for a row that cannot be read back: an answer that refuses
+/// (503), so a retry under that key is refused on every node rather than decided again.
+pub fn damaged(scoped_key: &str, reason: &str) -> IdempotentAnswer {
+    IdempotentAnswer {
+        key: scoped_key.to_string(),
+        status: 503,
+        body: serde_json::json!({
+            "code": "unavailable",
+            "error": format!("the answer stored under this Idempotency-Key was damaged: {reason}"),
+        })
+        .to_string(),
+        request: String::new(),
+    }
+}
 
 /// The row stored for `answer`.
 pub fn encode(answer: &IdempotentAnswer) -> Result<Vec<u8>, serde_json::Error> {
@@ -13,9 +32,14 @@ pub fn encode(answer: &IdempotentAnswer) -> Result<Vec<u8>, serde_json::Error> {
 /// The answer in a row read back under `scoped_key`, checked: its checksum, its JSON,
 /// and that it was stored under that key.
 pub fn decode(row: &[u8], scoped_key: &str) -> Result<IdempotentAnswer, String> {
-    let json = checked_row::unseal(row).map_err(|e| format!("stored answer: {e}"))?;
-    let answer: IdempotentAnswer =
-        serde_json::from_slice(json).map_err(|e| format!("stored answer: {e}"))?;
+    let answer: IdempotentAnswer = match checked_row::unseal(row) {
+        Ok(json) => serde_json::from_slice(json).map_err(|e| format!("stored answer: {e}"))?,
+        Err(unsealed) => match row.first() {
+            Some(b'{') => serde_json::from_slice(row)
+                .map_err(|e| format!("stored answer: {unsealed}, and not an older row: {e}"))?,
+            _ => return Err(format!("stored answer: {unsealed}")),
+        },
+    };
     if answer.key != scoped_key {
         return Err("stored answer belongs to another key".into());
     }
@@ -50,5 +74,14 @@ mod tests {
         }
         assert!(decode(&row[..row.len() - 1], "k1").is_err());
         assert!(decode(&row[..10], "k1").is_err());
+    }
+
+    #[test]
+    fn a_row_from_before_checksums_still_reads() {
+        let legacy = br#"{"key":"k1","status":200,"body":"{}"}"#;
+        let answer = decode(legacy, "k1").unwrap();
+        assert_eq!((answer.status, answer.request.as_str()), (200, ""));
+        assert!(decode(legacy, "k2").is_err());
+        assert!(decode(br#"{"key":"k1","sta"#, "k1").is_err());
     }
 }

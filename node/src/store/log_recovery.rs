@@ -21,6 +21,8 @@ use super::log_store::{
 };
 use super::repair_floor::{self, Floor, RepairFloor};
 use super::watermark::{Found, Mark, Watermark};
+use crate::raft_types::NodeId;
+use openraft::Vote;
 
 /// Marks a log directory written by a version that keeps a watermark: a directory with
 /// segments and without this file predates watermarks (adopted once, see [`Trust`]).
@@ -53,6 +55,8 @@ pub(super) struct Recovered {
     pub watermark: Watermark,
     /// Set when this node may have lost acknowledged entries (stored on disk already).
     pub floor: Option<RepairFloor>,
+    /// For a lost vote: the highest term in the log, voted for no node that exists.
+    pub seeded_vote: Option<Vote<NodeId>>,
 }
 
 /// Opens the segments in `dir`, judges any damage against the watermark, stores a repair
@@ -61,10 +65,12 @@ pub(super) fn recover(
     dir: &Path,
     last_purged: Option<Id>,
     has_vote: bool,
+    single_voter: bool,
 ) -> Result<Recovered, String> {
     let had_segments = segment_firsts(dir)?.next().is_some();
     let marked = dir.join(FORMAT_FILE).exists();
     let (mut watermark, found) = Watermark::open(dir)?;
+    let created = found == Found::Created;
     // A log from before watermarks stays legacy until the watermark that speaks for it
     // is written (the marker comes after it, at the end), whatever a crash left between.
     let trust = match found {
@@ -177,12 +183,23 @@ pub(super) fn recover(
     // A node holds entries of a term above 0 only after it voted or followed a leader of
     // that term, which saves a vote first; the entries a new cluster's first node writes
     // when it initialises (term 0) come before any vote.
-    let followed_a_leader = kept.iter().any(|f| f.log_id.leader_id.term > 0);
-    if !has_vote && followed_a_leader && marked {
-        fault_at(
-            Floor::Unknown,
-            "the vote file is missing, so this node may already have voted in a term".into(),
-        );
+    let highest_term = kept
+        .iter()
+        .map(|f| f.log_id.leader_id.term)
+        .max()
+        .unwrap_or(0);
+    let mut seeded_vote = None;
+    if !has_vote && highest_term > 0 && marked {
+        // Node id 0 is no node (ids start at 1): this refuses every candidate of that
+        // term and follows only leaders of it or later.
+        seeded_vote = Some(Vote::new(highest_term, 0));
+        if !single_voter {
+            fault_at(
+                Floor::Unknown,
+                "the vote file is missing or unreadable, so this node may already have voted in a term"
+                    .into(),
+            );
+        }
     }
 
     // The floor first, durably; then the cut.
@@ -240,7 +257,7 @@ pub(super) fn recover(
     if !later.is_empty() || damage.is_some() {
         sync_dir(dir).map_err(|e| format!("cannot sync {}: {e}", dir.display()))?;
     }
-    if matches!(trust, Trust::Legacy | Trust::Lost(_)) {
+    if created || matches!(trust, Trust::Legacy | Trust::Lost(_)) {
         // From here on the watermark speaks for this log.
         let mark = durable.back().map_or(Mark::EMPTY, |f| f.mark());
         watermark
@@ -258,6 +275,7 @@ pub(super) fn recover(
         durable,
         watermark,
         floor,
+        seeded_vote,
     })
 }
 
@@ -446,7 +464,7 @@ fn drop_purged_segments(
 /// stays. Interrupted at any step, the next start finds the floor and does the rest again.
 pub(super) fn discard_for_snapshot(dir: &Path, reason: &str) -> Result<(), String> {
     let (mut watermark, found) = Watermark::open(dir)?;
-    let purged: Option<Id> = super::log_store::read_purged(dir)?;
+    let purged: Option<Id> = super::log_store::read_purged(dir).unwrap_or(None);
     let floor = match found {
         Found::Mark(mark) => match mark.log_id.max(purged) {
             Some(last) => Floor::Entry(last),

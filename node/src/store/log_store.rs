@@ -297,13 +297,20 @@ impl LogStore {
     /// nothing Raft relies on is lost; the node wins a later term or follows whoever did.
     pub fn leading_as(self, id: NodeId) -> Self {
         let _ = self.shared.leader_self.set(id);
-        {
-            let mut index = self.shared.lock();
-            if let Some(vote) = index.vote.filter(|vote| is_leader_vote(vote, id)) {
-                index.vote = Some(Vote::new(vote.leader_id().get_term(), id));
-            }
-        }
+        self.demote_own_leadership(id);
         self
+    }
+
+    /// Comes back as a candidate, not as the leader of its old term, when node `id`'s
+    /// committed vote is for itself. A node under repair must (whatever the early-ack
+    /// setting): openraft restores a leader from such a vote regardless of elections
+    /// being off, and leading its old term on a cut log would reuse log ids that
+    /// followers hold for other entries.
+    pub fn demote_own_leadership(&self, id: NodeId) {
+        let mut index = self.shared.lock();
+        if let Some(vote) = index.vote.filter(|vote| is_leader_vote(vote, id)) {
+            index.vote = Some(Vote::new(vote.leader_id().get_term(), id));
+        }
     }
 
     /// The handle the state machine and the Raft client use to stay behind the disk.
@@ -313,14 +320,24 @@ impl LogStore {
 
     /// Opens the log in `dir` (creating it), recovering from an interrupted write.
     pub fn open(dir: &Path) -> Result<Self, String> {
-        Self::open_with_segment_bytes(dir, SEGMENT_BYTES)
+        Self::open_with(dir, SEGMENT_BYTES, false)
     }
 
     /// `open` with another segment size (tests use small ones to cross segments).
     pub fn open_with_segment_bytes(dir: &Path, segment_bytes: u64) -> Result<Self, String> {
+        Self::open_with(dir, segment_bytes, false)
+    }
+
+    /// `open` for a node that is its cluster's only voter when `single_voter`: a lost
+    /// vote cannot let it vote twice against anyone, so it is no fault there.
+    pub fn open_with(dir: &Path, segment_bytes: u64, single_voter: bool) -> Result<Self, String> {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let vote = read_json_file(&dir.join(VOTE_FILE))?;
+        // An unreadable vote is a lost vote: recovery judges it so (a repair floor).
+        let vote: Option<Vote<NodeId>> = read_json_file(&dir.join(VOTE_FILE)).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "the vote file is unreadable; treated as lost");
+            None
+        });
         let last_purged: Option<Id> = read_json_file(&dir.join(PURGED_FILE))?;
         // Only a hint: unreadable means "apply from what the state machine has".
         let committed: Option<Id> = read_json_file(&dir.join(COMMITTED_FILE)).unwrap_or(None);
@@ -328,8 +345,22 @@ impl LogStore {
             segments,
             durable,
             watermark,
-            floor,
-        } = log_recovery::recover(dir, last_purged, vote.is_some())?;
+            mut floor,
+            seeded_vote,
+        } = log_recovery::recover(dir, last_purged, vote.is_some(), single_voter)?;
+        if let Some(seed) = seeded_vote {
+            // The highest term the log shows, voted for nobody that exists: no vote in
+            // that term again, and no leader of an older term is followed.
+            write_json_file(dir, VOTE_FILE, &seed)
+                .map_err(|e| format!("cannot write {}: {e}", dir.join(VOTE_FILE).display()))?;
+        }
+        let vote = vote.or(seeded_vote);
+        // A floor the log already passes (a crash between passing it and clearing it).
+        let last = durable.back().map(|f: &Frame| f.log_id).or(last_purged);
+        if floor.as_ref().is_some_and(|f| f.floor.passed_by(last)) {
+            repair_floor::clear(dir).map_err(|e| format!("cannot clear the repair floor: {e}"))?;
+            floor = None;
+        }
         let committed = committed.filter(|c| {
             durable
                 .back()

@@ -26,13 +26,29 @@ pub fn open(data_dir: &Path) -> Result<(LogStore, StateMachine), String> {
     open_with(
         data_dir,
         std::time::Duration::from_millis(crate::DEFAULT_STATE_FSYNC_INTERVAL_MS),
+        false,
     )
 }
 
-/// `open`, with the state machine fsyncing its commits at most every `state_fsync_interval`.
+/// Whether the node is its cluster's only voter: by the membership its state machine
+/// holds, or, when that holds none yet (a new node, or one whose state machine rolled back
+/// to before the membership), by `configured_alone` (its configured peers are itself).
+pub fn single_voter(sm: &StateMachine, configured_alone: bool) -> bool {
+    let data = sm.read_data();
+    let voters = data.membership.membership().voter_ids().count();
+    if voters == 0 {
+        configured_alone
+    } else {
+        voters == 1
+    }
+}
+
+/// `open`, with the state machine fsyncing its commits at most every `state_fsync_interval`;
+/// `configured_alone` as in [`single_voter`].
 pub fn open_with(
     data_dir: &Path,
     state_fsync_interval: std::time::Duration,
+    configured_alone: bool,
 ) -> Result<(LogStore, StateMachine), String> {
     std::fs::create_dir_all(data_dir)
         .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
@@ -43,17 +59,24 @@ pub fn open_with(
         .with_fsync_interval(state_fsync_interval);
     let log_dir = data_dir.join(RAFT_LOG_DIR);
     let applied = sm.read_data().last_applied;
-    if let Some(purged) = log_store::read_purged(&log_dir)?.filter(|p| applied < Some(*p)) {
-        // The state machine is behind the log's start (its file was lost or damaged):
-        // the log cannot replay it, so only a snapshot from the leader can. Start the log
-        // afresh, under a repair floor, and let replication bring the snapshot.
-        let applied = applied.map_or("nothing".to_string(), |a| a.to_string());
-        log_recovery::discard_for_snapshot(
-            &log_dir,
-            &format!("the state machine holds {applied}, behind the log's start after {purged}"),
-        )?;
+    let single_voter = single_voter(&sm, configured_alone);
+    // The state machine behind the log's start (its file lost or damaged, or a crash in
+    // the middle of installing a snapshot) cannot be replayed from the log, and a log
+    // whose start is unreadable cannot be read: start the log afresh, under a repair
+    // floor, and let the leader's snapshot rebuild both.
+    let unusable = match log_store::read_purged(&log_dir) {
+        Ok(Some(purged)) if applied < Some(purged) => Some(format!(
+            "the state machine holds {}, behind the log's start after {purged}",
+            applied.map_or("nothing".to_string(), |a| a.to_string())
+        )),
+        Ok(_) => None,
+        Err(e) => Some(e),
+    };
+    if let Some(reason) = unusable {
+        log_recovery::discard_for_snapshot(&log_dir, &reason)?;
     }
-    let log = LogStore::open(&log_dir).map_err(|e| format!("raft log: {e}"))?;
+    let log = LogStore::open_with(&log_dir, log_store::SEGMENT_BYTES, single_voter)
+        .map_err(|e| format!("raft log: {e}"))?;
     Ok((log, sm))
 }
 

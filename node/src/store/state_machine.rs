@@ -666,8 +666,12 @@ impl StateMachine {
                 .value()
                 .split_once('\n')
                 .map_or("", |(_agent, scoped)| scoped);
-            let answer = idempotency_rows::decode(value.value(), scoped)
-                .map_err(|e| sm_read_err(std::io::Error::other(e)))?;
+            // One damaged row must not stop every snapshot (and with it the node): it
+            // travels as an answer that refuses, as it is refused here.
+            let answer = idempotency_rows::decode(value.value(), scoped).unwrap_or_else(|e| {
+                tracing::error!(key = %key.value(), error = %e, "stored idempotent answer damaged");
+                idempotency_rows::damaged(scoped, &e)
+            });
             body.idempotency.push((key.value().to_string(), answer));
         }
         serde_json::to_vec(&body).map_err(sm_read_err)

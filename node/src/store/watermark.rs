@@ -6,7 +6,9 @@
 //! later (cutting it would lose a decision a quorum counted on). Only a record of what
 //! was acknowledged tells the two apart (Protocol-Aware Recovery, FAST 2018). So after
 //! each group commit's data is fdatasynced, the watermark is overwritten and fdatasynced,
-//! and only then are the appends reported flushed. Recovery may cut a bad frame only
+//! and only then are the appends reported durable (a leader's early acknowledgement of
+//! its own appends comes before, but nothing is applied or sent as committed until this
+//! point: `log_store` docs). Recovery may cut a bad frame only
 //! beyond the watermark.
 //!
 //! Layout: two slots of [`SLOT_BYTES`] at offsets 0 and [`SLOT_SPACING`] (separate 4 KiB
@@ -73,7 +75,8 @@ pub struct Watermark {
 }
 
 impl Watermark {
-    /// Opens `dir/watermark`, creating and preallocating it (durably) when missing.
+    /// Opens `dir/watermark`, creating and preallocating it (durably, with no mark yet:
+    /// the caller writes the first one) when missing.
     pub fn open(dir: &Path) -> Result<(Watermark, Found), String> {
         let path = dir.join(WATERMARK_FILE);
         let existed = path.exists();
@@ -85,20 +88,18 @@ impl Watermark {
             .open(&path)
             .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
         if !existed {
-            let mut watermark = Watermark {
-                file,
-                generation: 0,
-            };
-            watermark
-                .file
-                .set_len(FILE_BYTES)
+            // Sized, but no slot written: until recovery writes the first mark, a crash
+            // leaves a file that reads as unreadable, never as "nothing acknowledged".
+            file.set_len(FILE_BYTES)
+                .and_then(|()| file.sync_all())
                 .map_err(|e| format!("cannot size {}: {e}", path.display()))?;
-            watermark
-                .write(&Mark::EMPTY)
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
             File::open(dir)
                 .and_then(|d| d.sync_all())
                 .map_err(|e| format!("cannot sync {}: {e}", dir.display()))?;
+            let watermark = Watermark {
+                file,
+                generation: 0,
+            };
             return Ok((watermark, Found::Created));
         }
         let mut slots = Vec::new();
@@ -204,8 +205,13 @@ mod tests {
     #[test]
     fn the_newest_whole_slot_wins_and_a_torn_one_falls_back() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut watermark, found) = Watermark::open(dir.path()).unwrap();
+        let (watermark, found) = Watermark::open(dir.path()).unwrap();
         assert_eq!(found, Found::Created);
+        drop(watermark);
+        // Created but never written: unreadable, not an empty mark.
+        let (mut watermark, found) = Watermark::open(dir.path()).unwrap();
+        assert!(matches!(found, Found::Unreadable(_)), "{found:?}");
+        watermark.write(&Mark::EMPTY).unwrap();
         watermark.write(&mark(1)).unwrap();
         watermark.write(&mark(2)).unwrap();
         drop(watermark);
