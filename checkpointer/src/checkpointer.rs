@@ -186,6 +186,13 @@ impl Checkpointer {
             .map_err(storage)?;
         txn.commit().map_err(storage)?;
         metrics.witnesses.set(witnesses.len() as i64);
+        // Every alarm series exists from the start, at 0: a rule on increase() cannot
+        // see a series whose first sample is already 1, so the first alarm would pass.
+        metrics.inconsistencies.with_label_values(&["monitor"]);
+        for witness in &witnesses {
+            metrics.inconsistencies.with_label_values(&[&witness.name]);
+            metrics.witness_errors.with_label_values(&[&witness.name]);
+        }
         let http = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(10))
             .build()

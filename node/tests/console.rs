@@ -288,8 +288,19 @@ async fn sign_in_see_the_exact_input_as_text_and_approve() {
     std::fs::create_dir_all(&artifacts).unwrap();
     std::fs::write(artifacts.join("console-pending-approval.png"), &png).unwrap();
 
-    // Approve with a note, from the console.
-    page.eval("document.querySelector('#pending li[data-action=\"act-1\"] .note').value = 'checked in the console'; true").await;
+    // Approve with a note, from the console. The note is typed (focused) and survives
+    // the console's periodic refresh, which once rebuilt the queue and wiped it.
+    let kept = page
+        .eval(
+            "(async () => { \
+               const note = document.querySelector('#pending li[data-action=\"act-1\"] .note'); \
+               note.focus(); note.value = 'checked in the console'; \
+               await refresh(); await refresh(); \
+               const after = document.querySelector('#pending li[data-action=\"act-1\"] .note'); \
+               return after.value + '|' + (document.activeElement === after); })()",
+        )
+        .await;
+    assert_eq!(kept, "checked in the console|true");
     page.eval(
         "document.querySelector('#pending li[data-action=\"act-1\"] .approve').click(); true",
     )

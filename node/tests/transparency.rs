@@ -315,6 +315,26 @@ async fn truncation_and_rewrite_are_caught_by_checkpointer_and_auditor() {
     }
     let (_, metrics) = text(&format!("http://{metrics_addr}/metrics")).await;
     assert_eq!(alarms(&metrics), 0, "no alarm while honest: {metrics}");
+    // The alarm series exist at 0 before any alarm, for the monitor and the witness, so
+    // the alert rules (increase over a window) see the first one.
+    for series in [
+        "lineage_checkpointer_inconsistencies_total{witness=\"monitor\"} 0",
+        "lineage_checkpointer_inconsistencies_total{witness=\"",
+        "lineage_checkpointer_witness_errors_total{witness=\"",
+    ] {
+        assert!(
+            metrics.lines().filter(|l| l.starts_with(series)).count() >= 1,
+            "{series} missing: {metrics}"
+        );
+    }
+    assert_eq!(
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("lineage_checkpointer_inconsistencies_total{"))
+            .count(),
+        2,
+        "the monitor and the one witness: {metrics}"
+    );
 
     // The operator stops every node, edits every copy, restarts.
     let key = AuditKey::load(dir.join("keys/audit.key")).expect("audit key");

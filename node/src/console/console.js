@@ -142,33 +142,45 @@ async function loadAgent(agentId) {
 async function loadPending(agentId) {
   const { pending } = await api("GET", agentPath(agentId, "/actions/pending"));
   const list = $("pending");
-  list.replaceChildren();
-  if (pending.length === 0) list.append(el("li", "Nothing is waiting."));
-  for (const item of pending) {
-    const action = item.action;
-    const li = el("li");
-    li.dataset.action = action.action_id;
-    li.append(el("strong", action.action_id + " · " + action.tool + " · cost " + action.cost),
-      el("div", "requested " + item.requested_at));
-    // The exact input the approval binds to, as text.
-    li.append(el("pre", JSON.stringify(action.input, null, 2), "pending-input"));
-    const note = el("input"); note.placeholder = "note (optional)"; note.className = "note";
-    const reason = el("input"); reason.placeholder = "reason to reject"; reason.className = "reason";
-    const scar = el("select"); scar.className = "scar";
-    for (const s of ["", "minor", "moderate", "severe", "fatal"]) {
-      const option = el("option", s || "no scar"); option.value = s; scar.append(option);
-    }
-    const approve = el("button", "Approve", "approve");
-    approve.addEventListener("click", () => decide(agentId, action.action_id, "approve",
-      { approver: "console", note: note.value || null }));
-    const reject = el("button", "Reject", "reject danger");
-    reject.addEventListener("click", () => decide(agentId, action.action_id, "reject",
-      { approver: "console", reason: reason.value || "rejected in the console", scar: scar.value || null }));
-    const controls = el("div", null, "controls");
-    controls.append(note, approve, reason, scar, reject);
-    li.append(controls);
-    list.append(li);
+  // Rows are kept by agent and action id and the list is changed only where the queue
+  // changed, so a refresh never wipes (or takes the focus from) a note being typed.
+  const wanted = new Set(pending.map(item => item.action.action_id));
+  for (const li of Array.from(list.children)) {
+    const stale = li.dataset.agent !== agentId || !wanted.has(li.dataset.action);
+    if (stale) li.remove();
   }
+  const shown = new Set(Array.from(list.children).map(li => li.dataset.action));
+  for (const item of pending) {
+    if (!shown.has(item.action.action_id)) list.append(pendingRow(agentId, item));
+  }
+  if (list.children.length === 0) list.append(el("li", "Nothing is waiting."));
+}
+
+function pendingRow(agentId, item) {
+  const action = item.action;
+  const li = el("li");
+  li.dataset.agent = agentId;
+  li.dataset.action = action.action_id;
+  li.append(el("strong", action.action_id + " · " + action.tool + " · cost " + action.cost),
+    el("div", "requested " + item.requested_at));
+  // The exact input the approval binds to, as text.
+  li.append(el("pre", JSON.stringify(action.input, null, 2), "pending-input"));
+  const note = el("input"); note.placeholder = "note (optional)"; note.className = "note";
+  const reason = el("input"); reason.placeholder = "reason to reject"; reason.className = "reason";
+  const scar = el("select"); scar.className = "scar";
+  for (const s of ["", "minor", "moderate", "severe", "fatal"]) {
+    const option = el("option", s || "no scar"); option.value = s; scar.append(option);
+  }
+  const approve = el("button", "Approve", "approve");
+  approve.addEventListener("click", () => decide(agentId, action.action_id, "approve",
+    { approver: "console", note: note.value || null }));
+  const reject = el("button", "Reject", "reject danger");
+  reject.addEventListener("click", () => decide(agentId, action.action_id, "reject",
+    { approver: "console", reason: reason.value || "rejected in the console", scar: scar.value || null }));
+  const controls = el("div", null, "controls");
+  controls.append(note, approve, reason, scar, reject);
+  li.append(controls);
+  return li;
 }
 
 async function decide(agentId, actionId, verb, body) {
