@@ -17,13 +17,11 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use lineage_core::record::Record;
-use lineage_core::verify::{verify_records, VerifyOptions};
 use loop_disk::LoopDisk;
-use serde_json::{json, Value};
-use util::Cluster;
+use serde_json::json;
+use util::{verify_log as verify, Cluster};
 
 const CLIENTS: usize = 4;
 /// Requests each client sends at most (the load also stops at the power cut).
@@ -106,21 +104,6 @@ fn tear_after_last_frame(data_dir: &Path) {
     file.sync_all().unwrap();
 }
 
-fn verify(log: &[Value], public_key: &str) {
-    let records: Vec<Record> = log
-        .iter()
-        .map(|r| serde_json::from_value(r.clone()).expect("record"))
-        .collect();
-    let report = verify_records(
-        &records,
-        &VerifyOptions {
-            public_key: Some(public_key.to_string()),
-            checkpoint: None,
-        },
-    );
-    assert!(report.ok, "{report:?}");
-}
-
 async fn power_cycle(cluster: &Cluster, disks: &[LoopDisk], nodes: &[usize]) {
     for &i in nodes {
         disks[i].power_off().unwrap();
@@ -165,26 +148,7 @@ async fn check_nothing_acknowledged_was_lost(cluster: &Cluster, acked: &Acked, p
         );
     }
     for node in 0..3 {
-        let start = Instant::now();
-        loop {
-            let ready = cluster
-                .http
-                .get(cluster.url(node, "/readyz"))
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-                .unwrap_or(0);
-            if ready == 200 {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "node {} not ready\n{}",
-                node + 1,
-                cluster.log_tails(30)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        cluster.wait_ready(node, Duration::from_secs(20)).await;
     }
     println!(
         "{} acknowledged decisions, all in the log of {} records on every node",

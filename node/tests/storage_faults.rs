@@ -12,10 +12,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use lineage_core::record::Record;
-use lineage_core::verify::{verify_records, VerifyOptions};
 use serde_json::{json, Value};
-use util::Cluster;
+use util::{verify_log as verify, Cluster};
 
 /// Where F3's copy is damaged: the bytes of one phase-two action's entry.
 #[derive(Clone, Copy, Debug)]
@@ -96,21 +94,6 @@ async fn act(cluster: &Cluster, via: usize, token: &str, key: &str) -> Value {
     body
 }
 
-fn verify(log: &[Value], public_key: &str) {
-    let records: Vec<Record> = log
-        .iter()
-        .map(|r| serde_json::from_value(r.clone()).expect("record"))
-        .collect();
-    let report = verify_records(
-        &records,
-        &VerifyOptions {
-            public_key: Some(public_key.to_string()),
-            checkpoint: None,
-        },
-    );
-    assert!(report.ok, "{report:?}");
-}
-
 /// Waits (bounded) until every replica holds the same log of `records` records. Replicas
 /// can agree for a moment on a prefix while they apply what was just committed, so
 /// agreement alone is not the end; a log that never reaches `records` fails here.
@@ -136,8 +119,18 @@ async fn converged_with(cluster: &Cluster, records: usize, what: &str) -> Vec<Va
     }
 }
 
-async fn scenario(fault: Damage) {
-    let cluster = Cluster::start(3).await;
+/// What `acknowledged_by_two` left: the agent's token, the nodes' roles, all down.
+struct History {
+    public_key: String,
+    token: String,
+    leader: usize,
+    f2: usize,
+    f3: usize,
+}
+
+/// Agent `bot`; 30 actions; kill -9 follower F2; 60 more actions acknowledged by the
+/// leader and F3 only; kill -9 the leader and F3.
+async fn acknowledged_by_two(cluster: &Cluster) -> History {
     let public_key = cluster.public_key().await;
     let token = cluster
         .create_agent(
@@ -147,17 +140,34 @@ async fn scenario(fault: Damage) {
         )
         .await;
     for n in 0..BEFORE {
-        act(&cluster, n % 3, &token, &format!("p1-{n}")).await;
+        act(cluster, n % 3, &token, &format!("p1-{n}")).await;
     }
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
-    let f2 = (leader + 1) % 3;
-    let f3 = (leader + 2) % 3;
+    let (f2, f3) = ((leader + 1) % 3, (leader + 2) % 3);
     cluster.kill(f2);
     for n in 0..AFTER {
-        act(&cluster, leader, &token, &format!("p2-{n}")).await;
+        act(cluster, leader, &token, &format!("p2-{n}")).await;
     }
     cluster.kill(leader);
     cluster.kill(f3);
+    History {
+        public_key,
+        token,
+        leader,
+        f2,
+        f3,
+    }
+}
+
+async fn scenario(fault: Damage) {
+    let cluster = Cluster::start(3).await;
+    let History {
+        public_key,
+        token,
+        leader,
+        f2,
+        f3,
+    } = acknowledged_by_two(&cluster).await;
     damage(&cluster.data_dir(f3), fault);
 
     // F2 lacks the 60; F3 lost some of them. Together they must not elect a leader that
@@ -187,35 +197,17 @@ async fn scenario(fault: Damage) {
     let converged = restarted.elapsed();
     verify(&log, &public_key);
     for node in 0..3 {
-        let start = Instant::now();
-        loop {
-            let (status, body) = cluster
-                .get(node, "/v1/agents/bot?local=true", &cluster.admin.clone())
-                .await;
-            let ready = cluster
-                .http
-                .get(cluster.url(node, "/readyz"))
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-                .unwrap_or(0);
-            if status == 200 && ready == 200 {
-                assert_eq!(
-                    body["spent"],
-                    (BEFORE + AFTER) as u64,
-                    "{fault:?} node {}",
-                    node + 1
-                );
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "{fault:?}: node {} not repaired and ready: {status} {body} ready {ready}\n{}",
-                node + 1,
-                cluster.log_tails(30)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        cluster.wait_ready(node, Duration::from_secs(20)).await;
+        let (status, body) = cluster
+            .get(node, "/v1/agents/bot?local=true", &cluster.admin.clone())
+            .await;
+        assert_eq!(status, 200, "{fault:?} node {}: {body}", node + 1);
+        assert_eq!(
+            body["spent"],
+            (BEFORE + AFTER) as u64,
+            "{fault:?} node {}",
+            node + 1
+        );
     }
     // The cluster decides on from the full history.
     let next = act(&cluster, f3, &token, "after").await;
@@ -376,25 +368,7 @@ async fn follower_fault(place: Place) {
     cluster.start_node(follower);
     let log = converged_with(&cluster, 2 + 2 * 60, &format!("{place:?}")).await;
     verify(&log, &public_key);
-    let start = Instant::now();
-    loop {
-        let ready = cluster
-            .http
-            .get(cluster.url(follower, "/readyz"))
-            .send()
-            .await
-            .map(|r| r.status().as_u16())
-            .unwrap_or(0);
-        if ready == 200 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{place:?}: the follower is not ready\n{}",
-            cluster.log_tails(30)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    cluster.wait_ready(follower, Duration::from_secs(20)).await;
     let next = act(&cluster, follower, &token, "after").await;
     assert_eq!(next["action_id"], "act-61", "{place:?}: {next}");
     println!(
@@ -460,26 +434,13 @@ async fn follower_purge_marker_overwritten_with_garbage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_former_leader_without_early_ack_does_not_lead_again() {
     let cluster = Cluster::start_with(3, &["--leader-early-ack", "false"]).await;
-    let public_key = cluster.public_key().await;
-    let token = cluster
-        .create_agent(
-            0,
-            "bot",
-            json!({"budget": 100_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}}),
-        )
-        .await;
-    for n in 0..BEFORE {
-        act(&cluster, n % 3, &token, &format!("p1-{n}")).await;
-    }
-    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
-    let f2 = (leader + 1) % 3;
-    let f3 = (leader + 2) % 3;
-    cluster.kill(f2);
-    for n in 0..AFTER {
-        act(&cluster, leader, &token, &format!("p2-{n}")).await;
-    }
-    cluster.kill(leader);
-    cluster.kill(f3);
+    let History {
+        public_key,
+        token,
+        leader,
+        f2,
+        f3,
+    } = acknowledged_by_two(&cluster).await;
     damage(&cluster.data_dir(leader), Damage::FlipAt(0));
     cluster.start_node(leader);
     tokio::time::sleep(Duration::from_millis(500)).await;

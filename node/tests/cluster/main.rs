@@ -5,28 +5,11 @@ mod util;
 
 use std::time::{Duration, Instant};
 
-use lineage_core::record::Record;
-use lineage_core::verify::{verify_records, VerifyOptions};
 use serde_json::{json, Value};
-use util::Cluster;
+use util::{verify_log as verify, Cluster};
 
 fn policy(budget: u64) -> Value {
     json!({"budget": budget, "scar_limit": 10, "tools": {"search": {"cost": 1}, "pay": {"cost": 5, "requires_approval": true}}})
-}
-
-fn verify(log: &[Value], public_key: &str) {
-    let records: Vec<Record> = log
-        .iter()
-        .map(|r| serde_json::from_value(r.clone()).expect("record"))
-        .collect();
-    let report = verify_records(
-        &records,
-        &VerifyOptions {
-            public_key: Some(public_key.to_string()),
-            checkpoint: None,
-        },
-    );
-    assert!(report.ok, "{report:?}");
 }
 
 /// Sends one action through node `i` until it is answered 200 (bounded), returning the

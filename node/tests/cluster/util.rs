@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use lineage_core::record::Record;
+use lineage_core::verify::{verify_records, VerifyOptions};
 use serde_json::{json, Value};
 
 pub struct Cluster {
@@ -503,6 +505,31 @@ impl Cluster {
         }
     }
 
+    /// Waits (bounded) until node `i` answers `/readyz` with 200 (a leader known, caught
+    /// up, not under repair).
+    pub async fn wait_ready(&self, i: usize, limit: Duration) {
+        let start = Instant::now();
+        loop {
+            let ready = self
+                .http
+                .get(self.url(i, "/readyz"))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0);
+            if ready == 200 {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "node {} not ready within {limit:?}\n{}",
+                i + 1,
+                self.log_tails(30)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub async fn public_key(&self) -> String {
         let (_, body) = self.get(0, "/v1/public-key", "").await;
         body["public_key"].as_str().expect("public key").to_string()
@@ -518,4 +545,20 @@ impl Drop for Cluster {
             self.kill(i);
         }
     }
+}
+
+/// Asserts that `log` (records as the API returns them) verifies with `public_key`.
+pub fn verify_log(log: &[Value], public_key: &str) {
+    let records: Vec<Record> = log
+        .iter()
+        .map(|r| serde_json::from_value(r.clone()).expect("record"))
+        .collect();
+    let report = verify_records(
+        &records,
+        &VerifyOptions {
+            public_key: Some(public_key.to_string()),
+            checkpoint: None,
+        },
+    );
+    assert!(report.ok, "{report:?}");
 }
