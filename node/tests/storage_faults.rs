@@ -261,6 +261,9 @@ enum Place {
     RedbDeleted,
     /// Bytes of the redb file overwritten with garbage.
     RedbGarbage,
+    /// One digit of the state machine's last applied index changed inside redb (the
+    /// page stays valid to redb, which checks page checksums only when repairing).
+    AppliedIndexChanged,
     /// The Raft log's watermark file deleted.
     WatermarkDeleted,
     /// Both watermark slots zeroed.
@@ -310,6 +313,29 @@ fn fault_in(data_dir: &Path, place: Place) {
                 overwrite(&path, at, &[0x5a; 64]);
                 at += 4096;
             }
+        }
+        Place::AppliedIndexChanged => {
+            use redb::ReadableTable;
+            const META: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("sm_meta");
+            let db = redb::Database::create(data_dir.join("node.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut meta = txn.open_table(META).unwrap();
+                let mut row = meta
+                    .get("last_applied")
+                    .unwrap()
+                    .expect("applied")
+                    .value()
+                    .to_vec();
+                let at = row
+                    .windows(8)
+                    .position(|w| w == b"\"index\":")
+                    .expect("the index in the row")
+                    + 8;
+                row[at] = if row[at] == b'9' { b'1' } else { row[at] + 1 };
+                meta.insert("last_applied", row.as_slice()).unwrap();
+            }
+            txn.commit().unwrap();
         }
         Place::WatermarkDeleted => {
             std::fs::remove_file(data_dir.join("raft-log/watermark")).unwrap()
@@ -514,4 +540,9 @@ async fn a_single_node_cannot_be_repaired_and_says_what_to_do() {
     assert!(!output.status.success(), "{stderr}");
     assert!(stderr.contains("only voter"), "{stderr}");
     assert!(stderr.contains("repair-floor.json"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_applied_index_changed_in_redb() {
+    follower_fault(Place::AppliedIndexChanged).await;
 }

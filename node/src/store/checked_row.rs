@@ -27,6 +27,19 @@ pub fn unseal(row: &[u8]) -> Result<&[u8], String> {
     Ok(content)
 }
 
+/// The value in a row written by [`seal`] over its JSON. A row written before rows were
+/// sealed is plain JSON; it is still read (unprotected, and rewritten sealed by the next
+/// write). Anything else is an error, never "no value".
+pub fn unseal_json<T: serde::de::DeserializeOwned>(row: &[u8]) -> Result<T, String> {
+    match unseal(row) {
+        Ok(json) => serde_json::from_slice(json).map_err(|e| format!("stored row: {e}")),
+        // A sealed row parses as JSON only if its 32 digest bytes happen to be JSON text
+        // that the rest completes: not a case that occurs.
+        Err(unsealed) => serde_json::from_slice(row)
+            .map_err(|e| format!("{unsealed}, and not an older unsealed row: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,5 +55,23 @@ mod tests {
         }
         assert!(unseal(&row[..row.len() - 1]).is_err());
         assert!(unseal(&row[..10]).is_err());
+    }
+
+    #[test]
+    fn json_rows_read_sealed_or_as_older_plain_json_and_nothing_else() {
+        let row = seal(br#"{"index":7}"#);
+        let value: serde_json::Value = unseal_json(&row).unwrap();
+        assert_eq!(value["index"], 7);
+        let older: serde_json::Value = unseal_json(br#"{"index":7}"#).unwrap();
+        assert_eq!(older, value);
+        for i in 0..row.len() {
+            let mut flipped = row.clone();
+            flipped[i] ^= 0x01;
+            assert!(
+                unseal_json::<serde_json::Value>(&flipped).is_err(),
+                "flip at {i}"
+            );
+        }
+        assert!(unseal_json::<serde_json::Value>(&row[..row.len() - 3]).is_err());
     }
 }

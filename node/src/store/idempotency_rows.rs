@@ -2,9 +2,8 @@
 //! (`checked_row`). A changed answer is an error (the API answers 503), never a wrong
 //! decision and never "no answer, decide again".
 //!
-//! Rows written before answers were checksummed are plain JSON (they begin with `{`,
-//! which a checksummed row does only by a 1-in-256 chance and then fails to parse); they
-//! are still read, unprotected, so an upgrade keeps every stored answer.
+//! Rows written before answers were checksummed are plain JSON; they are still read
+//! (`checked_row::unseal_json`), so an upgrade keeps every stored answer.
 
 use super::checked_row;
 use crate::raft_types::IdempotentAnswer;
@@ -32,14 +31,8 @@ pub fn encode(answer: &IdempotentAnswer) -> Result<Vec<u8>, serde_json::Error> {
 /// The answer in a row read back under `scoped_key`, checked: its checksum, its JSON,
 /// and that it was stored under that key.
 pub fn decode(row: &[u8], scoped_key: &str) -> Result<IdempotentAnswer, String> {
-    let answer: IdempotentAnswer = match checked_row::unseal(row) {
-        Ok(json) => serde_json::from_slice(json).map_err(|e| format!("stored answer: {e}"))?,
-        Err(unsealed) => match row.first() {
-            Some(b'{') => serde_json::from_slice(row)
-                .map_err(|e| format!("stored answer: {unsealed}, and not an older row: {e}"))?,
-            _ => return Err(format!("stored answer: {unsealed}")),
-        },
-    };
+    let answer: IdempotentAnswer =
+        checked_row::unseal_json(row).map_err(|e| format!("stored answer: {e}"))?;
     if answer.key != scoped_key {
         return Err("stored answer belongs to another key".into());
     }

@@ -5,7 +5,7 @@
 //! each a run of frames `[len: u32 LE][crc32: u32 LE][the entry as JSON]` with consecutive
 //! indexes; `watermark`, the last entry reported durable (`watermark.rs`); `vote.json` and
 //! `purged.json`, replaced atomically and fsynced; `committed.json`, a start-up hint that
-//! is never ahead of what is durable; `repair-floor.json` while the node is being repaired
+//! is never ahead of what is durable, sealed with a SHA-256 and ignored when damaged; `repair-floor.json` while the node is being repaired
 //! (`repair_floor.rs`); `format`, which marks a log kept with a watermark.
 //!
 //! Why not redb for the log: a durable redb commit costs about five fdatasyncs of appended
@@ -65,6 +65,7 @@ use openraft::{Entry, LogId, LogState, RaftLogReader, StorageIOError, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::checked_row;
 use super::log_recovery;
 use super::repair_floor::{self, Floor, RepairFloor};
 use super::watermark::{Mark, Watermark};
@@ -339,8 +340,7 @@ impl LogStore {
             None
         });
         let last_purged: Option<Id> = read_json_file(&dir.join(PURGED_FILE))?;
-        // Only a hint: unreadable means "apply from what the state machine has".
-        let committed: Option<Id> = read_json_file(&dir.join(COMMITTED_FILE)).unwrap_or(None);
+        let committed = read_committed_hint(dir);
         let log_recovery::Recovered {
             segments,
             durable,
@@ -1052,6 +1052,21 @@ fn clamped_committed(shared: &Shared) -> Option<Id> {
 /// re-applies a little less at start-up before the leader tells it the rest.
 const COMMITTED_HINT_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// The committed hint, if it reads back intact. It is sealed (`checked_row`) because a
+/// changed byte that still parsed could name a later index than was committed, and
+/// start-up would apply entries that a leader may yet replace. Absent or damaged, it only
+/// means "apply from what the state machine has" until a leader says more: it never
+/// stood for anything acknowledged.
+fn read_committed_hint(dir: &Path) -> Option<Id> {
+    let bytes = std::fs::read(dir.join(COMMITTED_FILE)).ok()?;
+    let parsed = checked_row::unseal(&bytes)
+        .and_then(|json| serde_json::from_slice(json).map_err(|e| e.to_string()));
+    parsed.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "the committed hint is unreadable; ignored");
+        None
+    })
+}
+
 /// Writes the committed hint, clamped to the durable log, when it changed. Not fsynced:
 /// losing it costs re-applying later, never correctness.
 fn save_committed_hint(shared: &Shared, last: &mut CommittedHint) {
@@ -1064,7 +1079,7 @@ fn save_committed_hint(shared: &Shared, last: &mut CommittedHint) {
         let tmp = shared.dir.join(format!("{COMMITTED_FILE}.tmp"));
         let result = serde_json::to_vec(&hint)
             .map_err(io::Error::other)
-            .and_then(|bytes| std::fs::write(&tmp, bytes))
+            .and_then(|json| std::fs::write(&tmp, checked_row::seal(&json)))
             .and_then(|()| std::fs::rename(&tmp, &path));
         match result {
             Ok(()) => {
@@ -1112,7 +1127,7 @@ pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
 }
 
 /// Replaces `dir/name` atomically and durably.
-fn write_json_file<T: Serialize>(dir: &Path, name: &str, value: &T) -> io::Result<()> {
+pub(super) fn write_json_file<T: Serialize>(dir: &Path, name: &str, value: &T) -> io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
     let bytes = serde_json::to_vec(value).map_err(io::Error::other)?;
     {

@@ -85,21 +85,31 @@ const STATE_DB: &str = "node.redb";
 const CLEAN_STOP: &str = "clean-stop";
 
 /// Opens the state machine's redb file. After a stop that was not clean its integrity is
-/// checked; a file redb finds corrupted is moved aside (kept for inspection) and the node
+/// checked; a file redb finds corrupted, or whose sealed last-applied id or membership
+/// fails its checksum, is moved aside (kept for inspection) and the node
 /// starts with an empty one, rebuilt from the Raft log or a snapshot: the log, not this
 /// file, is the durable copy.
 fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
     let path = data_dir.join(STATE_DB);
     let clean = std::fs::remove_file(data_dir.join(CLEAN_STOP)).is_ok();
-    let opened = redb::Database::create(&path).and_then(|mut db| {
-        if !clean && !db.check_integrity()? {
-            tracing::warn!(file = %path.display(), "state machine file repaired by redb after an unclean stop");
-        }
-        Ok(db)
-    });
+    let opened = redb::Database::create(&path)
+        .and_then(|mut db| {
+            if !clean && !db.check_integrity()? {
+                tracing::warn!(file = %path.display(), "state machine file repaired by redb after an unclean stop");
+            }
+            Ok(db)
+        })
+        .map_err(|e| match e {
+            redb::DatabaseError::Storage(redb::StorageError::Corrupted(why)) => Damaged(why),
+            other => Failed(other.to_string()),
+        })
+        .and_then(|db| match state_machine::meta_intact(&db) {
+            Ok(()) => Ok(db),
+            Err(why) => Err(Damaged(why)),
+        });
     match opened {
         Ok(db) => Ok(db),
-        Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(why))) => {
+        Err(Damaged(why)) => {
             let stamp = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs());
@@ -115,9 +125,18 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
             redb::Database::create(&path)
                 .map_err(|e| format!("cannot create {}: {e}", path.display()))
         }
-        Err(e) => Err(format!("cannot open {}: {e}", path.display())),
+        Err(Failed(e)) => Err(format!("cannot open {}: {e}", path.display())),
     }
 }
+
+/// Why the state machine's file could not be used.
+enum OpenFailure {
+    /// Its content is damaged: rebuild it.
+    Damaged(String),
+    /// Anything else (permissions, I/O, a lock): stop and say so.
+    Failed(String),
+}
+use OpenFailure::{Damaged, Failed};
 
 /// Records a clean stop (everything committed and checkpointed): the next start skips the
 /// integrity check of the state machine's file.

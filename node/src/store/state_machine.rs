@@ -309,10 +309,10 @@ impl StateMachine {
         let meta = txn.open_table(SM_META).map_err(sm_read_err)?;
         let mut data = SmData::default();
         if let Some(v) = meta.get(APPLIED_KEY).map_err(sm_read_err)? {
-            data.last_applied = serde_json::from_slice(v.value()).map_err(sm_read_err)?;
+            data.last_applied = checked_row::unseal_json(v.value()).map_err(sm_err)?;
         }
         if let Some(v) = meta.get(MEMBERSHIP_KEY).map_err(sm_read_err)? {
-            data.membership = serde_json::from_slice(v.value()).map_err(sm_read_err)?;
+            data.membership = checked_row::unseal_json(v.value()).map_err(sm_err)?;
         }
         let records = txn.open_table(RECORDS).map_err(sm_read_err)?;
         let index = txn.open_table(AGENT_INDEX).map_err(sm_read_err)?;
@@ -566,8 +566,8 @@ impl StateMachine {
     /// Puts a batch's rows in the overlay and queues them for the writer, with the last
     /// applied log id as of now.
     fn send_rows(&self, data: &mut SmData, mut rows: RowBatch) -> Result<(), StorageError> {
-        rows.applied = serde_json::to_vec(&data.last_applied).map_err(sm_write_err)?;
-        rows.membership = serde_json::to_vec(&data.membership).map_err(sm_write_err)?;
+        rows.applied = meta_row(&data.last_applied)?;
+        rows.membership = meta_row(&data.membership)?;
         data.unflushed.add(&rows);
         self.writer.send(rows).map_err(sm_err)?;
         if self.writer.writes_through() {
@@ -686,12 +686,38 @@ fn write_applied(
     membership: &StoredMembership<NodeId, BasicNode>,
 ) -> Result<(), StorageError> {
     let mut meta = txn.open_table(SM_META).map_err(sm_write_err)?;
-    let applied = serde_json::to_vec(applied).map_err(sm_write_err)?;
-    meta.insert(APPLIED_KEY, applied.as_slice())
+    meta.insert(APPLIED_KEY, meta_row(applied)?.as_slice())
         .map_err(sm_write_err)?;
-    let members = serde_json::to_vec(membership).map_err(sm_write_err)?;
-    meta.insert(MEMBERSHIP_KEY, members.as_slice())
+    meta.insert(MEMBERSHIP_KEY, meta_row(membership)?.as_slice())
         .map_err(sm_write_err)?;
+    Ok(())
+}
+
+/// The last applied id and the membership are stored sealed (`checked_row`): a changed
+/// byte that still parsed would make openraft skip entries, or re-apply them, silently.
+fn meta_row<T: Serialize>(value: &T) -> Result<Vec<u8>, StorageError> {
+    Ok(checked_row::seal(
+        &serde_json::to_vec(value).map_err(sm_write_err)?,
+    ))
+}
+
+/// Whether the state machine's own bookkeeping in `db` reads back intact (sealed, or an
+/// older plain row); a store that fails is rebuilt, not trusted (`store::open_state_db`).
+pub fn meta_intact(db: &Database) -> Result<(), String> {
+    let txn = db.begin_read().map_err(|e| e.to_string())?;
+    let meta = match txn.open_table(SM_META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+        Err(e) => return Err(e.to_string()),
+    };
+    if let Some(v) = meta.get(APPLIED_KEY).map_err(|e| e.to_string())? {
+        checked_row::unseal_json::<Option<LogId<NodeId>>>(v.value())
+            .map_err(|e| format!("last applied id: {e}"))?;
+    }
+    if let Some(v) = meta.get(MEMBERSHIP_KEY).map_err(|e| e.to_string())? {
+        checked_row::unseal_json::<StoredMembership<NodeId, BasicNode>>(v.value())
+            .map_err(|e| format!("membership: {e}"))?;
+    }
     Ok(())
 }
 
