@@ -16,6 +16,7 @@ use std::path::Path;
 use openraft::LogId;
 use serde::{Deserialize, Serialize};
 
+use super::log_store::{remove_file, sync_dir, write_json_file};
 use crate::raft_types::NodeId;
 
 pub const FLOOR_FILE: &str = "repair-floor.json";
@@ -82,24 +83,13 @@ pub fn read(dir: &Path) -> Result<Option<RepairFloor>, String> {
 
 /// Stores `floor` in `dir`, replacing any earlier one, durably.
 pub fn write(dir: &Path, floor: &RepairFloor) -> io::Result<()> {
-    let tmp = dir.join(format!("{FLOOR_FILE}.tmp"));
-    let bytes = serde_json::to_vec(floor).map_err(io::Error::other)?;
-    {
-        let file = std::fs::File::create(&tmp)?;
-        io::Write::write_all(&mut &file, &bytes)?;
-        file.sync_all()?;
-    }
-    std::fs::rename(&tmp, dir.join(FLOOR_FILE))?;
-    std::fs::File::open(dir)?.sync_all()
+    write_json_file(dir, FLOOR_FILE, floor)
 }
 
 /// Removes the floor from `dir`, durably.
 pub fn clear(dir: &Path) -> io::Result<()> {
-    match std::fs::remove_file(dir.join(FLOOR_FILE)) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
-    std::fs::File::open(dir)?.sync_all()
+    remove_file(&dir.join(FLOOR_FILE))?;
+    sync_dir(dir)
 }
 
 #[cfg(test)]
