@@ -9,7 +9,10 @@ pub mod witness_server;
 
 /// Log lines to stderr, filtered by `LINEAGE_LOG` (default `info`), for both binaries.
 pub fn init_tracing() {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
+        // Colour codes only on a terminal, never into files or `docker logs`.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LINEAGE_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

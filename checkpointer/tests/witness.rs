@@ -496,3 +496,49 @@ async fn trusting_a_log_at_start_with_a_key_file() {
     assert!(!garbage.status.success());
     assert!(String::from_utf8_lossy(&garbage.stderr).contains("--trust-log"));
 }
+
+/// `keygen` stores the name beside the key: `vkey` without `--name` prints the same
+/// vkey (it used to print one for the default name, and verification then found no
+/// cosignature), and a different `--name` is refused rather than changing the vkey.
+#[test]
+fn the_witness_name_is_stored_with_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_lineage-witness"))
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, made, err) = run(&["--name", "witness.test/named", "keygen"]);
+    assert!(ok, "{err}");
+    assert!(made.starts_with("witness.test/named+"), "{made}");
+    for args in [&["vkey"][..], &["--name", "witness.test/named", "vkey"]] {
+        let (ok, vkey, err) = run(args);
+        assert!(ok, "{args:?}: {err}");
+        assert_eq!(vkey, made, "{args:?}");
+    }
+    let (ok, _, err) = run(&["--name", "witness.test/other", "vkey"]);
+    assert!(!ok, "a different name must be refused");
+    assert!(err.contains("witness.test/named"), "{err}");
+    // A second keygen never overwrites the key (or its name).
+    let (ok, _, _) = run(&["--name", "witness.test/other", "keygen"]);
+    assert!(!ok);
+    assert_eq!(run(&["vkey"]).1, made);
+    // An invalid name is refused before any key is made.
+    let fresh = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lineage-witness"))
+        .arg("--data-dir")
+        .arg(fresh.path())
+        .args(["--name", "bad name+", "keygen"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!fresh.path().join("witness.key").exists());
+}

@@ -111,6 +111,17 @@ pub fn verify(
     if let Err(e) = std::fs::metadata(log) {
         return fail_usage(err, format!("cannot open log {}: {e}", log.display()));
     }
+    if is_api_page(log) {
+        return fail_usage(
+            err,
+            format!(
+                "{} is an API page (the JSON that GET /v1/agents/ID/log answers), not a log \
+                 file; nothing was verified. Fetch the signed lines with \
+                 `lineage audit fetch AGENT > AGENT.jsonl` and verify that file",
+                log.display()
+            ),
+        );
+    }
     if public_key.is_none() {
         let _ = writeln!(
             err,
@@ -199,6 +210,46 @@ pub fn show(log: &Path, json: bool, out: &mut dyn Write, err: &mut dyn Write) ->
             )
         };
     }
+}
+
+/// Whether the file holds a page of the log API (`{"head": …, "records": [...]}`, on one
+/// line or pretty-printed) rather than one record per line: verifying it would report a
+/// malformed record, which reads like tampering.
+fn is_api_page(log: &Path) -> bool {
+    const PAGE_PEEK_BYTES: u64 = 64 * 1024 * 1024;
+    let Ok(file) = std::fs::File::open(log) else {
+        return false;
+    };
+    let mut first = Vec::new();
+    if !matches!(
+        read_line_bounded(
+            &mut std::io::BufReader::new(&file),
+            &mut first,
+            MAX_RECORD_BYTES
+        ),
+        Ok(true)
+    ) {
+        return false;
+    }
+    let first = String::from_utf8_lossy(&first);
+    if Record::from_line(&first).is_ok() {
+        return false;
+    }
+    let is_page = |value: &serde_json::Value| {
+        value
+            .get("records")
+            .is_some_and(serde_json::Value::is_array)
+    };
+    if let Ok(value) = serde_json::from_str::<serde_json::Value>(&first) {
+        return is_page(&value);
+    }
+    // Pretty-printed: the whole document, if it is of a size a page can have.
+    use std::io::Read;
+    let mut text = String::new();
+    let read =
+        std::fs::File::open(log).and_then(|f| f.take(PAGE_PEEK_BYTES).read_to_string(&mut text));
+    read.is_ok()
+        && serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|value| is_page(&value))
 }
 
 fn fail_usage(err: &mut dyn Write, message: impl std::fmt::Display) -> i32 {

@@ -28,6 +28,9 @@ pub enum ClientError {
     /// No node answered usefully before the retry budget ran out.
     #[error("no node answered within {after:?}; last error: {last}")]
     Unavailable { after: Duration, last: String },
+    /// Nodes answered, but none had a leader before the retry budget ran out.
+    #[error("no leader within {after:?}; last answer: {last}")]
+    NoLeader { after: Duration, last: String },
     #[error("unexpected answer: {0}")]
     Decode(String),
     #[error("invalid client configuration: {0}")]
@@ -84,6 +87,28 @@ impl Client {
         self
     }
 
+    /// Waits at most `per_node` for each node (connect and answer), and retries for one
+    /// such wait per node: an unreachable cluster is reported in seconds, not after 15.
+    pub fn with_timeout(mut self, per_node: Duration) -> Result<Self, ClientError> {
+        self.http = reqwest::Client::builder()
+            .connect_timeout(per_node)
+            .timeout(per_node)
+            .build()
+            .map_err(|e| ClientError::Config(e.to_string()))?;
+        self.retry_for = per_node * u32::try_from(self.nodes.len()).unwrap_or(u32::MAX);
+        Ok(self)
+    }
+
+    /// `GET path`: the API's JSON answer as it is (admin tools print it).
+    pub async fn get_json(&self, path: &str) -> Result<Value, ClientError> {
+        self.call(Method::GET, path, None).await
+    }
+
+    /// `POST path` with `body` (one idempotency key for every retry): the API's answer.
+    pub async fn post_json(&self, path: &str, body: Value) -> Result<Value, ClientError> {
+        self.call(Method::POST, path, Some(body)).await
+    }
+
     async fn call<T: DeserializeOwned>(
         &self,
         method: Method,
@@ -105,6 +130,7 @@ impl Client {
         let start = Instant::now();
         let mut attempt = 0usize;
         let mut last = String::from("no attempt made");
+        let mut last_was_no_leader = false;
         while start.elapsed() < self.retry_for {
             let index = (self.preferred.load(Ordering::Relaxed) + attempt) % self.nodes.len();
             let mut request = self
@@ -128,6 +154,7 @@ impl Client {
                         return Err(error);
                     }
                     last = format!("{}: {text}", self.nodes[index]);
+                    last_was_no_leader = true;
                 }
                 Ok(reply) => {
                     self.preferred.store(index, Ordering::Relaxed);
@@ -141,17 +168,35 @@ impl Client {
                     }
                     return Err(api_error(status, &text));
                 }
-                Err(e) => last = format!("{}: {e}", self.nodes[index]),
+                Err(e) => {
+                    last = format!("{}: {}", self.nodes[index], error_chain(&e));
+                    last_was_no_leader = false;
+                }
             }
             attempt += 1;
             let backoff = Duration::from_millis((25 * attempt as u64).min(250));
             tokio::time::sleep(backoff).await;
         }
-        Err(ClientError::Unavailable {
-            after: self.retry_for,
-            last,
+        let after = self.retry_for;
+        Err(if last_was_no_leader {
+            ClientError::NoLeader { after, last }
+        } else {
+            ClientError::Unavailable { after, last }
         })
     }
+}
+
+/// An error with its causes ("error sending request: … Connection refused"), since
+/// reqwest's own message alone does not say why.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// The API's error answer (`{"code", "error"}`); a body of another shape is the message.

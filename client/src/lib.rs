@@ -3,6 +3,7 @@
 
 pub mod audit_cli;
 pub mod client;
+pub mod ops_cli;
 pub mod witnessed_cli;
 
 pub use client::{Client, ClientError};

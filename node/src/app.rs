@@ -18,6 +18,7 @@ use crate::api::error::ApiError;
 use crate::api::idempotency::IdempotencyKey;
 use crate::batcher::{Batcher, WriteError};
 use crate::disk_reserve::DiskReserve;
+use crate::network::peer_contacts::PeerContacts;
 use crate::raft_types::{AppendRecords, ApplyOutcome, IdempotentAnswer, NodeId, Raft, RecordLine};
 use crate::store::log_store::DurableLog;
 use crate::store::{AgentSlot, StateMachine};
@@ -52,6 +53,8 @@ pub struct App {
     pub whole_log_reads: tokio::sync::Semaphore,
     /// This node's Raft log as the disk has it: its repair floor (`store::repair_floor`).
     pub log: Option<DurableLog>,
+    /// When each peer last answered this node's Raft RPCs (`peer_contacts`).
+    pub peers: Arc<PeerContacts>,
     /// Free space the leader keeps before it seals anything (`disk_reserve`).
     disk: Option<DiskReserve>,
     batcher: Batcher,
@@ -138,6 +141,7 @@ impl App {
             heads_origin: String::new(),
             witnesses: WitnessPolicy::default(),
             log: None,
+            peers: Arc::default(),
             disk: None,
             whole_log_reads: tokio::sync::Semaphore::new(WHOLE_LOG_READS),
         }
@@ -158,6 +162,11 @@ impl App {
     /// Refuses writes (507) while the data directory's disk is below `disk`'s reserve.
     pub fn with_disk_reserve(mut self, disk: DiskReserve) -> Self {
         self.disk = Some(disk);
+        self
+    }
+
+    pub fn with_peer_contacts(mut self, peers: Arc<PeerContacts>) -> Self {
+        self.peers = peers;
         self
     }
 

@@ -12,6 +12,7 @@ pub mod console;
 pub mod disk_reserve;
 pub mod heads_rounds;
 pub mod keys;
+pub mod log_noise;
 pub mod metrics;
 pub mod network;
 pub mod raft_types;
@@ -154,10 +155,12 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         .connect_timeout(Duration::from_millis(RAFT_CONNECT_TIMEOUT_MS))
         .build()
         .map_err(|e| format!("http client: {e}"))?;
+    let peer_contacts = Arc::new(network::peer_contacts::PeerContacts::default());
     let network = network::raft_client::RaftHttp {
         client: http.clone(),
         secret: keys.cluster_secret.clone(),
         durable_log,
+        contacts: peer_contacts.clone(),
     };
     let raft = openraft::Raft::new(
         config.id,
@@ -221,7 +224,8 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         .with_heads_origin(config.cluster_name.clone())
         .with_witnesses(config.witnesses.clone())
         .with_log(log_handle)
-        .with_disk_reserve(disk),
+        .with_disk_reserve(disk)
+        .with_peer_contacts(peer_contacts),
     );
     let router = api::router(app);
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "lineage-node serving");

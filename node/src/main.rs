@@ -2,6 +2,7 @@
 //! With no subcommand it is a drop-in for the reference guard server: it reads
 //! `GUARD_DATA_DIR`, `GUARD_BIND` and `GUARD_ADMIN_TOKEN` and runs a one-node cluster.
 
+mod dev_cluster;
 mod dev_supervisor;
 
 use std::net::SocketAddr;
@@ -135,7 +136,7 @@ enum Command {
 }
 
 /// The heads log's note verifier key for `cluster_name`, from the audit key in `keys_dir`.
-fn heads_vkey(keys_dir: &Path, cluster_name: &str) -> Result<String, String> {
+pub(crate) fn heads_vkey(keys_dir: &Path, cluster_name: &str) -> Result<String, String> {
     let audit = lineage_core::AuditKey::load(keys_dir.join(keys::AUDIT_KEY))
         .map_err(|e| format!("audit key: {e}"))?;
     lineage_core::transparency::NoteSigner::new(cluster_name, &audit)
@@ -161,15 +162,34 @@ fn parse_peers(peers: &[String]) -> Result<Vec<(NodeId, String)>, String> {
 }
 
 fn init_tracing(format: LogFormat) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_env("LINEAGE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().with_current_span(true).init(),
-    }
+    // Colour codes only on a terminal, never into files or `docker logs`.
+    let ansi = std::io::stderr().is_terminal();
+    let layer = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_writer(std::io::stderr)
+            .boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(
+            layer
+                .with_filter(filter)
+                .with_filter(tracing_subscriber::filter::filter_fn(
+                    lineage_node::log_noise::keep,
+                )),
+        )
+        .init();
 }
 
 /// Exit status of a node stopped by a panic or a fatal Raft or storage error.
@@ -242,7 +262,7 @@ fn main() -> ExitCode {
             nodes,
             base_port,
             data_dir,
-        }) => dev(nodes, base_port, &data_dir),
+        }) => dev_cluster::dev(nodes, base_port, &data_dir),
         None => reference_mode(),
     };
     match result {
@@ -327,150 +347,4 @@ fn reference_mode() -> Result<(), String> {
         witnesses: WitnessPolicy::default(),
         disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
     })
-}
-
-/// Starts `nodes` child processes on consecutive ports, restarts any that exits, and stops
-/// them all on Ctrl-C or SIGTERM.
-fn dev(nodes: u64, base_port: u16, data_dir: &Path) -> Result<(), String> {
-    if nodes == 0 || nodes > 9 {
-        return Err("--nodes must be between 1 and 9".into());
-    }
-    let keys_dir = data_dir.join("keys");
-    keys::create_missing(&keys_dir, false)?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
-    let addr = |i: u64| format!("127.0.0.1:{}", base_port as u64 + i - 1);
-    let peers: Vec<String> = (1..=nodes).map(|i| format!("{i}={}", addr(i))).collect();
-    // The witness's key comes first: the nodes store only checkpoints it cosigned.
-    let witness = dev_witness(&exe, data_dir);
-    let mut nodes_running = Vec::new();
-    for i in 1..=nodes {
-        let (exe, listen, peers) = (exe.clone(), addr(i), peers.join(","));
-        let (node_dir, keys_dir) = (data_dir.join(format!("node-{i}")), keys_dir.clone());
-        let witness_key = witness.as_ref().ok().map(|w| w.vkey.clone());
-        let make = move || {
-            let mut command = std::process::Command::new(&exe);
-            command
-                .args(["run", "--id", &i.to_string(), "--listen", &listen])
-                .arg("--data-dir")
-                .arg(&node_dir)
-                .arg("--keys-dir")
-                .arg(&keys_dir)
-                .arg("--peers")
-                .arg(&peers);
-            if let Some(vkey) = &witness_key {
-                command.args(["--witness-key", vkey]);
-            }
-            command
-        };
-        nodes_running.push(dev_supervisor::Supervised::spawn(
-            format!("node {i}"),
-            Box::new(make),
-        )?);
-    }
-    let mut children = Vec::new();
-    let urls: Vec<String> = (1..=nodes).map(|i| format!("http://{}", addr(i))).collect();
-    let witness_port = base_port as u64 + nodes;
-    let started = witness.and_then(|witness| {
-        start_transparency(&exe, &witness, data_dir, &keys_dir, &urls, witness_port)
-    });
-    match started {
-        Ok(mut started) => children.append(&mut started),
-        Err(e) => println!("  (no witness or checkpointer: {e})"),
-    }
-    println!("Lineage Cluster: {nodes} nodes");
-    for i in 1..=nodes {
-        println!("  node {i}  http://{}", addr(i));
-    }
-    println!(
-        "  witness http://127.0.0.1:{witness_port}, checkpointer metrics http://127.0.0.1:{}/metrics",
-        witness_port + 1
-    );
-    let token_path = keys_dir.join(keys::ADMIN_TOKEN);
-    println!("  admin token  {}", token_path.display());
-    println!(
-        "\nTry:\n  curl -s -H \"Authorization: Bearer $(cat {})\" http://{}/v1/cluster\n\nA node that exits is restarted; Ctrl-C (or SIGTERM) stops everything.",
-        token_path.display(),
-        addr(1)
-    );
-    dev_supervisor::run(nodes_running, children)
-}
-
-/// The dev witness: its binary beside this one, its data dir, and its verifier key
-/// (created on first use).
-struct DevWitness {
-    bin: PathBuf,
-    dir: PathBuf,
-    vkey: String,
-}
-
-const DEV_WITNESS_NAME: &str = "dev.witness/w1";
-
-fn dev_witness(exe: &Path, data_dir: &Path) -> Result<DevWitness, String> {
-    let bin = exe.with_file_name("lineage-witness");
-    if !bin.exists() || !exe.with_file_name("lineage-checkpointer").exists() {
-        return Err("build them with `cargo build --release --bins`".into());
-    }
-    let dir = data_dir.join("witness");
-    let witness = |args: &[&str]| {
-        std::process::Command::new(&bin)
-            .arg("--data-dir")
-            .arg(&dir)
-            .args(["--name", DEV_WITNESS_NAME])
-            .args(args)
-            .output()
-            .map_err(|e| format!("lineage-witness: {e}"))
-    };
-    if !dir.join("witness.key").exists() {
-        witness(&["keygen"])?;
-    }
-    let vkey_out = witness(&["vkey"])?;
-    let vkey = String::from_utf8_lossy(&vkey_out.stdout).trim().to_string();
-    if !vkey_out.status.success() || vkey.is_empty() {
-        return Err(format!(
-            "lineage-witness vkey: {}",
-            String::from_utf8_lossy(&vkey_out.stderr).trim()
-        ));
-    }
-    Ok(DevWitness { bin, dir, vkey })
-}
-
-/// Starts the witness (trusting this cluster's heads log) and a checkpointer beside the
-/// dev cluster.
-fn start_transparency(
-    exe: &Path,
-    witness: &DevWitness,
-    data_dir: &Path,
-    keys_dir: &Path,
-    urls: &[String],
-    witness_port: u64,
-) -> Result<Vec<std::process::Child>, String> {
-    let checkpointer_bin = exe.with_file_name("lineage-checkpointer");
-    let log_vkey = heads_vkey(keys_dir, lineage_node::DEFAULT_CLUSTER_NAME)?;
-    let witness_vkey = &witness.vkey;
-    let witness_addr = format!("127.0.0.1:{witness_port}");
-    let witness_child = std::process::Command::new(&witness.bin)
-        .arg("--data-dir")
-        .arg(&witness.dir)
-        .args(["--name", DEV_WITNESS_NAME, "--listen", &witness_addr])
-        .arg("--trust-log")
-        .arg(&log_vkey)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start the witness: {e}"))?;
-    let checkpointer_child = std::process::Command::new(&checkpointer_bin)
-        .arg("--cluster")
-        .arg(urls.join(","))
-        .arg("--witness")
-        .arg(format!("http://{witness_addr}={witness_vkey}"))
-        .arg("--log-vkey")
-        .arg(&log_vkey)
-        .arg("--data-dir")
-        .arg(data_dir.join("checkpointer"))
-        .arg("--admin-token-file")
-        .arg(keys_dir.join(keys::ADMIN_TOKEN))
-        .arg("--metrics-listen")
-        .arg(format!("127.0.0.1:{}", witness_port + 1))
-        .spawn()
-        .map_err(|e| format!("cannot start the checkpointer: {e}"))?;
-    Ok(vec![witness_child, checkpointer_child])
 }

@@ -50,6 +50,9 @@ pub struct Metrics {
     raft_snapshot_index: IntGauge,
     raft_commit_index: IntGauge,
     raft_replication_lag: IntGaugeVec,
+    raft_peer_last_contact: prometheus::GaugeVec,
+    /// `process_*` (CPU, memory, file descriptors), unprefixed as Prometheus expects.
+    process_registry: Registry,
     pub scrub_quarantined: prometheus::IntCounter,
     pub scrub_last_run: IntGauge,
     /// Last exported value of each state-derived counter, to add only the difference.
@@ -110,6 +113,28 @@ impl Metrics {
             &["follower"],
         ));
         must(registry.register(Box::new(raft_replication_lag.clone())));
+        let raft_peer_last_contact = must(prometheus::GaugeVec::new(
+            Opts::new(
+                "raft_peer_last_contact_seconds",
+                "Seconds since a peer last answered the leader's Raft RPCs (leader only; \
+                 a peer that never answered counts from the leader's start).",
+            ),
+            &["peer"],
+        ));
+        must(registry.register(Box::new(raft_peer_last_contact.clone())));
+        let build_info = must(IntGaugeVec::new(
+            Opts::new("build_info", "Always 1; the running build's version."),
+            &["version"],
+        ));
+        must(registry.register(Box::new(build_info.clone())));
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        let process_registry = Registry::new();
+        #[cfg(target_os = "linux")]
+        must(process_registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        )));
         let http_request_duration = must(HistogramVec::new(
             HistogramOpts::new(
                 "http_request_duration_seconds",
@@ -178,6 +203,8 @@ impl Metrics {
             agents,
             oldest_pending_age,
             raft_replication_lag,
+            raft_peer_last_contact,
+            process_registry,
             scrub_quarantined,
             exported: Mutex::new(BTreeMap::new()),
         }
@@ -304,6 +331,21 @@ impl Metrics {
         );
         self.raft_snapshot_index
             .set(metrics.snapshot.map_or(0, |l| l.index) as i64);
+        self.raft_peer_last_contact.reset();
+        if metrics.current_leader == Some(app.id) {
+            for peer in metrics
+                .membership_config
+                .membership()
+                .nodes()
+                .map(|(id, _)| *id)
+            {
+                if peer != app.id {
+                    self.raft_peer_last_contact
+                        .with_label_values(&[&peer.to_string()])
+                        .set(app.peers.silence(peer).as_secs_f64());
+                }
+            }
+        }
         self.raft_replication_lag.reset();
         if let Some(replication) = &metrics.replication {
             for (follower, matched) in replication {
@@ -322,6 +364,9 @@ impl Metrics {
         let mut buffer = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut buffer)
+            .map_err(|e| e.to_string())?;
+        TextEncoder::new()
+            .encode(&self.process_registry.gather(), &mut buffer)
             .map_err(|e| e.to_string())?;
         String::from_utf8(buffer).map_err(|e| e.to_string())
     }
@@ -366,7 +411,8 @@ pub async fn track(
     let status = response.status();
     span.in_scope(|| {
         let elapsed_ms = elapsed.as_secs_f64() * 1e3;
-        if status.is_server_error() {
+        // A 503 says why where it is made (`ApiError`); one line per failure is enough.
+        if status.is_server_error() && status != axum::http::StatusCode::SERVICE_UNAVAILABLE {
             tracing::warn!(status = status.as_u16(), elapsed_ms, "request failed");
         } else {
             tracing::debug!(status = status.as_u16(), elapsed_ms, "request");

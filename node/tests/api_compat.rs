@@ -186,6 +186,19 @@ async fn every_endpoint_and_error_case() {
         "bad_request",
         "agent_id must be 1-64 characters of [A-Za-z0-9_-]",
     );
+    // A malformed id in a path names no agent: 404, as the reference answers.
+    for path in [
+        "/v1/agents/bad.id",
+        "/v1/agents/bad.id/log",
+        "/v1/agents/bad.id/head-proof",
+    ] {
+        assert_error(
+            node.get(path, admin).await,
+            404,
+            "not_found",
+            "agent not found",
+        );
+    }
     let (status, created) = node
         .post(
             "/v1/agents",

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
 use lineage_client::witnessed_cli::{
     fetch_head_proofs, fetch_witnessed, verify_log, WitnessedInput,
 };
@@ -489,10 +491,12 @@ async fn a_witnessed_checkpoint_is_stored_only_when_a_trusted_witness_cosigned_i
     let forged_log_signature = {
         let line = signatures.lines().next().expect("the log's signature");
         let (prefix, blob) = line.rsplit_once(' ').expect("name and signature");
-        let mut blob = blob.to_string();
-        let last = if blob.ends_with('A') { "B" } else { "A" };
-        blob.replace_range(blob.len() - 2..blob.len() - 1, last);
-        format!("{prefix} {blob}\n")
+        // Flip a bit of the decoded signature itself: editing a base64 character could
+        // change only the unused padding bits, which decode to the same signature.
+        let mut bytes = STANDARD.decode(blob).expect("base64 signature");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x01;
+        format!("{prefix} {}\n", STANDARD.encode(bytes))
     };
     let forged = format!(
         "{checkpoint_text}\n{forged_log_signature}{}",

@@ -24,14 +24,11 @@ struct Cli {
         default_value = "./witness-data"
     )]
     data_dir: PathBuf,
-    /// The witness's name (its cosignature key name)
-    #[arg(
-        long,
-        global = true,
-        env = "LINEAGE_WITNESS_NAME",
-        default_value = "lineage-witness"
-    )]
-    name: String,
+    /// The witness's name (its cosignature key name). `keygen` stores it beside the key
+    /// (KEY.name) and later commands read it from there; a different --name is an error,
+    /// since it would change the vkey. Default for a new key: lineage-witness
+    #[arg(long, global = true, env = "LINEAGE_WITNESS_NAME")]
+    name: Option<String>,
     /// The witness's signing key (default: witness.key in the data dir), e.g. a
     /// container secret
     #[arg(long, global = true, env = "LINEAGE_WITNESS_KEY_FILE")]
@@ -68,6 +65,7 @@ enum Command {
 }
 
 const KEY_FILE: &str = "witness.key";
+const DEFAULT_NAME: &str = "lineage-witness";
 
 impl Cli {
     fn key_path(&self) -> PathBuf {
@@ -82,9 +80,38 @@ impl Cli {
             .map_err(|e| format!("{e} (run `lineage-witness keygen`)"))
     }
 
+    /// Where `keygen` stores the name the key was made for: the vkey is the name and the
+    /// key together, so a name given later must not silently change it.
+    fn name_path(&self) -> PathBuf {
+        let mut path = self.key_path().into_os_string();
+        path.push(".name");
+        PathBuf::from(path)
+    }
+
+    /// The witness's name: the stored one (a different --name is an error), else --name,
+    /// else the default (keys made before names were stored).
+    fn name(&self) -> Result<String, String> {
+        let path = self.name_path();
+        let stored = match std::fs::read_to_string(&path) {
+            Ok(text) => Some(text.trim_end_matches('\n').to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        };
+        match (stored, &self.name) {
+            (Some(stored), Some(given)) if &stored != given => Err(format!(
+                "this key was made for the name {stored:?} (in {}); --name {given:?} would \
+                 give a different vkey: drop --name, or make a new key for the new name",
+                path.display()
+            )),
+            (Some(stored), _) => Ok(stored),
+            (None, Some(given)) => Ok(given.clone()),
+            (None, None) => Ok(DEFAULT_NAME.to_string()),
+        }
+    }
+
     fn open(&self) -> Result<Witness, String> {
         let key = self.read_key()?;
-        Witness::open(&self.data_dir, &self.name, key.to_bytes()).map_err(|e| e.to_string())
+        Witness::open(&self.data_dir, &self.name()?, key.to_bytes()).map_err(|e| e.to_string())
     }
 
     /// Creates the key file only (no witness state), so keys can be made apart from
@@ -95,13 +122,27 @@ impl Cli {
             std::fs::create_dir_all(parent)
                 .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
         }
+        let name = self
+            .name
+            .clone()
+            .unwrap_or_else(|| DEFAULT_NAME.to_string());
+        // Check the name before the key exists, so a bad name leaves nothing behind.
+        if !signed_note::is_key_name_valid(&name) {
+            return Err(format!("{name:?} is not a valid key name"));
+        }
         create_secret_file(&path).map_err(|e| e.to_string())?;
+        // The key is created first: a crash between the two leaves a key without a
+        // stored name, which reads as the default name; rerunning keygen then refuses
+        // (the key exists) rather than overwriting it.
+        let name_path = self.name_path();
+        std::fs::write(&name_path, format!("{name}\n"))
+            .map_err(|e| format!("cannot write {}: {e}", name_path.display()))?;
         self.print_vkey()
     }
 
     fn print_vkey(&self) -> Result<(), String> {
         let key = self.read_key()?;
-        println!("{}", vkey_for(&self.name, key.to_bytes())?);
+        println!("{}", vkey_for(&self.name()?, key.to_bytes())?);
         Ok(())
     }
 }
@@ -145,7 +186,7 @@ fn serve(cli: &Cli) -> Result<(), String> {
             .map_err(|e| format!("--trust-log: {e}"))?;
         println!("trusting {origin}");
     }
-    let (name, listen) = (&cli.name, cli.listen);
+    let (name, listen) = (cli.name()?, cli.listen);
     println!("lineage-witness {name} on http://{listen}");
     println!("  cosignature vkey {}", witness.vkey());
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;

@@ -2,57 +2,136 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use lineage_client::ops_cli::{self, Failure, Target, Verdict};
 use lineage_client::{audit_cli, witnessed_cli};
+use serde_json::json;
 
 #[derive(Parser)]
-#[command(name = "lineage", version, about = "Lineage Cluster command-line tool")]
+#[command(
+    name = "lineage",
+    version,
+    about = "Lineage Cluster command-line tool",
+    after_help = "Exit codes: 0 ok; 1 a negative result (denied, no leader, verification \
+                  failed); 2 usage; 3 no node reachable; 4 token refused."
+)]
 struct Cli {
+    #[command(flatten)]
+    global: Global,
     #[command(subcommand)]
     command: Command,
 }
 
+/// Options every command takes, before or after its name.
+#[derive(clap::Args)]
+struct Global {
+    /// Node URLs, comma-separated; any node will do, requests find the leader [default:
+    /// $GUARD_URLS, $GUARD_URL, or http://127.0.0.1:9200]
+    #[arg(long, global = true, env = "LINEAGE_URL", value_delimiter = ',')]
+    url: Vec<String>,
+    /// File holding the admin token [default: $GUARD_ADMIN_TOKEN, ./.env, or
+    /// keys/admin.token under $GUARD_DATA_DIR, ./guard-data or ./lineage-data]
+    #[arg(long, global = true, env = "LINEAGE_ADMIN_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Seconds to wait for each node before trying the next
+    #[arg(long, global = true, default_value_t = 3.0, value_parser = parse_seconds)]
+    timeout: f64,
+    /// Print JSON: the API's answer, or the verification report
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+fn parse_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s > 0.0 && s <= 3600.0 => Ok(s),
+        _ => Err(format!(
+            "{text:?} is not a number of seconds between 0 and 3600"
+        )),
+    }
+}
+
+impl Global {
+    fn target(&self) -> Target {
+        Target {
+            urls: Target::node_urls(&self.url),
+            token_file: self.token_file.clone(),
+            timeout: Duration::from_secs_f64(self.timeout),
+            json: self.json,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
-    /// Tamper-evident audit logs: keys, appending, showing, verifying
+    /// Daily work on agents: list, show, create, approval queue, approve, reject,
+    /// terminate (admin token)
+    #[command(subcommand)]
+    Agent(AgentCommand),
+    /// Tamper-evident audit logs: keys, appending, fetching, showing, verifying
     #[command(subcommand)]
     Audit(Audit),
     /// Witnessed heads checkpoints: fetch one from a cluster, or verify one
     #[command(subcommand)]
     Checkpoint(CheckpointCommand),
     /// Inspect and change cluster membership (admin token)
-    Cluster {
-        #[command(flatten)]
-        nodes: NodeUrls,
-        /// File holding the admin token
-        #[arg(
-            long,
-            env = "LINEAGE_ADMIN_TOKEN_FILE",
-            default_value = "./lineage-data/keys/admin.token"
-        )]
-        token_file: PathBuf,
-        #[command(subcommand)]
-        command: ClusterCommand,
-    },
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
 }
 
-/// The cluster's node URLs: any node will do, requests find the leader.
-#[derive(clap::Args)]
-struct NodeUrls {
-    /// Node URLs, comma-separated (any node will do; requests find the leader)
-    #[arg(
-        long,
-        env = "LINEAGE_URL",
-        value_delimiter = ',',
-        default_value = "http://127.0.0.1:9200"
-    )]
-    url: Vec<String>,
+#[derive(Subcommand)]
+enum AgentCommand {
+    /// Every agent with its state, budget, scars and pending approvals
+    List,
+    /// One agent's status
+    Show { agent: String },
+    /// Create an agent and print its token
+    Create {
+        agent: String,
+        /// The policy: JSON, or @FILE
+        #[arg(long)]
+        policy: String,
+    },
+    /// Actions waiting for approval: one agent's, or every agent's
+    Pending { agent: Option<String> },
+    /// Approve a pending action (bound to the exact input it was requested with)
+    Approve {
+        agent: String,
+        action: String,
+        #[arg(long)]
+        note: Option<String>,
+        /// Who approves, as recorded in the log [default: $USER]
+        #[arg(long)]
+        approver: Option<String>,
+    },
+    /// Reject a pending action
+    Reject {
+        agent: String,
+        action: String,
+        #[arg(long)]
+        reason: String,
+        /// Also scar the agent: minor, moderate, severe or fatal
+        #[arg(long)]
+        scar: Option<String>,
+        /// Who rejects, as recorded in the log [default: $USER]
+        #[arg(long)]
+        approver: Option<String>,
+    },
+    /// Terminate an agent, permanently
+    Terminate {
+        agent: String,
+        #[arg(long)]
+        reason: String,
+        /// Who terminates, as recorded in the log [default: $USER]
+        #[arg(long)]
+        by: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
 enum ClusterCommand {
-    /// Leader, term, indexes, and every node with its role and lag
+    /// Leader, term, and every node with its role, lag and last contact
     Status,
     /// Add a node: as a learner until it has caught up, then as a voter
     Add {
@@ -70,8 +149,6 @@ enum ClusterCommand {
 enum CheckpointCommand {
     /// Print the cluster's latest witnessed heads checkpoint
     Fetch {
-        #[command(flatten)]
-        nodes: NodeUrls,
         /// Write it to this file instead of stdout
         #[arg(long)]
         out: Option<PathBuf>,
@@ -109,6 +186,14 @@ enum Audit {
         #[arg(long)]
         payload: Option<String>,
     },
+    /// Write an agent's signed log from the cluster, one record per line, as a file
+    /// `verify` checks (admin token)
+    Fetch {
+        agent: String,
+        /// Write to this file (through a rename) instead of stdout
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Verify the hash chain and every signature (exit 0 valid, 1 failed, 2 error)
     Verify {
         log: PathBuf,
@@ -118,8 +203,6 @@ enum Audit {
         /// A head published earlier, SEQ:HASH: catches truncation and rewrites
         #[arg(long)]
         checkpoint: Option<String>,
-        #[arg(long)]
-        json: bool,
         /// A witnessed heads checkpoint (from `lineage checkpoint fetch`): prove the log
         /// is complete up to the head it fixes (needs --public-key and --witness-key)
         #[arg(long, requires = "public_key")]
@@ -138,16 +221,21 @@ enum Audit {
         cluster: Vec<String>,
     },
     /// Print the records as a table, or as JSON Lines with --json (does not verify)
-    Show {
-        log: PathBuf,
-        #[arg(long)]
-        json: bool,
-    },
+    Show { log: PathBuf },
+}
+
+/// Who acts, as the log records it: the given name, else the login name.
+fn actor(given: Option<String>) -> String {
+    given
+        .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| "operator".to_string())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+    let json = cli.global.json;
+    let target = cli.global.target();
     let code = match cli.command {
         Command::Audit(audit) => match audit {
             Audit::Keygen { path } => audit_cli::keygen(&path, &mut out, &mut err),
@@ -165,6 +253,10 @@ fn main() -> ExitCode {
                 &kind,
                 payload.as_deref(),
                 &mut out,
+                &mut err,
+            ),
+            Audit::Fetch { agent, out: dest } => report(
+                ops_cli::audit_fetch(&target, &agent, dest.as_deref(), &mut out),
                 &mut err,
             ),
             Audit::Verify {
@@ -191,7 +283,6 @@ fn main() -> ExitCode {
                 log,
                 public_key,
                 checkpoint,
-                json,
                 ..
             } => audit_cli::verify(
                 &log,
@@ -201,76 +292,90 @@ fn main() -> ExitCode {
                 &mut out,
                 &mut err,
             ),
-            Audit::Show { log, json } => audit_cli::show(&log, json, &mut out, &mut err),
+            Audit::Show { log } => audit_cli::show(&log, json, &mut out, &mut err),
         },
-        Command::Checkpoint(command) => checkpoint(command, &mut out, &mut err),
-        Command::Cluster {
-            nodes,
-            token_file,
-            command,
-        } => cluster(&nodes.url, &token_file, command, &mut out, &mut err),
+        Command::Checkpoint(command) => checkpoint(command, &target, &mut out, &mut err),
+        Command::Cluster(command) => {
+            let result = match command {
+                ClusterCommand::Status => ops_cli::cluster_status(&target, &mut out),
+                ClusterCommand::Add {
+                    id,
+                    addr,
+                    learner_only,
+                } => ops_cli::cluster_change(
+                    &target,
+                    "/v1/cluster/nodes",
+                    json!({"id": id, "addr": addr, "learner_only": learner_only}),
+                    &mut out,
+                ),
+                ClusterCommand::Remove { id } => ops_cli::cluster_change(
+                    &target,
+                    "/v1/cluster/nodes/remove",
+                    json!({"id": id}),
+                    &mut out,
+                ),
+            };
+            report(result, &mut err)
+        }
+        Command::Agent(command) => {
+            let result = match command {
+                AgentCommand::List => ops_cli::agent_list(&target, &mut out),
+                AgentCommand::Show { agent } => ops_cli::agent_show(&target, &agent, &mut out),
+                AgentCommand::Create { agent, policy } => {
+                    ops_cli::agent_create(&target, &agent, &policy, &mut out)
+                }
+                AgentCommand::Pending { agent } => {
+                    ops_cli::agent_pending(&target, agent.as_deref(), &mut out)
+                }
+                AgentCommand::Approve {
+                    agent,
+                    action,
+                    note,
+                    approver,
+                } => ops_cli::agent_decide(
+                    &target,
+                    &agent,
+                    &action,
+                    &actor(approver),
+                    Verdict::Approve {
+                        note: note.as_deref(),
+                    },
+                    &mut out,
+                ),
+                AgentCommand::Reject {
+                    agent,
+                    action,
+                    reason,
+                    scar,
+                    approver,
+                } => ops_cli::agent_decide(
+                    &target,
+                    &agent,
+                    &action,
+                    &actor(approver),
+                    Verdict::Reject {
+                        reason: &reason,
+                        scar: scar.as_deref(),
+                    },
+                    &mut out,
+                ),
+                AgentCommand::Terminate { agent, reason, by } => {
+                    ops_cli::agent_terminate(&target, &agent, &reason, &actor(by), &mut out)
+                }
+            };
+            report(result, &mut err)
+        }
     };
-    ExitCode::from(code as u8)
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
-fn cluster(
-    urls: &[String],
-    token_file: &std::path::Path,
-    command: ClusterCommand,
-    out: &mut dyn std::io::Write,
-    err: &mut dyn std::io::Write,
-) -> i32 {
-    let token = match std::fs::read_to_string(token_file) {
-        Ok(t) => t,
-        Err(e) => {
-            let _ = writeln!(
-                err,
-                "error: cannot read admin token {}: {e}",
-                token_file.display()
-            );
-            return audit_cli::EXIT_USAGE;
-        }
-    };
-    let client = match lineage_client::Client::new(urls, &token) {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = writeln!(err, "error: {e}");
-            return audit_cli::EXIT_USAGE;
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = writeln!(err, "error: {e}");
-            return audit_cli::EXIT_USAGE;
-        }
-    };
-    let result = runtime.block_on(async {
-        match command {
-            ClusterCommand::Status => client.cluster().await,
-            ClusterCommand::Add {
-                id,
-                addr,
-                learner_only,
-            } => client.add_node(id, &addr, learner_only).await,
-            ClusterCommand::Remove { id } => client.remove_node(id).await,
-        }
-    });
+/// The exit code of an operator command, after saying what went wrong.
+fn report(result: Result<(), Failure>, err: &mut dyn std::io::Write) -> i32 {
     match result {
-        Ok(value) => {
-            let _ = writeln!(
-                out,
-                "{}",
-                serde_json::to_string_pretty(&value).unwrap_or_default()
-            );
-            audit_cli::EXIT_OK
-        }
-        Err(e) => {
-            let _ = writeln!(err, "error: {e}");
-            audit_cli::EXIT_FAILED
+        Ok(()) => ops_cli::EXIT_OK,
+        Err(failure) => {
+            let _ = writeln!(err, "error: {}", failure.message());
+            failure.exit_code()
         }
     }
 }
@@ -353,13 +458,14 @@ fn witnessed_verify(
 
 fn checkpoint(
     command: CheckpointCommand,
+    target: &Target,
     out: &mut dyn std::io::Write,
     err: &mut dyn std::io::Write,
 ) -> i32 {
     match command {
-        CheckpointCommand::Fetch { nodes, out: path } => {
+        CheckpointCommand::Fetch { out: path } => {
             let fetched =
-                runtime().and_then(|rt| rt.block_on(witnessed_cli::fetch_witnessed(&nodes.url)));
+                runtime().and_then(|rt| rt.block_on(witnessed_cli::fetch_witnessed(&target.urls)));
             let written = fetched.and_then(|note| match &path {
                 Some(path) => std::fs::write(path, &note)
                     .map_err(|e| format!("cannot write {}: {e}", path.display())),

@@ -15,9 +15,10 @@ use lineage_core::{token, Policy};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::auth::{require_admin, require_agent_or_admin, validate_agent_id};
+use super::auth::{path_agent_id, require_admin, require_agent_or_admin, validate_agent_id};
 use super::error::ApiError;
 use super::idempotency::{Caller, IdempotencyKey, WriteBody};
+use super::query::Query;
 use crate::app::{Answer, App, Respond};
 use crate::store::AgentSlot;
 
@@ -79,31 +80,20 @@ pub struct TerminateBody {
 /// bad value gets a precise JSON error rather than the framework's plain text.
 struct LogQuery {
     after: Option<u64>,
+    before: Option<u64>,
     limit: Option<usize>,
 }
 
 impl LogQuery {
     fn parse(query: Option<&str>) -> Result<Self> {
-        let mut parsed = LogQuery {
-            after: None,
-            limit: None,
-        };
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let number = || {
-                value.parse::<u64>().map_err(|_| {
-                    ApiError::BadRequest(format!(
-                        "{key} must be a non-negative integer, got {value:?}"
-                    ))
-                })
-            };
-            match key {
-                "after" => parsed.after = Some(number()?),
-                "limit" => parsed.limit = Some(usize::try_from(number()?).unwrap_or(usize::MAX)),
-                _ => {}
-            }
-        }
-        Ok(parsed)
+        let query = Query::parse(query)?;
+        Ok(LogQuery {
+            after: query.number("after")?,
+            before: query.number("before")?,
+            limit: query
+                .number("limit")?
+                .map(|l| usize::try_from(l).unwrap_or(usize::MAX)),
+        })
     }
 }
 
@@ -189,7 +179,7 @@ pub async fn agent_status(
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
     require_agent_or_admin(&headers, &app.keys, &agent_id)?;
-    validate_agent_id(&agent_id)?;
+    path_agent_id(&agent_id)?;
     let status = app.with_agent(&agent_id, |s| s.status())?;
     Ok(Json(serde_json::to_value(status).unwrap_or(Value::Null)))
 }
@@ -200,7 +190,7 @@ pub async fn agent_token(
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
     require_admin(&headers, &app.keys)?;
-    validate_agent_id(&agent_id)?;
+    path_agent_id(&agent_id)?;
     app.with_agent(&agent_id, |_| ())?;
     Ok(Json(
         json!({"token": token::issue(&app.keys.token_key, &agent_id)}),
@@ -214,7 +204,7 @@ pub async fn request_action(
     body: WriteBody<ActionBody>,
 ) -> Result<Response> {
     let is_admin = require_agent_or_admin(&headers, &app.keys, &agent_id)?;
-    validate_agent_id(&agent_id)?;
+    path_agent_id(&agent_id)?;
     let (body, key) = body.keyed(&headers, caller(is_admin))?;
     if body.tool.is_empty() || body.tool.len() > TOOL_NAME_MAX_BYTES {
         return Err(ApiError::BadRequest("tool must be 1-128 characters".into()));
@@ -233,9 +223,75 @@ pub async fn pending_actions(
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
     require_admin(&headers, &app.keys)?;
-    validate_agent_id(&agent_id)?;
+    path_agent_id(&agent_id)?;
     let pending = app.with_agent(&agent_id, |s| s.pending())?;
     Ok(Json(json!({"pending": pending})))
+}
+
+/// Actions waiting for approval in one page of `GET /v1/actions/pending`, by default and
+/// at most.
+const PENDING_PAGE_DEFAULT: u64 = 100;
+const PENDING_PAGE_MAX: u64 = 1000;
+
+/// `GET /v1/actions/pending[?limit=N][&after=CURSOR]`: every agent's actions waiting for
+/// approval (admin), ordered by agent id then seq, with the total across all agents. The
+/// cursor `next` is `AGENT:SEQ` of the page's last entry.
+pub async fn all_pending_actions(
+    State(app): State<Arc<App>>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Result<Json<Value>> {
+    require_admin(&headers, &app.keys)?;
+    let query = Query::parse(query.as_deref())?;
+    let limit = query.number("limit")?.unwrap_or(PENDING_PAGE_DEFAULT);
+    if !(1..=PENDING_PAGE_MAX).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be between 1 and {PENDING_PAGE_MAX}, got {limit}"
+        )));
+    }
+    let after = query.text("after").map(parse_pending_cursor).transpose()?;
+    let data = app.sm.read_data();
+    let mut total = 0u64;
+    let mut page = Vec::new();
+    let mut more = false;
+    for (agent_id, slot) in &data.agents {
+        let AgentSlot::Active(state) = slot else {
+            continue;
+        };
+        total += state.pending_count() as u64;
+        if state.pending_count() == 0 || more {
+            continue;
+        }
+        for entry in state.pending() {
+            let past_cursor = after.as_ref().is_none_or(|(cursor_agent, cursor_seq)| {
+                (agent_id.as_str(), entry.seq) > (cursor_agent.as_str(), *cursor_seq)
+            });
+            if !past_cursor {
+                continue;
+            }
+            if page.len() as u64 == limit {
+                more = true;
+                break;
+            }
+            let mut value = serde_json::to_value(&entry).unwrap_or(Value::Null);
+            value["agent_id"] = json!(agent_id);
+            page.push(value);
+        }
+    }
+    let next = more.then(|| page.last()).flatten().map(|last| {
+        format!(
+            "{}:{}",
+            last["agent_id"].as_str().unwrap_or(""),
+            last["seq"]
+        )
+    });
+    Ok(Json(json!({"pending": page, "total": total, "next": next})))
+}
+
+fn parse_pending_cursor(cursor: &str) -> Result<(String, u64)> {
+    let bad = || ApiError::BadRequest(format!("after must be a cursor AGENT:SEQ, got {cursor:?}"));
+    let (agent, seq) = cursor.rsplit_once(':').ok_or_else(bad)?;
+    Ok((agent.to_string(), seq.parse().map_err(|_| bad())?))
 }
 
 pub async fn get_action(
@@ -244,7 +300,7 @@ pub async fn get_action(
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
     require_agent_or_admin(&headers, &app.keys, &agent_id)?;
-    validate_agent_id(&agent_id)?;
+    path_agent_id(&agent_id)?;
     let action = app
         .with_agent(&agent_id, |s| s.action_view(&action_id))?
         .ok_or(ApiError::ActionNotFound)?;
@@ -262,7 +318,7 @@ pub async fn report_outcome(
     if body.status == OutcomeStatus::Harmful && !is_admin {
         return Err(ApiError::Forbidden);
     }
-    validate_agent_id(&agent_id)?;
+    path_agent_id(&agent_id)?;
     let command = Command::Report {
         action_id,
         outcome: Outcome {
@@ -287,7 +343,7 @@ pub async fn approve_action(
     body: WriteBody<ApproveBody>,
 ) -> Result<Response> {
     require_admin(&headers, &app.keys)?;
-    validate_agent_id(&agent_id)?;
+    path_agent_id(&agent_id)?;
     let (body, key) = body.keyed(&headers, Caller::Operator)?;
     let command = Command::Approve {
         action_id,
@@ -304,7 +360,7 @@ pub async fn reject_action(
     body: WriteBody<RejectBody>,
 ) -> Result<Response> {
     require_admin(&headers, &app.keys)?;
-    validate_agent_id(&agent_id)?;
+    path_agent_id(&agent_id)?;
     let (body, key) = body.keyed(&headers, Caller::Operator)?;
     let command = Command::Reject {
         action_id,
@@ -322,7 +378,7 @@ pub async fn add_scar(
     body: WriteBody<ScarBody>,
 ) -> Result<Response> {
     require_admin(&headers, &app.keys)?;
-    validate_agent_id(&agent_id)?;
+    path_agent_id(&agent_id)?;
     let (body, key) = body.keyed(&headers, Caller::Operator)?;
     let command = Command::Scar {
         severity: body.severity,
@@ -346,7 +402,7 @@ pub async fn terminate(
     body: WriteBody<TerminateBody>,
 ) -> Result<Response> {
     require_admin(&headers, &app.keys)?;
-    validate_agent_id(&agent_id)?;
+    path_agent_id(&agent_id)?;
     let (body, key) = body.keyed(&headers, Caller::Operator)?;
     let command = Command::Terminate {
         reason: body.reason,
@@ -370,15 +426,23 @@ pub async fn agent_log(
 ) -> Result<Json<Value>> {
     let query = LogQuery::parse(query.as_deref())?;
     require_admin(&headers, &app.keys)?;
-    validate_agent_id(&agent_id)?;
-    let head = app.with_agent(&agent_id, |s| s.head.clone())?;
+    path_agent_id(&agent_id)?;
+    let (head, next_seq) = app.with_agent(&agent_id, |s| (s.head.clone(), s.next_seq()))?;
     let limit = query.limit.unwrap_or(LOG_PAGE_DEFAULT).min(LOG_PAGE_MAX);
-    let from = query.after.map_or(0, |a| a.saturating_add(1));
-    let records = if limit == 0 {
+    let mut from = query.after.map_or(0, |a| a.saturating_add(1));
+    let mut count = limit;
+    if let Some(before) = query.before {
+        // The `limit` records just below `before` (seqs are dense from 0): a reader
+        // pages from the newest back, and each page is still in ascending order.
+        let end = before.min(next_seq);
+        from = from.max(end.saturating_sub(limit as u64));
+        count = usize::try_from(end.saturating_sub(from)).unwrap_or(limit);
+    }
+    let records = if count == 0 {
         Vec::new()
     } else {
         app.sm
-            .records(&agent_id, from, limit)
+            .records(&agent_id, from, count)
             .map_err(ApiError::Internal)?
     };
     Ok(Json(json!({"head": head, "records": records})))
@@ -390,7 +454,7 @@ pub async fn verify_agent(
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
     require_admin(&headers, &app.keys)?;
-    validate_agent_id(&agent_id)?;
+    path_agent_id(&agent_id)?;
     app.with_agent(&agent_id, |_| ())?;
     whole_log_read(&app, move |app| {
         let records = app
@@ -433,22 +497,10 @@ async fn whole_log_read<T: Send + 'static>(
 
 /// Numeric query parameters for the proof endpoints, parsed with precise errors.
 pub(super) fn query_numbers(query: Option<&str>, names: &[&str]) -> Result<Vec<u64>> {
-    let mut values = vec![None; names.len()];
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if let Some(i) = names.iter().position(|n| *n == key) {
-            let number = value.parse::<u64>().map_err(|_| {
-                ApiError::BadRequest(format!(
-                    "{key} must be a non-negative integer, got {value:?}"
-                ))
-            })?;
-            values[i] = Some(number);
-        }
-    }
+    let query = Query::parse(query)?;
     names
         .iter()
-        .zip(values)
-        .map(|(name, v)| v.ok_or_else(|| ApiError::BadRequest(format!("{name} is required"))))
+        .map(|name| query.required_number(name))
         .collect()
 }
 
@@ -502,7 +554,7 @@ pub async fn inclusion_proof(
     Path(agent_id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>> {
-    validate_agent_id(&agent_id)?;
+    path_agent_id(&agent_id)?;
     let [index, size] = query_numbers(query.as_deref(), &["index", "size"])?[..] else {
         return Err(ApiError::Internal("query parsing".into()));
     };
@@ -534,7 +586,7 @@ pub async fn consistency_proof(
     Path(agent_id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>> {
-    validate_agent_id(&agent_id)?;
+    path_agent_id(&agent_id)?;
     let [old, size] = query_numbers(query.as_deref(), &["old", "size"])?[..] else {
         return Err(ApiError::Internal("query parsing".into()));
     };

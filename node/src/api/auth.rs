@@ -51,16 +51,30 @@ pub fn require_agent_or_admin(
 }
 
 /// `agent_id` must be 1–64 characters of `[A-Za-z0-9_-]`.
-pub fn validate_agent_id(agent_id: &str) -> Result<(), ApiError> {
-    let ok = (1..=64).contains(&agent_id.len())
+fn is_valid_agent_id(agent_id: &str) -> bool {
+    (1..=64).contains(&agent_id.len())
         && agent_id
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if ok {
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// An id a new agent is to get (in a request body): a malformed one is a bad request.
+pub fn validate_agent_id(agent_id: &str) -> Result<(), ApiError> {
+    if is_valid_agent_id(agent_id) {
         Ok(())
     } else {
         Err(ApiError::BadRequest(
             "agent_id must be 1-64 characters of [A-Za-z0-9_-]".into(),
         ))
+    }
+}
+
+/// An agent id in a path: no agent can have a malformed id, so it is not found (404),
+/// as the reference answers.
+pub fn path_agent_id(agent_id: &str) -> Result<(), ApiError> {
+    if is_valid_agent_id(agent_id) {
+        Ok(())
+    } else {
+        Err(ApiError::AgentNotFound)
     }
 }

@@ -115,7 +115,10 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        if status.is_server_error() {
+        if matches!(self, ApiError::NoLeader) {
+            // Routine while an election runs (and at every start): clients retry.
+            tracing::debug!(code, "request failed: no leader yet");
+        } else if status.is_server_error() {
             tracing::warn!(code, error = %self, "request failed");
         }
         (

@@ -7,6 +7,8 @@ pub mod body;
 pub mod error;
 pub mod forward;
 pub mod idempotency;
+pub mod openapi;
+pub mod query;
 pub mod transparency;
 
 use std::sync::Arc;
@@ -29,6 +31,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/agents/{id}/token", get(agent_token))
         .route("/v1/agents/{id}/actions", post(request_action))
         .route("/v1/agents/{id}/actions/pending", get(pending_actions))
+        .route("/v1/actions/pending", get(all_pending_actions))
         .route("/v1/agents/{id}/actions/{action_id}", get(get_action))
         .route(
             "/v1/agents/{id}/actions/{action_id}/outcome",
@@ -68,6 +71,8 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .merge(v1)
         .merge(crate::network::management::health_routes())
+        // Public and the same on every node: never forwarded.
+        .route("/v1/openapi.json", get(openapi::serve))
         .merge(crate::console::routes())
         .route("/metrics", get(crate::metrics::serve))
         .merge(crate::network::raft_routes::routes(app.clone()))

@@ -14,7 +14,7 @@ use lineage_core::transparency::{Checkpoint, NoteSigner};
 use serde_json::{json, Value};
 
 use super::agents::{b64, query_numbers};
-use super::auth::{require_admin, validate_agent_id};
+use super::auth::{path_agent_id, require_admin};
 use super::error::ApiError;
 use crate::app::App;
 use crate::raft_types::{ApplyOutcome, Proposal};
@@ -172,24 +172,15 @@ pub async fn head_proof(
     Path(agent_id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>> {
-    validate_agent_id(&agent_id)?;
-    let has = |name: &str| {
-        query
-            .as_deref()
-            .is_some_and(|q| q.split('&').any(|p| p.starts_with(&format!("{name}="))))
-    };
-    let size = if has("size") {
-        query_numbers(query.as_deref(), &["size"])?[0]
-    } else {
-        app.sm.read_data().heads.rounds.last().copied().unwrap_or(0)
+    path_agent_id(&agent_id)?;
+    let query = super::query::Query::parse(query.as_deref())?;
+    let size = match query.number("size")? {
+        Some(size) => size,
+        None => app.sm.read_data().heads.rounds.last().copied().unwrap_or(0),
     };
     // `before=I` walks back through the agent's earlier statements, still proved in
     // the tree of `size` (an auditor narrows down where a log was rewritten).
-    let before = if has("before") {
-        query_numbers(query.as_deref(), &["before"])?[0].min(size)
-    } else {
-        size
-    };
+    let before = query.number("before")?.map_or(size, |b| b.min(size));
     let (index, proof) = {
         let data = app.sm.read_data();
         let heads = &data.heads;

@@ -78,12 +78,21 @@ async fn cluster(
             } else {
                 replication.get(id).and_then(|m| m.map(|l| l.index))
             };
+            // Heard from by this node (the leader answers this route): a follower that
+            // stopped answering shows as unreachable, even in an idle cluster.
+            let contact = (*id != app.id)
+                .then(|| app.peers.since_last_answer(*id))
+                .flatten();
+            let reachable = (*id != app.id)
+                .then(|| contact.is_some_and(|age| age < super::peer_contacts::UNREACHABLE_AFTER));
             json!({
                 "id": id,
                 "addr": node.addr,
                 "role": role,
                 "matched_index": matched,
                 "lag": matched.map(|m| last_index.saturating_sub(m)),
+                "last_contact_ms": contact.map(|age| age.as_millis() as u64),
+                "reachable": reachable,
             })
         })
         .collect();

@@ -12,6 +12,9 @@ use openraft::{BasicNode, Entry, EntryPayload, LogId};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use std::sync::Arc;
+
+use super::peer_contacts::PeerContacts;
 use crate::raft_types::{AppendRecords, Batch, NodeId, Proposal, TypeConfig};
 use crate::store::log_store::DurableLog;
 
@@ -25,6 +28,8 @@ pub struct RaftHttp {
     /// With the leader's early acknowledgement on, followers hear of commits only up to
     /// what is durable here (`log_store` docs).
     pub durable_log: Option<DurableLog>,
+    /// When each peer last answered (`peer_contacts`).
+    pub contacts: Arc<PeerContacts>,
 }
 
 pub struct Connection {
@@ -47,6 +52,25 @@ impl RaftNetworkFactory<TypeConfig> for RaftHttp {
 
 impl Connection {
     async fn call<Req, Resp, Err>(
+        &self,
+        path: &str,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, Err>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        Err: std::error::Error + DeserializeOwned,
+    {
+        let result = self.send(path, request, option).await;
+        match &result {
+            Ok(_) | Err(RPCError::RemoteError(_)) => self.http.contacts.answered(self.target),
+            Err(e) => self.http.contacts.failed(self.target, &self.addr, e),
+        }
+        result
+    }
+
+    async fn send<Req, Resp, Err>(
         &self,
         path: &str,
         request: &Req,
@@ -168,7 +192,6 @@ impl RaftNetwork<TypeConfig> for Connection {
 mod tests {
     use super::*;
     use openraft::testing::log_id;
-    use std::sync::Arc;
 
     fn entry(index: u64, note_bytes: usize) -> Entry<TypeConfig> {
         Entry {

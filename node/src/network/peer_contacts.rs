@@ -1,0 +1,99 @@
+//! When each peer last answered a Raft RPC from this node.
+//!
+//! openraft 0.9 exposes no heartbeat metric, so the leader's view of a dead follower in an
+//! idle cluster was only "follower, lag 0". Every successful RPC (append, heartbeat, vote,
+//! snapshot) records the time here; `/v1/cluster`, `lineage cluster status` and the
+//! `lineage_raft_peer_last_contact_seconds` gauge read it. It also keeps the log quiet:
+//! one WARN when a peer stops answering, one INFO when it is back, never one per retry.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::raft_types::NodeId;
+
+/// A peer that has not answered for this long is shown as unreachable. Heartbeats go out
+/// every 50 ms, so a live follower is never near it.
+pub const UNREACHABLE_AFTER: Duration = Duration::from_secs(3);
+
+#[derive(Default, Clone, Copy)]
+struct Contact {
+    last_answer: Option<Instant>,
+    /// Set on the first failure after an answer (or at start): the outage was reported.
+    down_since: Option<Instant>,
+}
+
+pub struct PeerContacts {
+    started: Instant,
+    peers: Mutex<HashMap<NodeId, Contact>>,
+}
+
+impl Default for PeerContacts {
+    fn default() -> Self {
+        PeerContacts {
+            started: Instant::now(),
+            peers: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl PeerContacts {
+    fn with_peer<T>(&self, peer: NodeId, f: impl FnOnce(&mut Contact) -> T) -> T {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        f(peers.entry(peer).or_default())
+    }
+
+    /// The peer answered an RPC.
+    pub fn answered(&self, peer: NodeId) {
+        let now = Instant::now();
+        let was_down = self.with_peer(peer, |c| {
+            c.last_answer = Some(now);
+            c.down_since.take()
+        });
+        if let Some(since) = was_down {
+            tracing::info!(peer, after = ?now.duration_since(since), "peer answers again");
+        }
+    }
+
+    /// An RPC to the peer failed (no answer, or an error status).
+    pub fn failed(&self, peer: NodeId, addr: &str, error: &dyn std::fmt::Display) {
+        let first = self.with_peer(peer, |c| {
+            let first = c.down_since.is_none();
+            c.down_since.get_or_insert_with(Instant::now);
+            first
+        });
+        if first {
+            tracing::warn!(peer, addr, %error, "peer does not answer; retrying quietly until it does");
+        }
+    }
+
+    /// How long ago the peer last answered, or `None` if it never has.
+    pub fn since_last_answer(&self, peer: NodeId) -> Option<Duration> {
+        self.with_peer(peer, |c| c.last_answer.map(|t| t.elapsed()))
+    }
+
+    /// Like `since_last_answer`, counting a peer that never answered from this node's start.
+    pub fn silence(&self, peer: NodeId) -> Duration {
+        self.since_last_answer(peer)
+            .unwrap_or_else(|| self.started.elapsed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_is_recorded_and_a_failure_does_not_erase_it() {
+        let contacts = PeerContacts::default();
+        assert_eq!(contacts.since_last_answer(2), None);
+        assert!(contacts.silence(2) >= Duration::ZERO);
+        contacts.answered(2);
+        let first = contacts.since_last_answer(2).expect("answered");
+        assert!(first < UNREACHABLE_AFTER);
+        contacts.failed(2, "127.0.0.1:1", &"refused");
+        contacts.failed(2, "127.0.0.1:1", &"refused");
+        assert!(contacts.since_last_answer(2).is_some());
+        assert_eq!(contacts.since_last_answer(3), None);
+    }
+}
