@@ -3,13 +3,11 @@
 //! talks to the same API as every other client, with the admin token the operator enters.
 
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
-use axum::http::HeaderValue;
+use axum::http::{HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
-use std::sync::Arc;
 
-use crate::app::App;
+use crate::api::route_book::RouteBook;
 
 const INDEX_HTML: &str = include_str!("console/index.html");
 const CONSOLE_JS: &str = include_str!("console/console.js");
@@ -19,18 +17,21 @@ const CONSOLE_CSS: &str = include_str!("console/console.css");
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
      connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
-pub fn routes() -> Router<Arc<App>> {
-    Router::new()
+pub fn routes() -> RouteBook {
+    RouteBook::default()
         .route(
             "/",
+            &[Method::GET],
             get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }),
         )
         .route(
             "/console.js",
+            &[Method::GET],
             get(|| async { asset("text/javascript; charset=utf-8", CONSOLE_JS) }),
         )
         .route(
             "/console.css",
+            &[Method::GET],
             get(|| async { asset("text/css; charset=utf-8", CONSOLE_CSS) }),
         )
 }

@@ -9,6 +9,7 @@ pub mod forward;
 pub mod idempotency;
 pub mod openapi;
 pub mod query;
+pub mod route_book;
 pub mod transparency;
 
 use std::sync::Arc;
@@ -20,62 +21,112 @@ use axum::Router;
 
 use crate::app::App;
 use error::ApiError;
+use route_book::RouteBook;
 
-/// The `/v1` routes (leader-routed) merged with management, health and Raft routes.
-pub fn router(app: Arc<App>) -> Router {
+/// The routes answered by the leader (`forward` sends them there): the agent and
+/// operator API, transparency, cluster membership.
+fn leader_routes() -> RouteBook {
     use agents::*;
-    let v1 = Router::new()
-        .route("/v1/public-key", get(public_key))
-        .route("/v1/agents", post(create_agent).get(list_agents))
-        .route("/v1/agents/{id}", get(agent_status))
-        .route("/v1/agents/{id}/token", get(agent_token))
-        .route("/v1/agents/{id}/actions", post(request_action))
-        .route("/v1/agents/{id}/actions/pending", get(pending_actions))
-        .route("/v1/actions/pending", get(all_pending_actions))
-        .route("/v1/agents/{id}/actions/{action_id}", get(get_action))
+    const GET: &[Method] = &[Method::GET];
+    const POST: &[Method] = &[Method::POST];
+    RouteBook::default()
+        .route("/v1/public-key", GET, get(public_key))
+        .route(
+            "/v1/agents",
+            &[Method::GET, Method::POST],
+            post(create_agent).get(list_agents),
+        )
+        .route("/v1/agents/{id}", GET, get(agent_status))
+        .route("/v1/agents/{id}/token", GET, get(agent_token))
+        .route("/v1/agents/{id}/actions", POST, post(request_action))
+        .route("/v1/agents/{id}/actions/pending", GET, get(pending_actions))
+        .route("/v1/actions/pending", GET, get(all_pending_actions))
+        .route("/v1/agents/{id}/actions/{action_id}", GET, get(get_action))
         .route(
             "/v1/agents/{id}/actions/{action_id}/outcome",
+            POST,
             post(report_outcome),
         )
         .route(
             "/v1/agents/{id}/actions/{action_id}/approve",
+            POST,
             post(approve_action),
         )
         .route(
             "/v1/agents/{id}/actions/{action_id}/reject",
+            POST,
             post(reject_action),
         )
-        .route("/v1/agents/{id}/scars", post(add_scar))
-        .route("/v1/agents/{id}/terminate", post(terminate))
-        .route("/v1/agents/{id}/log", get(agent_log))
-        .route("/v1/agents/{id}/verify", get(verify_agent))
-        .route("/v1/agents/{id}/proof/inclusion", get(inclusion_proof))
-        .route("/v1/agents/{id}/proof/consistency", get(consistency_proof))
-        .route("/v1/agents/{id}/head-proof", get(transparency::head_proof))
-        .route("/v1/transparency/vkey", get(transparency::vkey))
-        .route("/v1/transparency/checkpoint", get(transparency::checkpoint))
+        .route("/v1/agents/{id}/scars", POST, post(add_scar))
+        .route("/v1/agents/{id}/terminate", POST, post(terminate))
+        .route("/v1/agents/{id}/log", GET, get(agent_log))
+        .route("/v1/agents/{id}/verify", GET, get(verify_agent))
+        .route("/v1/agents/{id}/proof/inclusion", GET, get(inclusion_proof))
+        .route(
+            "/v1/agents/{id}/proof/consistency",
+            GET,
+            get(consistency_proof),
+        )
+        .route(
+            "/v1/agents/{id}/head-proof",
+            GET,
+            get(transparency::head_proof),
+        )
+        .route("/v1/transparency/vkey", GET, get(transparency::vkey))
+        .route(
+            "/v1/transparency/checkpoint",
+            GET,
+            get(transparency::checkpoint),
+        )
         .route(
             "/v1/transparency/checkpoint/witnessed",
+            &[Method::GET, Method::POST],
             get(transparency::witnessed).post(transparency::store_witnessed),
         )
         .route(
             "/v1/transparency/proof/consistency",
+            GET,
             get(transparency::consistency),
         )
-        .route("/v1/transparency/leaves", get(transparency::leaves))
+        .route("/v1/transparency/leaves", GET, get(transparency::leaves))
         .merge(crate::network::management::cluster_routes())
+}
+
+/// The routes every node answers itself: health, the API reference, the console,
+/// metrics.
+fn local_routes() -> RouteBook {
+    RouteBook::default()
+        .merge(crate::network::management::health_routes())
+        // Public and the same on every node: never forwarded.
+        .route("/v1/openapi.json", &[Method::GET], get(openapi::serve))
+        .merge(crate::console::routes())
+        .route("/metrics", &[Method::GET], get(crate::metrics::serve))
+}
+
+/// Every (method, path) a node serves, node-to-node Raft routes included.
+pub fn route_table() -> Vec<(Method, &'static str)> {
+    [
+        leader_routes(),
+        local_routes(),
+        crate::network::raft_routes::routes(),
+    ]
+    .iter()
+    .flat_map(|book| book.served().iter().cloned())
+    .collect()
+}
+
+/// The leader-routed routes merged with the local, health and Raft routes.
+pub fn router(app: Arc<App>) -> Router {
+    let leader = leader_routes()
+        .into_router()
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
             forward::route_to_leader,
         ));
     Router::new()
-        .merge(v1)
-        .merge(crate::network::management::health_routes())
-        // Public and the same on every node: never forwarded.
-        .route("/v1/openapi.json", get(openapi::serve))
-        .merge(crate::console::routes())
-        .route("/metrics", get(crate::metrics::serve))
-        .merge(crate::network::raft_routes::routes(app.clone()))
+        .merge(leader)
+        .merge(local_routes().into_router())
+        .merge(crate::network::raft_routes::router(app.clone()))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))

@@ -4,10 +4,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use serde::Deserialize;
 use serde_json::json;
@@ -15,21 +15,26 @@ use serde_json::json;
 use crate::api::auth::require_admin;
 use crate::api::body::JsonBody;
 use crate::api::error::ApiError;
+use crate::api::route_book::RouteBook;
 use crate::app::App;
 use crate::raft_types::NodeId;
 
-pub fn health_routes() -> Router<Arc<App>> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+pub fn health_routes() -> RouteBook {
+    RouteBook::default()
+        .route("/healthz", &[Method::GET], get(healthz))
+        .route("/readyz", &[Method::GET], get(readyz))
 }
 
 /// Under `/v1`, so they are routed to the leader like every other operator call.
-pub fn cluster_routes() -> Router<Arc<App>> {
-    Router::new()
-        .route("/v1/cluster", get(cluster))
-        .route("/v1/cluster/nodes", post(add_node))
-        .route("/v1/cluster/nodes/remove", post(remove_node))
+pub fn cluster_routes() -> RouteBook {
+    RouteBook::default()
+        .route("/v1/cluster", &[Method::GET], get(cluster))
+        .route("/v1/cluster/nodes", &[Method::POST], post(add_node))
+        .route(
+            "/v1/cluster/nodes/remove",
+            &[Method::POST],
+            post(remove_node),
+        )
 }
 
 async fn healthz() -> Json<serde_json::Value> {

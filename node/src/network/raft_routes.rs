@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, State};
+use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -15,6 +16,7 @@ use openraft::raft::{
 use super::raft_client::CLUSTER_SECRET_HEADER;
 use crate::api::body::JsonBody;
 use crate::api::error::ApiError;
+use crate::api::route_book::RouteBook;
 use crate::app::App;
 use crate::raft_types::{NodeId, TypeConfig};
 use crate::store::repair_floor::Floor;
@@ -24,11 +26,17 @@ use crate::store::repair_floor::Floor;
 /// cluster secret get to send one (checked before the body is read).
 const MAX_RAFT_BODY_BYTES: usize = 64 * 1024 * 1024;
 
-pub fn routes(app: Arc<App>) -> Router<Arc<App>> {
-    Router::new()
-        .route("/raft/append", post(append))
-        .route("/raft/vote", post(vote))
-        .route("/raft/snapshot", post(snapshot))
+pub fn routes() -> RouteBook {
+    RouteBook::default()
+        .route("/raft/append", &[Method::POST], post(append))
+        .route("/raft/vote", &[Method::POST], post(vote))
+        .route("/raft/snapshot", &[Method::POST], post(snapshot))
+}
+
+/// The Raft routes with their body limit, behind the cluster-secret check.
+pub fn router(app: Arc<App>) -> Router<Arc<App>> {
+    routes()
+        .into_router()
         .layer(DefaultBodyLimit::max(MAX_RAFT_BODY_BYTES))
         .route_layer(axum::middleware::from_fn_with_state(
             app,

@@ -1,0 +1,269 @@
+//! The `lineage` CLI against a live three-node cluster, as an operator uses it: global
+//! options in any position, a status table that shows a stopped node as unreachable,
+//! daily agent work, fetching a log that then verifies, and exit codes that say what
+//! happened (0 ok, 1 negative, 2 usage, 3 unreachable, 4 token refused).
+//!
+//! `lineage` belongs to another package: this test runs it from the same target
+//! directory, which `cargo test --workspace` builds.
+
+#[path = "cluster/util.rs"]
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use util::Cluster;
+
+fn lineage_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join("lineage");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build --workspace` first",
+        path.display()
+    );
+    path
+}
+
+struct Run {
+    code: i32,
+    out: String,
+    err: String,
+}
+
+fn run(args: &[&str]) -> Run {
+    let output = Command::new(lineage_bin())
+        .args(args)
+        .env_remove("LINEAGE_URL")
+        .env_remove("LINEAGE_ADMIN_TOKEN_FILE")
+        .env_remove("GUARD_ADMIN_TOKEN")
+        .output()
+        .expect("run lineage");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        out: String::from_utf8_lossy(&output.stdout).into_owned(),
+        err: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// Runs `lineage` with the cluster's URLs and admin token file after `args`' command.
+fn on(cluster: &Cluster, args: &[&str]) -> Run {
+    let urls: Vec<String> = (0..cluster.addrs.len())
+        .map(|i| cluster.url(i, ""))
+        .collect();
+    let token = cluster.dir.path().join("keys").join("admin.token");
+    let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    all.extend([
+        "--url".into(),
+        urls.join(","),
+        "--token-file".into(),
+        token.display().to_string(),
+    ]);
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    run(&all)
+}
+
+fn ok(run: Run, what: &str) -> String {
+    assert_eq!(run.code, 0, "{what}: {}{}", run.out, run.err);
+    run.out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_day_with_the_cli() {
+    let cluster = Cluster::start(3).await;
+
+    // Status: options after the subcommand; every node reachable.
+    let status = ok(on(&cluster, &["cluster", "status"]), "status");
+    assert!(status.contains("LAST CONTACT"), "{status}");
+    assert_eq!(status.matches("follower").count(), 2, "{status}");
+    assert!(!status.contains("UNREACHABLE"), "{status}");
+    let parsed: Value =
+        serde_json::from_str(&ok(on(&cluster, &["cluster", "status", "--json"]), "json"))
+            .expect("--json prints the API body");
+    assert_eq!(parsed["nodes"].as_array().map(Vec::len), Some(3));
+
+    // Create, ask, queue, approve, reject.
+    let policy = json!({"budget": 10, "scar_limit": 10,
+        "tools": {"pay": {"cost": 3, "requires_approval": true}}});
+    let created = ok(
+        on(
+            &cluster,
+            &["agent", "create", "bot", "--policy", &policy.to_string()],
+        ),
+        "create",
+    );
+    let token = created
+        .lines()
+        .find_map(|l| l.strip_prefix("token "))
+        .expect("the token is printed")
+        .trim()
+        .to_string();
+    for input in ["a", "b", "c", "d", "e"] {
+        let (code, decision) = cluster
+            .post(
+                0,
+                "/v1/agents/bot/actions",
+                &token,
+                json!({"tool": "pay", "input": {"to": input}}),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (code, decision["decision"].as_str()),
+            (200, Some("pending_approval"))
+        );
+    }
+    let queue = ok(on(&cluster, &["agent", "pending"]), "pending");
+    for action in ["act-1", "act-2", "act-3", "act-4"] {
+        assert!(queue.contains(action), "{action} in:\n{queue}");
+    }
+    let approved = ok(
+        on(
+            &cluster,
+            &["agent", "approve", "bot", "act-1", "--approver", "alice"],
+        ),
+        "approve",
+    );
+    assert!(approved.contains("allowed act-1"), "{approved}");
+    // Deciding again is refused by the cluster: a negative result, exit 1.
+    let again = on(&cluster, &["agent", "approve", "bot", "act-1"]);
+    assert_eq!(again.code, 1, "{}{}", again.out, again.err);
+    let rejected = ok(
+        on(
+            &cluster,
+            &["agent", "reject", "bot", "act-2", "--reason", "no"],
+        ),
+        "reject",
+    );
+    assert!(rejected.contains("denied act-2"), "{rejected}");
+    ok(
+        on(&cluster, &["agent", "approve", "bot", "act-3"]),
+        "approve 3",
+    );
+    ok(
+        on(&cluster, &["agent", "approve", "bot", "act-4"]),
+        "approve 4",
+    );
+    // 9 of 10 spent: the fifth request, asked when it fitted, no longer does.
+    let denied = on(&cluster, &["agent", "approve", "bot", "act-5"]);
+    assert_eq!(
+        denied.code, 1,
+        "an approval the guard denies: {}{}",
+        denied.out, denied.err
+    );
+    assert!(denied.out.contains("insufficient_budget"), "{}", denied.out);
+    let shown = ok(on(&cluster, &["agent", "show", "bot"]), "show");
+    assert!(shown.contains("9 spent of 10"), "{shown}");
+    let listed = ok(on(&cluster, &["agent", "list"]), "list");
+    assert!(
+        listed.contains("bot") && listed.contains("9/10"),
+        "{listed}"
+    );
+
+    // The fetched log is exactly the signed lines: it verifies with the cluster's key.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("bot.jsonl");
+    ok(
+        on(
+            &cluster,
+            &["audit", "fetch", "bot", "--out", &log.display().to_string()],
+        ),
+        "fetch",
+    );
+    let public_key = cluster.public_key().await;
+    let verified = ok(
+        run(&[
+            "audit",
+            "verify",
+            &log.display().to_string(),
+            "--public-key",
+            &public_key,
+        ]),
+        "verify",
+    );
+    assert!(verified.starts_with("OK  "), "{verified}");
+    let (_, page) = cluster.get(0, "/v1/agents/bot/log", &cluster.admin).await;
+    let page_file = dir.path().join("page.json");
+    std::fs::write(&page_file, page.to_string()).expect("write page");
+    let refused = run(&["audit", "verify", &page_file.display().to_string()]);
+    assert_eq!(refused.code, 2, "{}{}", refused.out, refused.err);
+    assert!(refused.err.contains("is an API page"), "{}", refused.err);
+    assert!(
+        !refused.out.contains("FAILED"),
+        "it is not reported as tampering"
+    );
+
+    let terminated = ok(
+        on(&cluster, &["agent", "terminate", "bot", "--reason", "done"]),
+        "terminate",
+    );
+    assert!(terminated.contains("terminated bot"), "{terminated}");
+
+    // A stopped node shows as unreachable, while the leader keeps serving.
+    let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
+    let stopped = (leader + 1) % 3;
+    cluster.pause(stopped);
+    let start = Instant::now();
+    let status = loop {
+        let status = ok(
+            on(&cluster, &["cluster", "status"]),
+            "status with a node down",
+        );
+        if status.contains("UNREACHABLE") {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "never unreachable:\n{status}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let line = status
+        .lines()
+        .find(|l| l.contains("UNREACHABLE"))
+        .expect("a line");
+    assert!(line.starts_with(&(stopped + 1).to_string()), "{status}");
+    cluster.resume(stopped);
+
+    // Exit codes for what went wrong.
+    let unreachable = run(&[
+        "--url",
+        "http://127.0.0.1:1",
+        "--timeout",
+        "0.5",
+        "agent",
+        "list",
+        "--token-file",
+        &cluster
+            .dir
+            .path()
+            .join("keys/admin.token")
+            .display()
+            .to_string(),
+    ]);
+    assert_eq!(unreachable.code, 3, "{}", unreachable.err);
+    assert!(
+        unreachable.err.contains("Connection refused"),
+        "{}",
+        unreachable.err
+    );
+    let wrong_token = dir.path().join("wrong.token");
+    std::fs::write(&wrong_token, "not-the-token").expect("write");
+    let refused = run(&[
+        "agent",
+        "list",
+        "--url",
+        &cluster.url(0, ""),
+        "--token-file",
+        &wrong_token.display().to_string(),
+    ]);
+    assert_eq!(refused.code, 4, "{}", refused.err);
+    let usage = run(&["agent", "approve"]);
+    assert_eq!(usage.code, 2, "{}", usage.err);
+}
