@@ -273,7 +273,24 @@ impl Checkpointer {
             tracing::warn!(error = %e, "round ended early");
         }
         self.update_age();
+        self.count_evidence();
         Ok(report)
+    }
+
+    /// Sets `unresolved_evidence` to the files the evidence directory holds now.
+    fn count_evidence(&self) {
+        match std::fs::read_dir(&self.evidence_dir) {
+            Ok(entries) => {
+                let files = entries
+                    .filter_map(Result::ok)
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                    .count();
+                self.metrics
+                    .unresolved_evidence
+                    .set(i64::try_from(files).unwrap_or(i64::MAX));
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the evidence directory"),
+        }
     }
 
     async fn round_inner(&self, report: &mut RoundReport) -> Result<(), FetchError> {

@@ -22,6 +22,9 @@ pub struct Metrics {
     pub checkpoint_size: IntGauge,
     pub cosigned_size: IntGaugeVec,
     pub witnesses: IntGauge,
+    /// Evidence files in the evidence directory: each is an alarm nobody has dealt with
+    /// yet (moving it out resolves it). Unlike a counter, it survives restarts.
+    pub unresolved_evidence: IntGauge,
 }
 
 impl Metrics {
@@ -71,6 +74,10 @@ impl Metrics {
             &["witness"],
         )?;
         let witnesses = IntGauge::new(format!("{p}witnesses"), "Witnesses configured")?;
+        let unresolved_evidence = IntGauge::new(
+            format!("{p}unresolved_evidence"),
+            "Evidence files in the evidence directory (alarms not yet moved out)",
+        )?;
         registry.register(Box::new(checkpoint_age.clone()))?;
         registry.register(Box::new(interval.clone()))?;
         registry.register(Box::new(inconsistencies.clone()))?;
@@ -81,6 +88,7 @@ impl Metrics {
         registry.register(Box::new(checkpoint_size.clone()))?;
         registry.register(Box::new(cosigned_size.clone()))?;
         registry.register(Box::new(witnesses.clone()))?;
+        registry.register(Box::new(unresolved_evidence.clone()))?;
         interval.set(interval_secs);
         Ok(Metrics {
             registry,
@@ -94,6 +102,7 @@ impl Metrics {
             checkpoint_size,
             cosigned_size,
             witnesses,
+            unresolved_evidence,
         })
     }
 

@@ -124,6 +124,16 @@ enum Command {
     },
     /// Create audit.key, token.key, admin.token and cluster.secret in DIR (0600)
     Keygen { dir: PathBuf },
+    /// Exit 0 if the node on this machine answers /healthz (or /readyz with --ready):
+    /// a container HEALTHCHECK for an image with no curl
+    Healthcheck {
+        /// The node's port on 127.0.0.1 [default: LINEAGE_LISTEN's port, or 9200]
+        #[arg(long)]
+        port: Option<u16>,
+        /// Check /readyz (a leader is known and this node has caught up) instead
+        #[arg(long)]
+        ready: bool,
+    },
     /// Print the heads log's checkpoint verifier key (what a witness is told to trust)
     Vkey {
         /// Directory with audit.key
@@ -136,6 +146,46 @@ enum Command {
 }
 
 /// The heads log's note verifier key for `cluster_name`, from the audit key in `keys_dir`.
+/// How long `healthcheck` waits for the node's answer.
+const HEALTHCHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+fn healthcheck(port: Option<u16>, ready: bool) -> Result<(), String> {
+    let port = port
+        .or_else(|| {
+            std::env::var("LINEAGE_LISTEN")
+                .ok()?
+                .parse::<SocketAddr>()
+                .ok()
+                .map(|a| a.port())
+        })
+        .unwrap_or(9200);
+    let path = if ready { "/readyz" } else { "/healthz" };
+    let url = format!("http://127.0.0.1:{port}{path}");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("runtime: {e}"))?;
+    runtime.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(HEALTHCHECK_TIMEOUT)
+            .build()
+            .map_err(|e| format!("http client: {e}"))?;
+        let reply = client
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| format!("{url}: no answer: {e}"))?;
+        let status = reply.status();
+        let body = reply.text().await.unwrap_or_default();
+        if status.is_success() {
+            println!("{url}: {status} {}", body.trim());
+            Ok(())
+        } else {
+            Err(format!("{url}: {status} {}", body.trim()))
+        }
+    })
+}
+
 pub(crate) fn heads_vkey(keys_dir: &Path, cluster_name: &str) -> Result<String, String> {
     let audit = lineage_core::AuditKey::load(keys_dir.join(keys::AUDIT_KEY))
         .map_err(|e| format!("audit key: {e}"))?;
@@ -215,6 +265,7 @@ fn main() -> ExitCode {
     init_tracing(cli.log_format);
     exit_on_panic();
     let result = match cli.command {
+        Some(Command::Healthcheck { port, ready }) => healthcheck(port, ready),
         Some(Command::Keygen { dir }) => keys::keygen(&dir).map(|()| {
             println!("keys written to {} (mode 0600)", dir.display());
         }),

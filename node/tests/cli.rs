@@ -229,6 +229,35 @@ async fn an_operators_day_with_the_cli() {
         .find(|l| l.contains("UNREACHABLE"))
         .expect("a line");
     assert!(line.starts_with(&(stopped + 1).to_string()), "{status}");
+    // The leader's metric says the same, for the alert on a dead follower in an idle
+    // cluster (its replication lag can stay 0).
+    let metrics = cluster
+        .http
+        .get(cluster.url(leader, "/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let silence = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("lineage_raft_peer_last_contact_seconds{")
+                .filter(|rest| rest.contains(&format!("peer=\"{}\"", stopped + 1)))
+                .and_then(|rest| rest.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .expect("the stopped peer's last contact");
+    assert!(
+        silence >= 3.0,
+        "{silence} s since the stopped peer answered"
+    );
+    assert!(metrics.contains("lineage_build_info{"), "build info");
+    assert!(
+        metrics.contains("\nprocess_resident_memory_bytes "),
+        "process metrics"
+    );
     cluster.resume(stopped);
 
     // Exit codes for what went wrong.

@@ -45,13 +45,7 @@ async fn wait_until(what: &str, limit: Duration, mut check: impl AsyncFnMut() ->
 
 /// Five consecutive free ports: three nodes, the witness, the checkpointer's metrics.
 fn free_ports() -> u16 {
-    loop {
-        let p = util::free_port();
-        let next: Vec<u16> = (0..4).map(|_| util::free_port()).collect();
-        if next == [p + 1, p + 2, p + 3, p + 4] {
-            return p;
-        }
-    }
+    util::free_consecutive_ports(5)
 }
 
 /// `dev` with its output in DIR/../NAME.out (a file: a pipe nobody reads would fill and

@@ -320,6 +320,7 @@ async fn truncation_and_rewrite_are_caught_by_checkpointer_and_auditor() {
     // The alarm series exist at 0 before any alarm, for the monitor and the witness, so
     // the alert rules (increase over a window) see the first one.
     for series in [
+        "lineage_checkpointer_unresolved_evidence 0",
         "lineage_checkpointer_inconsistencies_total{witness=\"monitor\"} 0",
         "lineage_checkpointer_inconsistencies_total{witness=\"",
         "lineage_checkpointer_witness_errors_total{witness=\"",
@@ -390,6 +391,25 @@ async fn truncation_and_rewrite_are_caught_by_checkpointer_and_auditor() {
         "{rewrite_evidence}"
     );
     assert!(!evidence.iter().any(|f| f.contains("agent honest:")));
+    // The evidence gauge counts the files (it pages, and unlike a counter it is still
+    // above 0 after a restart), until an operator moves them out.
+    let start = Instant::now();
+    loop {
+        let (_, metrics) = text(&format!("http://{metrics_addr}/metrics")).await;
+        let unresolved = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("lineage_checkpointer_unresolved_evidence "))
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        let files = std::fs::read_dir(cp_dir.join("evidence")).map_or(0, |d| d.count());
+        if unresolved == Some(files) && files >= evidence.len() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "unresolved_evidence {unresolved:?}, files {files}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // The auditor, with the note witnessed before the tampering and with the latest one.
     let latest = wait_witnessed(&cluster, &["honest", "cut", "rewritten"]).await;

@@ -58,6 +58,18 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
+/// The first of `n` consecutive free ports (for `lineage-node dev --base-port`, which
+/// takes its nodes', witness's and checkpointer's ports one after another).
+pub fn free_consecutive_ports(n: u16) -> u16 {
+    loop {
+        let first = free_port();
+        let next: Vec<u16> = (1..n).map(|_| free_port()).collect();
+        if next.iter().zip(1..).all(|(port, i)| *port == first + i) {
+            return first;
+        }
+    }
+}
+
 /// Rewrites `agent`'s rows in a node's `records` table as one row per record (the layout
 /// older nodes wrote, which nodes still read), so a test can edit single records the way
 /// someone with disk access would.

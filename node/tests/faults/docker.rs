@@ -67,11 +67,14 @@ impl Stack {
                 .arg(bin_dir)),
             "deploy/provision-keys.sh failed"
         );
-        // Secrets are bind-mounted: the container's unprivileged user must read them.
-        assert!(run(Command::new("chown")
-            .arg("-R")
-            .arg("10001:10001")
-            .arg(keys.path())));
+        // Secrets are bind-mounted: run as root, the script gives them to the
+        // containers' user (uid 10001) and a host group, 0640, and no one else.
+        for entry in std::fs::read_dir(keys.path()).unwrap() {
+            use std::os::unix::fs::{MetadataExt, PermissionsExt};
+            let meta = entry.unwrap().metadata().unwrap();
+            assert_eq!(meta.uid(), 10001);
+            assert_eq!(meta.permissions().mode() & 0o777, 0o640);
+        }
         let ports = (0..3).map(|_| free_port()).collect();
         let stack = Stack {
             project: format!("lineagetest{}{}", std::process::id(), name.replace('-', "")),
