@@ -241,6 +241,14 @@ async fn sign_in_see_the_exact_input_as_text_and_approve() {
         .await;
     page.wait_for("document.querySelector('#cluster-table tbody tr')")
         .await;
+    // The all-agents queue counts what waits, and the agent's row is highlighted.
+    page.wait_for("document.getElementById('queue-count').textContent === '1'")
+        .await;
+    assert_eq!(
+        page.eval("document.querySelector('#agents-table tbody tr[data-agent=\"mallory\"]').classList.contains('has-pending')")
+            .await,
+        true
+    );
     page.eval(
         "document.querySelector('#agents-table tbody tr[data-agent=\"mallory\"]').click(); true",
     )
@@ -264,6 +272,12 @@ async fn sign_in_see_the_exact_input_as_text_and_approve() {
     );
     page.wait_for("document.querySelectorAll('#log-table tbody tr').length === 4")
         .await;
+    // The log shows the newest record first.
+    assert_eq!(
+        page.eval("document.querySelector('#log-table tbody tr td').textContent")
+            .await,
+        "3"
+    );
     assert_eq!(
         page.eval("document.getElementById('error').textContent")
             .await,
@@ -343,5 +357,41 @@ async fn sign_in_see_the_exact_input_as_text_and_approve() {
     assert_eq!(allowed["payload"]["approved_by"], "console");
     assert_eq!(allowed["payload"]["note"], "checked in the console");
     page.wait_for("document.getElementById('pending').textContent.includes('Nothing is waiting')")
+        .await;
+
+    // Someone else decides first: the console says so (the 409), rather than failing
+    // silently or claiming the approval.
+    let decision: Value = http
+        .post(format!("{base}/v1/agents/mallory/actions"))
+        .bearer_auth(token)
+        .json(&json!({"tool": "send", "input": {"body": "second"}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let second = decision["action_id"].as_str().unwrap().to_string();
+    page.wait_for(&format!(
+        "document.querySelector('#pending li[data-action=\"{second}\"]') !== null"
+    ))
+    .await;
+    let reply = http
+        .post(format!("{base}/v1/agents/mallory/actions/{second}/reject"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"approver": "bob", "reason": "not this one"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    page.eval(&format!(
+        "decide('mallory', '{second}', 'approve', {{approver: 'console', note: null}}); true"
+    ))
+    .await;
+    let shown = page
+        .wait_for("document.getElementById('error').textContent.includes('already decided') && document.getElementById('error').textContent")
+        .await;
+    assert!(shown.as_str().unwrap().contains("409"), "{shown}");
+    page.wait_for("document.getElementById('queue-count').textContent === '0'")
         .await;
 }

@@ -4,8 +4,10 @@
 
 const TOKEN_KEY = "lineage-admin-token";
 const LOG_PAGE = 50;
+const QUEUE_PAGE = 1000;
 let selectedAgent = null;
-let logAfter = -1;
+// The log page shows the records just below this seq; null: the newest.
+let logBefore = null;
 
 function $(id) { return document.getElementById(id); }
 
@@ -31,6 +33,7 @@ async function api(method, path, body) {
   if (!reply.ok) {
     const error = new Error((data && data.error) || ("HTTP " + reply.status));
     error.status = reply.status;
+    error.code = data && data.code;
     throw error;
   }
   return data;
@@ -70,7 +73,7 @@ function enter() {
 async function refresh() {
   showError(null);
   try {
-    await Promise.all([loadCluster(), loadAgents()]);
+    await Promise.all([loadCluster(), loadAgents(), loadQueue()]);
     if (selectedAgent) await loadAgent(selectedAgent);
   } catch (error) {
     showError(error);
@@ -83,8 +86,13 @@ async function loadCluster() {
   body.replaceChildren();
   for (const node of cluster.nodes) {
     const row = el("tr");
+    let contact = "this node";
+    if (node.reachable === true) contact = node.last_contact_ms + " ms ago";
+    else if (node.reachable === false) contact = node.last_contact_ms == null
+      ? "UNREACHABLE" : "UNREACHABLE (" + (node.last_contact_ms / 1000).toFixed(1) + " s)";
     row.append(el("td", node.id), el("td", node.addr), el("td", node.role),
-      el("td", node.matched_index ?? "–"), el("td", node.lag ?? "–"));
+      el("td", node.matched_index ?? "–"), el("td", node.lag ?? "–"),
+      el("td", contact, node.reachable === false ? "state-quarantined" : ""));
     body.append(row);
   }
   $("cluster-summary").textContent =
@@ -97,9 +105,10 @@ async function loadAgents() {
   const body = $("agents-table").tBodies[0];
   body.replaceChildren();
   for (const entry of agents) {
-    const row = el("tr", null, "clickable");
-    row.dataset.agent = entry.agent_id;
     const status = entry.status;
+    const waiting = status && status.actions_pending > 0;
+    const row = el("tr", null, "clickable" + (waiting ? " has-pending" : ""));
+    row.dataset.agent = entry.agent_id;
     let state = entry.state;
     if (status && !status.alive) state = "terminated";
     row.append(el("td", entry.agent_id), el("td", state, "state-" + state));
@@ -117,7 +126,7 @@ async function loadAgents() {
 
 async function selectAgent(agentId) {
   selectedAgent = agentId;
-  logAfter = -1;
+  logBefore = null;
   $("verify-result").textContent = "";
   await loadAgent(agentId).catch(showError);
 }
@@ -136,32 +145,39 @@ async function loadAgent(agentId) {
     " · scars " + status.scar_score + " / " + status.scar_limit +
     " · head " + status.head.seq;
   $("terminate").disabled = !status.alive;
-  await Promise.all([loadPending(agentId), loadLog(agentId)]);
+  await loadLog(agentId);
 }
 
-async function loadPending(agentId) {
-  const { pending } = await api("GET", agentPath(agentId, "/actions/pending"));
+// Every agent's actions waiting for approval. Rows are kept by agent and action id and
+// the list is changed only where the queue changed, so a refresh never wipes (or takes
+// the focus from) a note being typed.
+async function loadQueue() {
+  const page = await api("GET", "/v1/actions/pending?limit=" + QUEUE_PAGE);
+  const count = $("queue-count");
+  count.textContent = String(page.total);
+  count.className = "count" + (page.total > 0 ? " waiting" : "");
+  $("queue-more").textContent = page.next
+    ? (page.total - page.pending.length) + " more are waiting beyond the first " + QUEUE_PAGE + "."
+    : "";
+  const key = (agent, action) => agent + "\u0000" + action;
   const list = $("pending");
-  // Rows are kept by agent and action id and the list is changed only where the queue
-  // changed, so a refresh never wipes (or takes the focus from) a note being typed.
-  const wanted = new Set(pending.map(item => item.action.action_id));
+  const wanted = new Set(page.pending.map(item => key(item.agent_id, item.action.action_id)));
   for (const li of Array.from(list.children)) {
-    const stale = li.dataset.agent !== agentId || !wanted.has(li.dataset.action);
-    if (stale) li.remove();
+    if (!wanted.has(key(li.dataset.agent, li.dataset.action))) li.remove();
   }
-  const shown = new Set(Array.from(list.children).map(li => li.dataset.action));
-  for (const item of pending) {
-    if (!shown.has(item.action.action_id)) list.append(pendingRow(agentId, item));
+  const shown = new Set(Array.from(list.children).map(li => key(li.dataset.agent, li.dataset.action)));
+  for (const item of page.pending) {
+    if (!shown.has(key(item.agent_id, item.action.action_id))) list.append(pendingRow(item.agent_id, item));
   }
   if (list.children.length === 0) list.append(el("li", "Nothing is waiting."));
 }
 
 function pendingRow(agentId, item) {
   const action = item.action;
-  const li = el("li");
+  const li = el("li", null, "pending-row");
   li.dataset.agent = agentId;
   li.dataset.action = action.action_id;
-  li.append(el("strong", action.action_id + " · " + action.tool + " · cost " + action.cost),
+  li.append(el("strong", agentId + " · " + action.action_id + " · " + action.tool + " · cost " + action.cost),
     el("div", "requested " + item.requested_at));
   // The exact input the approval binds to, as text.
   li.append(el("pre", JSON.stringify(action.input, null, 2), "pending-input"));
@@ -187,32 +203,54 @@ async function decide(agentId, actionId, verb, body) {
   try {
     const decision = await api("POST", agentPath(agentId, "/actions/" + encodeURIComponent(actionId) + "/" + verb), body);
     showError(null);
-    $("verify-result").textContent = actionId + ": " + decision.decision;
-    await refresh();
+    $("verify-result").textContent = agentId + " " + actionId + ": " + decision.decision;
   } catch (error) {
-    showError(error);
+    // Someone else decided it first (another operator, another console): say so.
+    if (error.status === 409) {
+      showError(agentId + " " + actionId + " was already decided by someone else (409: " + error.message + ")");
+    } else {
+      showError(error);
+    }
   }
+  const shown = $("error").textContent;
+  await refresh();
+  if (shown) $("error").textContent = shown;
 }
 
 async function loadLog(agentId) {
-  const after = logAfter >= 0 ? "&after=" + logAfter : "";
-  const page = await api("GET", agentPath(agentId, "/log?limit=" + LOG_PAGE + after));
+  const before = logBefore === null ? "" : "&before=" + logBefore;
+  const page = await api("GET", agentPath(agentId, "/log?limit=" + LOG_PAGE + before));
   const body = $("log-table").tBodies[0];
   body.replaceChildren();
-  for (const record of page.records) {
+  for (const record of page.records.slice().reverse()) {
     const row = el("tr");
     const payload = el("td"); payload.append(el("pre", JSON.stringify(record.payload)));
     row.append(el("td", record.seq), el("td", record.timestamp), el("td", record.kind), payload);
     body.append(row);
   }
-  const first = page.records.length ? page.records[0].seq : "–";
-  const last = page.records.length ? page.records[page.records.length - 1].seq : "–";
-  $("log-range").textContent = "records " + first + "–" + last + " of " + (page.head.seq + 1);
+  const total = page.head ? page.head.seq + 1 : 0;
+  const oldest = page.records.length ? page.records[0].seq : null;
+  const newest = page.records.length ? page.records[page.records.length - 1].seq : null;
+  $("log-range").textContent = oldest === null
+    ? "no records"
+    : "records " + newest + "–" + oldest + " of " + total;
+  $("log-older").disabled = oldest === null || oldest === 0;
+  $("log-newer").disabled = logBefore === null;
+  $("log-newest").disabled = logBefore === null;
+  $("log-older").dataset.before = oldest === null ? "" : String(oldest);
+  $("log-newer").dataset.before = newest === null ? "" : String(newest + 1 + LOG_PAGE);
+  $("log-newer").dataset.total = String(total);
 }
 
-async function pageLog(direction) {
+async function pageLog(which) {
   if (!selectedAgent) return;
-  logAfter = Math.max(-1, logAfter + direction * LOG_PAGE);
+  if (which === "newest") {
+    logBefore = null;
+  } else {
+    const before = Number($("log-" + which).dataset.before);
+    const total = Number($("log-newer").dataset.total);
+    logBefore = which === "newer" && before >= total ? null : before;
+  }
   await loadLog(selectedAgent).catch(showError);
 }
 
@@ -245,8 +283,9 @@ document.addEventListener("DOMContentLoaded", () => {
   $("signout").addEventListener("click", signOut);
   $("verify").addEventListener("click", verify);
   $("terminate").addEventListener("click", terminate);
-  $("log-prev").addEventListener("click", () => pageLog(-1));
-  $("log-next").addEventListener("click", () => pageLog(1));
+  $("log-newest").addEventListener("click", () => pageLog("newest"));
+  $("log-newer").addEventListener("click", () => pageLog("newer"));
+  $("log-older").addEventListener("click", () => pageLog("older"));
   if (token()) enter();
   setInterval(() => { if (token()) refresh(); }, 5000);
 });
