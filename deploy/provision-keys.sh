@@ -6,10 +6,11 @@
 #   LINEAGE_CLUSTER_VKEY (the heads log's key, which the witness trusts and the
 #   checkpointer pins) and LINEAGE_WITNESS_VKEY (whose cosignatures the checkpointer checks).
 # Refuses to overwrite existing keys. Containers run as uid 10001. Run as root (sudo),
-# it gives the files to uid 10001 and to a host group, mode 0640 (directory 0750), so
-# the containers and that group can read them and nobody else: the group is
-# $LINEAGE_KEYS_GROUP, else the group of the user who ran sudo. Run unprivileged, it
-# leaves the files 0600 and says what to run.
+# it gives the files to uid 10001 and a group, mode 0640 (directory 0750): the group is
+# 10001 unless LINEAGE_KEYS_GROUP names a host group whose members may read them too,
+# e.g. your own: `sudo env LINEAGE_KEYS_GROUP=$(id -gn) deploy/provision-keys.sh DIR`
+# (sudo drops other variables). Run unprivileged, it leaves the files 0600 and says what
+# to run.
 # Usage: deploy/provision-keys.sh KEYS_DIR [BIN_DIR] [CLUSTER_NAME] [WITNESS_NAME]
 set -euo pipefail
 [ $# -ge 1 ] || { sed -n '2,10p' "$0" >&2; exit 2; }
@@ -34,11 +35,11 @@ LINEAGE_WITNESS_NAME=$witness_name
 LINEAGE_WITNESS_VKEY=$witness_vkey
 ENV
 if [ "$(id -u)" -eq 0 ]; then
-  group=${LINEAGE_KEYS_GROUP:-${SUDO_GID:-0}}
+  group=${LINEAGE_KEYS_GROUP:-10001}
   chown -R "10001:$group" "$keys"
   chmod 0750 "$keys"
   find "$keys" -type f -exec chmod 0640 {} +
-  echo "keys and $keys/compose.env written: owner uid 10001 (the containers), group $(getent group "$group" | cut -d: -f1 || echo "$group"), mode 0640"
+  echo "keys and $keys/compose.env written: owner uid 10001 (the containers), group $group, mode 0640"
 else
   echo "keys and $keys/compose.env written (mode 0600, yours)."
   echo "The containers run as uid 10001: run this as root instead, or: sudo chown -R 10001:$(id -g) $keys && sudo chmod 0750 $keys && sudo chmod 0640 $keys/*"

@@ -87,15 +87,21 @@ impl Client {
         self
     }
 
-    /// Waits at most `per_node` for each node (connect and answer), and retries for one
-    /// such wait per node: an unreachable cluster is reported in seconds, not after 15.
-    pub fn with_timeout(mut self, per_node: Duration) -> Result<Self, ClientError> {
+    /// Waits at most `connect` to reach each node and `answer` for its answer, and
+    /// retries for one connect wait per node: an unreachable cluster is reported in
+    /// seconds, not after 15, while a slow answer (a learner catching up, a large page)
+    /// still arrives.
+    pub fn with_timeouts(
+        mut self,
+        connect: Duration,
+        answer: Duration,
+    ) -> Result<Self, ClientError> {
         self.http = reqwest::Client::builder()
-            .connect_timeout(per_node)
-            .timeout(per_node)
+            .connect_timeout(connect)
+            .timeout(answer.max(connect))
             .build()
             .map_err(|e| ClientError::Config(e.to_string()))?;
-        self.retry_for = per_node * u32::try_from(self.nodes.len()).unwrap_or(u32::MAX);
+        self.retry_for = connect * u32::try_from(self.nodes.len()).unwrap_or(u32::MAX);
         Ok(self)
     }
 

@@ -20,6 +20,11 @@ pub const EXIT_USAGE: i32 = 2;
 pub const EXIT_UNREACHABLE: i32 = 3;
 pub const EXIT_AUTH: i32 = 4;
 
+/// How long a reached node has to answer (`--timeout` bounds reaching it).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Adding a node answers once the learner has caught up, which takes as long as the log.
+const ADD_NODE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
 /// Where the node URLs come from when `--url` is not given, after `LINEAGE_URL`.
 const URL_ENV_FALLBACKS: [&str; 2] = ["GUARD_URLS", "GUARD_URL"];
 const DEFAULT_URL: &str = "http://127.0.0.1:9200";
@@ -92,12 +97,14 @@ impl Target {
     }
 
     fn admin_client(&self) -> Result<Client, Failure> {
-        let token = find_admin_token(self.token_file.as_deref())?;
-        self.client(&token)
+        self.admin_client_waiting(ANSWER_TIMEOUT)
     }
 
-    fn client(&self, token: &str) -> Result<Client, Failure> {
-        Ok(Client::new(&self.urls, token)?.with_timeout(self.timeout)?)
+    /// An admin client that waits up to `answer` for an answer (a node reached within
+    /// `--timeout`).
+    fn admin_client_waiting(&self, answer: Duration) -> Result<Client, Failure> {
+        let token = find_admin_token(self.token_file.as_deref())?;
+        Ok(Client::new(&self.urls, &token)?.with_timeouts(self.timeout, answer)?)
     }
 }
 
@@ -151,6 +158,22 @@ pub fn find_admin_token(token_file: Option<&Path>) -> Result<String, Failure> {
          looked in {}",
         looked.join(", ")
     )))
+}
+
+/// An agent or action id as it goes into a URL path: the API's id rule (1-64 of
+/// `[A-Za-z0-9_-]`), so `..` or `a/b` can never name another route.
+fn path_id<'a>(id: &'a str, what: &str) -> Result<&'a str, Failure> {
+    let ok = (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(id)
+    } else {
+        Err(Failure::Usage(format!(
+            "{what} {id:?} is not an id (1-64 characters of A-Z a-z 0-9 _ -)"
+        )))
+    }
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
@@ -252,7 +275,7 @@ pub fn cluster_change(
     body: Value,
     out: &mut dyn Write,
 ) -> Result<(), Failure> {
-    let client = target.admin_client()?;
+    let client = target.admin_client_waiting(ADD_NODE_TIMEOUT)?;
     let answer = runtime()?.block_on(client.post_json(path, body))?;
     print_json(out, &answer)
 }
@@ -299,6 +322,7 @@ pub fn agent_list(target: &Target, out: &mut dyn Write) -> Result<(), Failure> {
 
 /// `lineage agent show ID`.
 pub fn agent_show(target: &Target, agent_id: &str, out: &mut dyn Write) -> Result<(), Failure> {
+    let agent_id = path_id(agent_id, "agent")?;
     let client = target.admin_client()?;
     let status = runtime()?.block_on(client.get_json(&format!("/v1/agents/{agent_id}")))?;
     if target.json {
@@ -403,6 +427,7 @@ pub fn agent_pending(
     let mut pages = Vec::new();
     match agent_id {
         Some(id) => {
+            let id = path_id(id, "agent")?;
             let answer =
                 rt.block_on(client.get_json(&format!("/v1/agents/{id}/actions/pending")))?;
             for mut entry in answer["pending"].as_array().cloned().unwrap_or_default() {
@@ -485,6 +510,7 @@ pub fn agent_decide(
     verdict: Verdict<'_>,
     out: &mut dyn Write,
 ) -> Result<(), Failure> {
+    let (agent_id, action_id) = (path_id(agent_id, "agent")?, path_id(action_id, "action")?);
     let (path, body) = match verdict {
         Verdict::Approve { note } => (
             format!("/v1/agents/{agent_id}/actions/{action_id}/approve"),
@@ -530,6 +556,7 @@ pub fn agent_terminate(
     by: &str,
     out: &mut dyn Write,
 ) -> Result<(), Failure> {
+    let agent_id = path_id(agent_id, "agent")?;
     let client = target.admin_client()?;
     let path = format!("/v1/agents/{agent_id}/terminate");
     let status =
@@ -538,6 +565,22 @@ pub fn agent_terminate(
         return print_json(out, &status);
     }
     writeln!(out, "terminated {agent_id}: {reason}").map_err(|e| Failure::Usage(e.to_string()))
+}
+
+/// `lineage checkpoint fetch`: the latest witnessed heads checkpoint (public: no token).
+pub fn checkpoint_fetch(
+    target: &Target,
+    dest: Option<&Path>,
+    out: &mut dyn Write,
+) -> Result<(), Failure> {
+    let client = Client::new(&target.urls, "")?.with_timeouts(target.timeout, ANSWER_TIMEOUT)?;
+    let note = runtime()?.block_on(client.witnessed_checkpoint())?;
+    match dest {
+        None => out
+            .write_all(note.as_bytes())
+            .map_err(|e| Failure::Usage(e.to_string())),
+        Some(path) => write_new_file(path, note.as_bytes()).map_err(Failure::Usage),
+    }
 }
 
 /// Records asked for per page by `audit fetch` (the API's maximum).
@@ -552,6 +595,7 @@ pub fn audit_fetch(
     dest: Option<&Path>,
     out: &mut dyn Write,
 ) -> Result<(), Failure> {
+    let agent_id = path_id(agent_id, "agent")?;
     let client = target.admin_client()?;
     let rt = runtime()?;
     let mut lines = String::new();

@@ -106,20 +106,21 @@ pub fn dev(nodes: u64, base_port: u16, data_dir: &Path) -> Result<(), String> {
         token_path.display(),
         addr(1)
     );
+    let cluster = urls.join(",");
     println!(
-        "  lineage --token-file {} cluster status",
+        "  lineage --url {cluster} --token-file {} cluster status",
         token_path.display()
     );
     if let (true, Ok(witness)) = (witness_running, &witness) {
         println!("Verify an agent's log against the witnessed checkpoint (AGENT: its id):");
         println!(
-            "  lineage --token-file {} audit fetch AGENT > AGENT.jsonl && lineage checkpoint \
-             fetch --out checkpoint.txt && lineage audit verify AGENT.jsonl --public-key {} \
-             --witnessed checkpoint.txt --witness-key {} --cluster {}",
+            "  lineage --url {cluster} --token-file {} audit fetch AGENT > AGENT.jsonl && \
+             lineage --url {cluster} checkpoint fetch --out checkpoint.txt && lineage audit \
+             verify AGENT.jsonl --public-key {} --witnessed checkpoint.txt --witness-key {} \
+             --cluster {cluster}",
             token_path.display(),
             audit.public_key_hex(),
             witness.vkey,
-            urls.join(",")
         );
     }
     println!("\nA child that fails is restarted; Ctrl-C, SIGTERM or SIGHUP stops everything.\n");
@@ -207,7 +208,7 @@ fn supervise_transparency(
         keys_dir.join(keys::ADMIN_TOKEN),
     );
     let metrics = format!("127.0.0.1:{checkpointer_port}");
-    let checkpointer_child = Supervised::spawn(
+    let checkpointer_child = match Supervised::spawn(
         "checkpointer".into(),
         StopOrder::Checkpointer,
         Box::new(move || {
@@ -227,6 +228,13 @@ fn supervise_transparency(
                 .arg(&metrics);
             command
         }),
-    )?;
+    ) {
+        Ok(child) => child,
+        Err(e) => {
+            // Not half a transparency stack: the witness stops too.
+            dev_supervisor::stop_all(&mut [witness_child]);
+            return Err(e);
+        }
+    };
     Ok(vec![witness_child, checkpointer_child])
 }

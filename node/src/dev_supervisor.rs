@@ -85,10 +85,8 @@ impl Supervised {
                     self.child = Some(child);
                     self.started = Instant::now();
                 }
-                Err(e) => {
-                    say(&format!("{e}; trying again in {:?}", self.backoff));
-                    self.restart_at = Some(Instant::now() + self.backoff);
-                }
+                // A child that cannot even start fails like one that exits at once.
+                Err(e) => self.failed(&e)?,
             }
         }
         Ok(())
@@ -100,6 +98,11 @@ impl Supervised {
             say(&format!("{} stopped ({status})", self.name));
             return Ok(());
         }
+        self.failed(&format!("{} exited ({status})", self.name))
+    }
+
+    /// Counts a failure and schedules the restart; an error once there are too many.
+    fn failed(&mut self, what: &str) -> Result<(), String> {
         let now = Instant::now();
         self.failures.push_back(now);
         while self
@@ -111,7 +114,7 @@ impl Supervised {
         }
         if self.failures.len() >= CRASH_LIMIT {
             return Err(format!(
-                "{} failed {CRASH_LIMIT} times within {} s (last: {status}); stopping \
+                "{} failed {CRASH_LIMIT} times within {} s (last: {what}); stopping \
                  everything. Its last lines are above",
                 self.name,
                 CRASH_WINDOW.as_secs()
@@ -121,8 +124,7 @@ impl Supervised {
             self.backoff = FIRST_BACKOFF;
         }
         say(&format!(
-            "{} exited ({status}); restarting in {:.0} s",
-            self.name,
+            "{what}; restarting in {:.0} s",
             self.backoff.as_secs_f64()
         ));
         self.restart_at = Some(now + self.backoff);
@@ -241,7 +243,7 @@ pub fn run(mut children: Vec<Supervised>) -> Result<(), String> {
 
 /// Stops the children group by group (`StopOrder`): SIGTERM to each process group, then
 /// SIGKILL to what is left after [`STOP_GRACE`].
-fn stop_all(children: &mut [Supervised]) {
+pub fn stop_all(children: &mut [Supervised]) {
     children.sort_by_key(|c| c.order);
     let mut start = 0;
     while start < children.len() {

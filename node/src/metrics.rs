@@ -19,18 +19,10 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use lineage_core::guard::{DenyReason, TerminationCause};
+
 use crate::app::App;
 use crate::store::AgentSlot;
-
-/// The deny codes the guard emits; anything else is counted as `other`.
-const DENY_CODES: [&str; 6] = [
-    "terminated",
-    "tool_not_allowed",
-    "insufficient_budget",
-    "tool_call_limit",
-    "rate_limited",
-    "rejected",
-];
 
 pub struct Metrics {
     registry: Registry,
@@ -94,7 +86,7 @@ impl Metrics {
         );
         let terminations = counter(
             "terminations_total",
-            "Agent terminations, by cause (budget, scars, operator, replay).",
+            "Agent terminations, by cause (budget, scars, replay, operator, guard_claimed).",
             &["cause"],
         );
         let agents = must(IntGaugeVec::new(
@@ -248,7 +240,7 @@ impl Metrics {
                 allowed += state.actions_allowed;
                 pending_decisions += state.approvals_requested;
                 for (code, n) in &state.denied_by_code {
-                    let code = DENY_CODES
+                    let code = DenyReason::CODES
                         .iter()
                         .find(|c| **c == code)
                         .copied()
@@ -262,14 +254,10 @@ impl Metrics {
                     active += 1;
                 } else {
                     terminated += 1;
-                    let reason = state.termination_reason.as_deref().unwrap_or("");
-                    let cause = match state.terminated_by.as_deref() {
-                        Some("guard") if reason.starts_with("budget") => "budget",
-                        Some("guard") => "scars",
-                        Some("guard (replay)") => "replay",
-                        _ => "operator",
-                    };
-                    *terminations.entry(cause).or_insert(0) += 1;
+                    let cause = state
+                        .termination_cause()
+                        .unwrap_or(TerminationCause::Operator);
+                    *terminations.entry(cause.as_str()).or_insert(0) += 1;
                 }
                 pending_now += state.pending_count();
                 if let Some(t) = state.oldest_pending_micros() {
@@ -283,7 +271,7 @@ impl Metrics {
             &["pending_approval", ""],
             pending_decisions,
         );
-        for code in DENY_CODES.iter().chain(["other"].iter()) {
+        for code in DenyReason::CODES.iter().chain(["other"].iter()) {
             self.set_counter(
                 &self.decisions,
                 &["denied", code],
@@ -297,7 +285,7 @@ impl Metrics {
                 scars.get(severity).copied().unwrap_or(0),
             );
         }
-        for cause in ["budget", "scars", "operator", "replay"] {
+        for cause in TerminationCause::ALL.map(TerminationCause::as_str) {
             self.set_counter(
                 &self.terminations,
                 &[cause],

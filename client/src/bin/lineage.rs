@@ -464,18 +464,11 @@ fn checkpoint(
 ) -> i32 {
     match command {
         CheckpointCommand::Fetch { out: path } => {
-            let fetched =
-                runtime().and_then(|rt| rt.block_on(witnessed_cli::fetch_witnessed(&target.urls)));
-            let written = fetched.and_then(|note| match &path {
-                Some(path) => std::fs::write(path, &note)
-                    .map_err(|e| format!("cannot write {}: {e}", path.display())),
-                None => out.write_all(note.as_bytes()).map_err(|e| e.to_string()),
-            });
-            match written {
+            match ops_cli::checkpoint_fetch(target, path.as_deref(), out) {
                 Ok(()) => audit_cli::EXIT_OK,
-                Err(e) => {
-                    let _ = writeln!(err, "error: {e}");
-                    audit_cli::EXIT_USAGE
+                Err(failure) => {
+                    let _ = writeln!(err, "error: {}", failure.message());
+                    failure.exit_code()
                 }
             }
         }

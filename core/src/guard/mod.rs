@@ -6,7 +6,7 @@ mod state;
 mod types;
 
 pub use decide::{decide, missing_termination, seal, Command, Decided, Draft, GuardError};
-pub use state::{ActionState, AgentState, ReplayError};
+pub use state::{ActionState, AgentState, ReplayError, TerminationCause};
 pub use types::{
     Action, ActionStatus, Decision, DenyReason, Outcome, OutcomeStatus, PendingAction, Scar,
     Severity, Status,

@@ -72,7 +72,60 @@ fn str_field<'a>(payload: &'a Value, field: &str, kind: &str) -> Result<&'a str,
         .ok_or_else(|| ReplayError(format!("{kind} record has no string '{field}'")))
 }
 
+/// Why an agent was terminated, read from its log. A `terminated` record's `by` is
+/// whatever its writer said, and an operator may write `guard`: the guard's own causes
+/// count only where the state bears them out (budget gone, scar limit reached).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TerminationCause {
+    /// The guard: an allowed action left no budget.
+    Budget,
+    /// The guard: the scar score reached the limit.
+    Scars,
+    /// The guard, at replay, wrote a termination the log was missing.
+    Replay,
+    /// An operator (`POST /terminate`).
+    Operator,
+    /// A record that says the guard terminated the agent where its state shows no cause.
+    GuardClaimed,
+}
+
+impl TerminationCause {
+    pub const ALL: [TerminationCause; 5] = [
+        TerminationCause::Budget,
+        TerminationCause::Scars,
+        TerminationCause::Replay,
+        TerminationCause::Operator,
+        TerminationCause::GuardClaimed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TerminationCause::Budget => "budget",
+            TerminationCause::Scars => "scars",
+            TerminationCause::Replay => "replay",
+            TerminationCause::Operator => "operator",
+            TerminationCause::GuardClaimed => "guard_claimed",
+        }
+    }
+}
+
 impl AgentState {
+    /// Why the agent was terminated (`None` while it is alive).
+    pub fn termination_cause(&self) -> Option<TerminationCause> {
+        let reason = self.termination_reason.as_deref()?;
+        let limit = self.policy.as_ref().map_or(0, |p| p.scar_limit);
+        let budget_gone = reason.starts_with("budget exhausted") && self.remaining() == 0;
+        let scars_reached = reason.starts_with("scar limit reached") && self.scar_score >= limit;
+        let borne_out = budget_gone || scars_reached;
+        Some(match self.terminated_by.as_deref() {
+            Some("guard") if budget_gone => TerminationCause::Budget,
+            Some("guard") if scars_reached => TerminationCause::Scars,
+            Some("guard (replay)") if borne_out => TerminationCause::Replay,
+            Some("guard" | "guard (replay)") => TerminationCause::GuardClaimed,
+            _ => TerminationCause::Operator,
+        })
+    }
+
     pub fn new() -> Self {
         Self::default()
     }

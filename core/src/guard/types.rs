@@ -106,6 +106,16 @@ pub enum DenyReason {
 }
 
 impl DenyReason {
+    /// Every `code` a denial can carry: the one list (metrics label by it).
+    pub const CODES: [&'static str; 6] = [
+        "terminated",
+        "tool_not_allowed",
+        "insufficient_budget",
+        "tool_call_limit",
+        "rate_limited",
+        "rejected",
+    ];
+
     /// The scar this denial leaves, if any (rejections carry theirs separately).
     pub fn scar(&self) -> Option<Severity> {
         match self {

@@ -69,11 +69,11 @@ fn serves_locally(request: &Request) -> bool {
     request.uri().path() == "/v1/public-key" || asks_for_local_copy(request)
 }
 
+/// `local=true`, read by the API's one query parser (a query it refuses is not a local
+/// read: it goes on to the handler, which says what is wrong with it).
 fn asks_for_local_copy(request: &Request) -> bool {
-    request
-        .uri()
-        .query()
-        .is_some_and(|q| q.split('&').any(|pair| pair == "local=true"))
+    super::query::Query::parse(request.uri().query())
+        .is_ok_and(|query| query.text("local") == Some("true"))
 }
 
 async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, ApiError> {

@@ -55,8 +55,9 @@ impl PeerContacts {
         }
     }
 
-    /// An RPC to the peer failed (no answer, or an error status).
-    pub fn failed(&self, peer: NodeId, addr: &str, error: &dyn std::fmt::Display) {
+    /// An RPC to the peer failed (no answer, or an error status). Returns whether this
+    /// began an outage (and was logged): later failures of the same outage are not.
+    pub fn failed(&self, peer: NodeId, addr: &str, error: &dyn std::fmt::Display) -> bool {
         let first = self.with_peer(peer, |c| {
             let first = c.down_since.is_none();
             c.down_since.get_or_insert_with(Instant::now);
@@ -65,6 +66,7 @@ impl PeerContacts {
         if first {
             tracing::warn!(peer, addr, %error, "peer does not answer; retrying quietly until it does");
         }
+        first
     }
 
     /// How long ago the peer last answered, or `None` if it never has.
@@ -84,16 +86,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_answer_is_recorded_and_a_failure_does_not_erase_it() {
+    fn one_report_per_outage_and_a_failure_keeps_the_last_answer() {
         let contacts = PeerContacts::default();
         assert_eq!(contacts.since_last_answer(2), None);
-        assert!(contacts.silence(2) >= Duration::ZERO);
+        // A peer not up yet: its first failure is reported, the retries are not.
+        assert!(contacts.failed(2, "127.0.0.1:1", &"refused"));
+        assert!(!contacts.failed(2, "127.0.0.1:1", &"refused"));
         contacts.answered(2);
-        let first = contacts.since_last_answer(2).expect("answered");
-        assert!(first < UNREACHABLE_AFTER);
-        contacts.failed(2, "127.0.0.1:1", &"refused");
-        contacts.failed(2, "127.0.0.1:1", &"refused");
         assert!(contacts.since_last_answer(2).is_some());
+        // A new outage is reported again, once; the last answer's time stays.
+        assert!(contacts.failed(2, "127.0.0.1:1", &"refused"));
+        assert!(!contacts.failed(2, "127.0.0.1:1", &"refused"));
+        assert!(contacts.since_last_answer(2).is_some());
+        // Peers are apart.
         assert_eq!(contacts.since_last_answer(3), None);
+        assert!(contacts.failed(3, "127.0.0.1:2", &"refused"));
     }
 }

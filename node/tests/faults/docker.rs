@@ -86,6 +86,17 @@ impl Stack {
             run(stack.compose().args(["up", "-d"])),
             "docker-compose up failed"
         );
+        // The checkpointer waits for the nodes' health (`lineage-node healthcheck
+        // --ready`, from a scratch image with no curl): by now every node says healthy.
+        for i in 0..3 {
+            let output = Command::new("docker")
+                .args(["inspect", "--format", "{{.State.Health.Status}}"])
+                .arg(stack.container(i))
+                .output()
+                .unwrap();
+            let health = String::from_utf8_lossy(&output.stdout).trim().to_string();
+            assert_eq!(health, "healthy", "node {} after `up`", i + 1);
+        }
         stack
     }
 
