@@ -10,29 +10,22 @@ use std::sync::{Arc, Mutex};
 use axum::http::StatusCode;
 use lineage_core::guard::{decide, seal, AgentState, Command, Status};
 use lineage_core::record::timestamp;
-use lineage_core::AuditKey;
 use openraft::error::{CheckIsLeaderError, RaftError};
 use serde_json::Value;
 
 use crate::api::error::ApiError;
-use crate::api::idempotency::IdempotencyKey;
 use crate::batcher::{Batcher, WriteError};
 use crate::disk_reserve::DiskReserve;
+use crate::idempotency_key::IdempotencyKey;
+use crate::keys::ClusterKeys;
 use crate::network::peer_contacts::PeerContacts;
 use crate::raft_types::{AppendRecords, ApplyOutcome, IdempotentAnswer, NodeId, Raft, RecordLine};
+use crate::store::agent_slot::AgentSlot;
 use crate::store::log_store::DurableLog;
-use crate::store::{AgentSlot, StateMachine};
+use crate::store::StateMachine;
 
 /// How long a read waits for this leader to apply its whole log before answering 503.
 const READ_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(3);
-
-/// Secrets every node of a cluster shares.
-pub struct ClusterKeys {
-    pub audit: AuditKey,
-    pub token_key: [u8; 32],
-    pub admin_token: String,
-    pub cluster_secret: String,
-}
 
 pub struct App {
     pub id: NodeId,

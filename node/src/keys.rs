@@ -7,12 +7,18 @@ use std::path::Path;
 use lineage_core::keys::{create_secret_file, read_secret_file, KeyError};
 use lineage_core::AuditKey;
 
-use crate::app::ClusterKeys;
-
 pub const AUDIT_KEY: &str = "audit.key";
 pub const TOKEN_KEY: &str = "token.key";
 pub const ADMIN_TOKEN: &str = "admin.token";
 pub const CLUSTER_SECRET: &str = "cluster.secret";
+/// Secrets every node of a cluster shares.
+pub struct ClusterKeys {
+    pub audit: AuditKey,
+    pub token_key: [u8; 32],
+    pub admin_token: String,
+    pub cluster_secret: String,
+}
+
 /// The admin token must be at least this long.
 pub const MIN_ADMIN_TOKEN_CHARS: usize = 32;
 

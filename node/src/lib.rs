@@ -11,6 +11,7 @@ pub mod batcher;
 pub mod console;
 pub mod disk_reserve;
 pub mod heads_rounds;
+pub mod idempotency_key;
 pub mod keys;
 pub mod log_noise;
 pub mod metrics;

@@ -4,7 +4,7 @@ use axum::http::HeaderMap;
 use lineage_core::token;
 
 use super::error::ApiError;
-use crate::app::ClusterKeys;
+use crate::keys::ClusterKeys;
 
 pub enum Caller {
     Admin,

@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::body::{json_bytes, parse, MAX_BODY_BYTES};
 use super::error::ApiError;
+pub use crate::idempotency_key::IdempotencyKey;
 
 /// The longest Idempotency-Key accepted, in bytes.
 const MAX_KEY_BYTES: usize = 255;
@@ -62,21 +63,6 @@ fn request_digest(target: &str, body: &Value) -> String {
 pub enum Caller {
     Agent,
     Operator,
-}
-
-/// An Idempotency-Key as the state machine stores it: scoped to the caller kind, with
-/// the digest of the request it was first sent with.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IdempotencyKey {
-    /// The key in its caller's namespace: agents' keys as sent (as before), operators'
-    /// behind an `operator\n` prefix. A header value cannot hold a newline, so the two
-    /// namespaces never meet.
-    pub scoped: String,
-    /// Digest of the request (method, path, canonical body).
-    pub request: String,
-    /// For operators, the key as sent: where a version before the namespaces stored
-    /// their answers (an unbound answer found there is refused, 409).
-    pub unscoped: Option<String>,
 }
 
 impl<T> WriteBody<T> {

@@ -14,7 +14,7 @@ use lineage_core::heads::HeadStatement;
 use lineage_core::transparency::{Hash, MerkleLevels};
 use redb::{ReadableTable, TableDefinition};
 
-use super::state_machine::AgentSlot;
+use super::agent_slot::AgentSlot;
 
 /// Leaf index → head statement (canonical JSON).
 pub const HEADS_LEAVES: TableDefinition<u64, &str> = TableDefinition::new("heads_leaves");

@@ -1,6 +1,7 @@
 //! Durable storage: the Raft log and vote in append-only segment files (`log_store`), the
 //! replicated state machine on redb (`state_machine`). The engines stay behind this module.
 
+pub mod agent_slot;
 pub mod checked_row;
 pub mod heads;
 pub mod idempotency_rows;
@@ -15,8 +16,9 @@ pub mod watermark;
 use std::path::Path;
 use std::sync::Arc;
 
+pub use agent_slot::AgentSlot;
 pub use log_store::LogStore;
-pub use state_machine::{AgentSlot, StateMachine};
+pub use state_machine::StateMachine;
 
 /// The Raft log's directory inside a node's data dir.
 pub const RAFT_LOG_DIR: &str = "raft-log";

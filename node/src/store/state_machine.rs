@@ -23,6 +23,7 @@ use openraft::{
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
+use super::agent_slot::AgentSlot;
 use super::checked_row;
 use super::heads::{self, HeadsLog, HeadsSnapshot};
 use super::idempotency_rows;
@@ -46,14 +47,6 @@ const AGENT_INDEX: TableDefinition<&str, ()> = TableDefinition::new("agent_index
 const AGENT_CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("agent_checkpoints");
 const APPLIED_KEY: &str = "last_applied";
 const MEMBERSHIP_KEY: &str = "membership";
-
-/// What the node knows about each agent.
-#[derive(Clone, Debug)]
-pub enum AgentSlot {
-    Active(Box<AgentState>),
-    /// This node's copy failed to load; it serves nothing for the agent.
-    Quarantined(String),
-}
 
 #[derive(Debug, Default)]
 pub struct SmData {
