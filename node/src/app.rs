@@ -7,13 +7,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::http::StatusCode;
-use lineage_core::guard::{decide, seal, AgentState, Command, Status};
+use lineage_core::guard::{decide, seal, AgentState, Command, GuardError, Status};
 use lineage_core::record::timestamp;
 use openraft::error::{CheckIsLeaderError, RaftError};
 use serde_json::Value;
 
-use crate::api::error::ApiError;
 use crate::batcher::{Batcher, WriteError};
 use crate::disk_reserve::DiskReserve;
 use crate::idempotency_key::IdempotencyKey;
@@ -105,10 +103,45 @@ pub enum Respond {
     Status(Box<dyn Fn(Status) -> Answer + Send + Sync>),
 }
 
-/// What the leader answers after a write.
+/// What the leader answers after a write: an HTTP status and a JSON body (the wire layer
+/// sends them; they are also what an Idempotency-Key replays).
 pub struct Answer {
-    pub status: StatusCode,
+    pub status: u16,
     pub body: Value,
+}
+
+/// Why the service could not do what was asked; `api::error` maps each to HTTP.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("agent not found")]
+    AgentNotFound,
+    #[error("agent already exists")]
+    AgentExists,
+    #[error("agent log failed verification: {0}")]
+    Quarantined(String),
+    #[error("no leader is available right now; retry")]
+    NoLeader,
+    #[error("{0}")]
+    Unavailable(String),
+    /// A decision was made on state that was behind the log; it was not applied.
+    #[error("the write was decided on stale state ({0}); retry")]
+    Stale(String),
+    #[error(transparent)]
+    Guard(#[from] GuardError),
+    /// The disk is below its reserve; nothing was recorded.
+    #[error("{0}")]
+    InsufficientStorage(String),
+    /// An Idempotency-Key first used for another request.
+    #[error("this Idempotency-Key was already used for a different request; use a new key")]
+    IdempotencyKeyReused,
+    /// An operator's key that an earlier version stored an answer under, unbound.
+    #[error("this Idempotency-Key was used before keys were bound to requests; check the agent's state, then use a new key")]
+    IdempotencyKeyAmbiguous,
+    /// The request's input cannot be stored so that every reader gets it back exactly.
+    #[error("the input cannot be recorded exactly: {0}")]
+    NotRepresentable(String),
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl App {
@@ -165,9 +198,9 @@ impl App {
 
     /// 507 while the data directory's disk is below its reserve (`disk_reserve`): call
     /// before proposing anything.
-    pub fn check_disk(&self) -> Result<(), ApiError> {
+    pub fn check_disk(&self) -> Result<(), AppError> {
         match self.disk.as_ref().map(DiskReserve::check) {
-            Some(Err(full)) => Err(ApiError::InsufficientStorage(full.to_string())),
+            Some(Err(full)) => Err(AppError::InsufficientStorage(full.to_string())),
             _ => Ok(()),
         }
     }
@@ -189,7 +222,7 @@ impl App {
 
     /// Confirms leadership with a quorum and waits until everything committed is applied
     /// here; otherwise says where the leader is.
-    pub async fn lead(&self) -> Result<Lead, ApiError> {
+    pub async fn lead(&self) -> Result<Lead, AppError> {
         match self.raft.ensure_linearizable().await {
             Ok(_) => {
                 // openraft 0.9 reads at max(committed, the leader's first entry of its
@@ -203,25 +236,25 @@ impl App {
                     .applied_index_at_least(last, "linearizable read")
                     .await
                     .map_err(|e| {
-                        ApiError::Unavailable(format!("not caught up for a read yet: {e}"))
+                        AppError::Unavailable(format!("not caught up for a read yet: {e}"))
                     })?;
                 Ok(Lead::Here)
             }
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => match f.leader_node
             {
                 Some(node) if f.leader_id != Some(self.id) => Ok(Lead::Forward(node.addr)),
-                _ => Err(ApiError::NoLeader),
+                _ => Err(AppError::NoLeader),
             },
             Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
-                Err(ApiError::NoLeader)
+                Err(AppError::NoLeader)
             }
-            Err(e) => Err(ApiError::Unavailable(e.to_string())),
+            Err(e) => Err(AppError::Unavailable(e.to_string())),
         }
     }
 
     /// Who leads, as this node currently believes (no quorum round trip). A node that
     /// believes it leads but does not is found out by `client_write`.
-    pub fn lead_for_write(&self) -> Result<Lead, ApiError> {
+    pub fn lead_for_write(&self) -> Result<Lead, AppError> {
         // Borrowed, not cloned: this runs on every write.
         let receiver = self.raft.metrics();
         let metrics = receiver.borrow();
@@ -232,8 +265,8 @@ impl App {
                 .membership()
                 .get_node(&id)
                 .map(|node| Lead::Forward(node.addr.clone()))
-                .ok_or(ApiError::NoLeader),
-            None => Err(ApiError::NoLeader),
+                .ok_or(AppError::NoLeader),
+            None => Err(AppError::NoLeader),
         }
     }
 
@@ -247,11 +280,11 @@ impl App {
         &self,
         agent_id: &str,
         f: impl FnOnce(&AgentState) -> T,
-    ) -> Result<T, ApiError> {
+    ) -> Result<T, AppError> {
         let data = self.sm.read_data();
         match data.agents.get(agent_id) {
-            None => Err(ApiError::AgentNotFound),
-            Some(AgentSlot::Quarantined(reason)) => Err(ApiError::Quarantined(reason.clone())),
+            None => Err(AppError::AgentNotFound),
+            Some(AgentSlot::Quarantined(reason)) => Err(AppError::Quarantined(reason.clone())),
             Some(AgentSlot::Active(state)) => Ok(f(state)),
         }
     }
@@ -264,7 +297,7 @@ impl App {
         command: Command,
         idempotency: Option<IdempotencyKey>,
         respond: Respond,
-    ) -> Result<Answer, ApiError> {
+    ) -> Result<Answer, AppError> {
         let lock = self.agent_lock(agent_id);
         let _serialised = lock.lock().await;
         match self
@@ -273,16 +306,16 @@ impl App {
         {
             // The state this node decided on was behind (it has just become leader):
             // catch up with everything committed and decide once more.
-            Err(ApiError::Stale(_)) => {
+            Err(AppError::Stale(_)) => {
                 self.raft
                     .ensure_linearizable()
                     .await
-                    .map_err(|_| ApiError::NoLeader)?;
+                    .map_err(|_| AppError::NoLeader)?;
                 match self
                     .decide_and_write(agent_id, &command, &idempotency, &respond)
                     .await
                 {
-                    Err(ApiError::Stale(reason)) => Err(ApiError::Unavailable(format!(
+                    Err(AppError::Stale(reason)) => Err(AppError::Unavailable(format!(
                         "the write was not applied ({reason}); retry"
                     ))),
                     other => other,
@@ -299,11 +332,11 @@ impl App {
         &self,
         agent_id: &str,
         key: &IdempotencyKey,
-    ) -> Result<Option<Answer>, ApiError> {
+    ) -> Result<Option<Answer>, AppError> {
         let lookup = |scoped: &str| {
             self.sm.idempotent_answer(agent_id, scoped).map_err(|e| {
                 tracing::error!(agent_id, error = %e, "stored idempotent answer unreadable");
-                ApiError::Unavailable(format!(
+                AppError::Unavailable(format!(
                     "the answer stored under this Idempotency-Key cannot be read back: {e}"
                 ))
             })
@@ -314,7 +347,7 @@ impl App {
             // agents' still do: an old answer there may be the operator's first answer or
             // an agent's. Neither decide again nor hand over an agent's answer: refuse.
             if lookup(unscoped)?.is_some_and(|answer| answer.request.is_empty()) {
-                return Err(ApiError::IdempotencyKeyAmbiguous);
+                return Err(AppError::IdempotencyKeyAmbiguous);
             }
         }
         let Some(answer) = stored else {
@@ -322,14 +355,20 @@ impl App {
         };
         // Answers stored before keys were bound to requests carry no digest.
         if !answer.request.is_empty() && answer.request != key.request {
-            return Err(ApiError::IdempotencyKeyReused);
+            return Err(AppError::IdempotencyKeyReused);
         }
         let body = serde_json::from_str(&answer.body)
-            .map_err(|e| ApiError::Unavailable(format!("the stored answer is not JSON: {e}")))?;
-        let status = StatusCode::from_u16(answer.status).map_err(|e| {
-            ApiError::Unavailable(format!("the stored answer has no valid status: {e}"))
-        })?;
-        Ok(Some(Answer { status, body }))
+            .map_err(|e| AppError::Unavailable(format!("the stored answer is not JSON: {e}")))?;
+        if !(100..=599).contains(&answer.status) {
+            return Err(AppError::Unavailable(format!(
+                "the stored answer has no valid status: {}",
+                answer.status
+            )));
+        }
+        Ok(Some(Answer {
+            status: answer.status,
+            body,
+        }))
     }
 
     async fn decide_and_write(
@@ -338,7 +377,7 @@ impl App {
         command: &Command,
         idempotency: &Option<IdempotencyKey>,
         respond: &Respond,
-    ) -> Result<Answer, ApiError> {
+    ) -> Result<Answer, AppError> {
         if let Some(key) = idempotency {
             if let Some(answer) = self.stored_answer(agent_id, key)? {
                 return Ok(answer);
@@ -353,22 +392,22 @@ impl App {
             let empty = AgentState::new();
             let state: &AgentState = match (data.agents.get(agent_id), command) {
                 (Some(AgentSlot::Quarantined(reason)), _) => {
-                    return Err(ApiError::Quarantined(reason.clone()))
+                    return Err(AppError::Quarantined(reason.clone()))
                 }
                 (Some(AgentSlot::Active(_)), Command::Create { .. }) => {
-                    return Err(ApiError::AgentExists)
+                    return Err(AppError::AgentExists)
                 }
                 (Some(AgentSlot::Active(state)), _) => state,
                 (None, Command::Create { .. }) => &empty,
-                (None, _) => return Err(ApiError::AgentNotFound),
+                (None, _) => return Err(AppError::AgentNotFound),
             };
             let decided = decide(state, command, now, self.keys.audit.public_key_hex())?;
             let records = seal(state, decided.drafts, &self.keys.audit, now);
             let answer = match respond {
                 Respond::Decision => Answer {
-                    status: StatusCode::OK,
+                    status: 200,
                     body: serde_json::to_value(&decided.decision)
-                        .map_err(|e| ApiError::Internal(e.to_string()))?,
+                        .map_err(|e| AppError::Internal(e.to_string()))?,
                 },
                 Respond::Status(shape) => {
                     // The status after these records, for the answer (and its idempotent
@@ -377,7 +416,7 @@ impl App {
                     let mut after = state.clone();
                     for record in &records {
                         after.apply(record).map_err(|e| {
-                            ApiError::Internal(format!("guard refused its own record: {e}"))
+                            AppError::Internal(format!("guard refused its own record: {e}"))
                         })?;
                     }
                     shape(after.status())
@@ -388,9 +427,9 @@ impl App {
         let idempotency = match idempotency {
             Some(key) => Some(IdempotentAnswer {
                 key: key.scoped.clone(),
-                status: answer.status.as_u16(),
+                status: answer.status,
                 body: serde_json::to_string(&answer.body)
-                    .map_err(|e| ApiError::Internal(e.to_string()))?,
+                    .map_err(|e| AppError::Internal(e.to_string()))?,
                 request: key.request.clone(),
             }),
             None => None,
@@ -402,7 +441,7 @@ impl App {
             .into_iter()
             .map(RecordLine::new)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ApiError::NotRepresentable(e.to_string()))?;
+            .map_err(|e| AppError::NotRepresentable(e.to_string()))?;
         let entry = AppendRecords {
             agent_id: agent_id.to_string(),
             records,
@@ -410,11 +449,11 @@ impl App {
         };
         match self.batcher.write(entry).await {
             Ok(ApplyOutcome::Applied) => Ok(answer),
-            Ok(ApplyOutcome::Rejected(reason)) => Err(ApiError::Stale(reason)),
-            Err(WriteError::NotLeader) => Err(ApiError::Unavailable(
+            Ok(ApplyOutcome::Rejected(reason)) => Err(AppError::Stale(reason)),
+            Err(WriteError::NotLeader) => Err(AppError::Unavailable(
                 "leadership changed before the write committed; retry with the same Idempotency-Key".into(),
             )),
-            Err(WriteError::Failed(e)) => Err(ApiError::Unavailable(e)),
+            Err(WriteError::Failed(e)) => Err(AppError::Unavailable(e)),
         }
     }
 }

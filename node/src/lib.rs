@@ -66,9 +66,7 @@ pub struct NodeConfig {
     pub disk_reserve_bytes: u64,
 }
 
-/// Default milliseconds between the state machine's fsynced commits (see
-/// `store::state_machine`): rare enough that the fsync stall stays out of p99 latency.
-pub const DEFAULT_STATE_FSYNC_INTERVAL_MS: u64 = 5_000;
+pub use store::DEFAULT_STATE_FSYNC_INTERVAL_MS;
 
 /// Default [`NodeConfig::cluster_name`].
 pub const DEFAULT_CLUSTER_NAME: &str = "lineage.local/cluster";

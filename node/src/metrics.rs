@@ -1,4 +1,4 @@
-//! Prometheus metrics at `GET /metrics` (text exposition format).
+//! Prometheus metrics, served at `GET /metrics` by `api::metrics_http`.
 //!
 //! Guard metrics (decisions, scars, terminations, agents, approvals) are derived at scrape
 //! time from the applied state machine, which every node holds in full: each node's
@@ -7,12 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::Instant;
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::http::header::CONTENT_TYPE;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use lineage_core::record::timestamp;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -21,8 +16,19 @@ use prometheus::{
 
 use lineage_core::guard::{DenyReason, TerminationCause};
 
-use crate::app::App;
-use crate::store::AgentSlot;
+use crate::network::peer_contacts::PeerContacts;
+use crate::raft_types::{NodeId, Raft};
+use crate::store::{AgentSlot, StateMachine};
+
+/// What the metrics read from a node: its applied state, its Raft, when each peer last
+/// answered. Narrow on purpose, so metrics need nothing of the service or HTTP.
+pub struct NodeView<'a> {
+    pub id: NodeId,
+    pub sm: &'a StateMachine,
+    pub raft: &'a Raft,
+    pub committed_index: u64,
+    pub peers: &'a PeerContacts,
+}
 
 pub struct Metrics {
     registry: Registry,
@@ -218,7 +224,8 @@ impl Metrics {
         exported.insert(key, total);
     }
 
-    fn refresh(&self, app: &App) {
+    /// Sets every state-derived figure from what this node holds now.
+    pub fn refresh(&self, node: &NodeView<'_>) {
         let mut allowed = 0u64;
         let mut pending_decisions = 0u64;
         let mut denied: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -228,7 +235,7 @@ impl Metrics {
         let mut pending_now = 0usize;
         let mut oldest_pending: Option<i64> = None;
         {
-            let data = app.sm.read_data();
+            let data = node.sm.read_data();
             for slot in data.agents.values() {
                 let state = match slot {
                     AgentSlot::Quarantined(_) => {
@@ -303,41 +310,38 @@ impl Metrics {
         let age = oldest_pending.map_or(0.0, |t| (timestamp::now_micros() - t).max(0) as f64 / 1e6);
         self.oldest_pending_age.set(age);
 
-        let metrics = app.raft.metrics().borrow().clone();
+        let metrics = node.raft.metrics().borrow().clone();
         self.raft_term.set(metrics.current_term as i64);
         self.raft_leader
             .set(metrics.current_leader.unwrap_or(0) as i64);
         self.raft_is_leader
-            .set(i64::from(metrics.current_leader == Some(app.id)));
+            .set(i64::from(metrics.current_leader == Some(node.id)));
         let last = metrics.last_log_index.unwrap_or(0);
         self.raft_last_log_index.set(last as i64);
         self.raft_applied_index
             .set(metrics.last_applied.map_or(0, |l| l.index) as i64);
-        self.raft_commit_index.set(
-            app.committed_index
-                .load(std::sync::atomic::Ordering::Relaxed) as i64,
-        );
+        self.raft_commit_index.set(node.committed_index as i64);
         self.raft_snapshot_index
             .set(metrics.snapshot.map_or(0, |l| l.index) as i64);
         self.raft_peer_last_contact.reset();
-        if metrics.current_leader == Some(app.id) {
+        if metrics.current_leader == Some(node.id) {
             for peer in metrics
                 .membership_config
                 .membership()
                 .nodes()
                 .map(|(id, _)| *id)
             {
-                if peer != app.id {
+                if peer != node.id {
                     self.raft_peer_last_contact
                         .with_label_values(&[&peer.to_string()])
-                        .set(app.peers.silence(peer).as_secs_f64());
+                        .set(node.peers.silence(peer).as_secs_f64());
                 }
             }
         }
         self.raft_replication_lag.reset();
         if let Some(replication) = &metrics.replication {
             for (follower, matched) in replication {
-                if *follower == app.id {
+                if *follower == node.id {
                     continue;
                 }
                 let matched = matched.map_or(0, |l| l.index);
@@ -348,7 +352,8 @@ impl Metrics {
         }
     }
 
-    fn render(&self) -> Result<String, String> {
+    /// The text exposition format of every metric.
+    pub fn render(&self) -> Result<String, String> {
         let mut buffer = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut buffer)
@@ -357,90 +362,5 @@ impl Metrics {
             .encode(&self.process_registry.gather(), &mut buffer)
             .map_err(|e| e.to_string())?;
         String::from_utf8(buffer).map_err(|e| e.to_string())
-    }
-}
-
-/// `GET /metrics`.
-pub async fn serve(State(app): State<std::sync::Arc<App>>) -> Response {
-    app.metrics.refresh(&app);
-    match app.metrics.render() {
-        Ok(text) => ([(CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
-        Err(e) => crate::api::error::ApiError::Internal(e).into_response(),
-    }
-}
-
-/// Times every request by its route template (bounded cardinality), method and status,
-/// inside a `request` span that carries the agent and action ids, the node and the term.
-pub async fn track(
-    State(app): State<std::sync::Arc<App>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    use tracing::Instrument;
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched".to_string(), |p| p.as_str().to_string());
-    let method = request.method().to_string();
-    let (agent_id, action_id) = ids_in_path(request.uri().path());
-    let term = app.raft.metrics().borrow().current_term;
-    let span = tracing::info_span!(
-        "request",
-        method = %method,
-        route = %route,
-        agent_id = agent_id.unwrap_or(""),
-        action_id = action_id.unwrap_or(""),
-        node_id = app.id,
-        term,
-    );
-    let start = Instant::now();
-    let response = next.run(request).instrument(span.clone()).await;
-    let elapsed = start.elapsed();
-    let status = response.status();
-    span.in_scope(|| {
-        let elapsed_ms = elapsed.as_secs_f64() * 1e3;
-        // A 503 says why where it is made (`ApiError`); one line per failure is enough.
-        if status.is_server_error() && status != axum::http::StatusCode::SERVICE_UNAVAILABLE {
-            tracing::warn!(status = status.as_u16(), elapsed_ms, "request failed");
-        } else {
-            tracing::debug!(status = status.as_u16(), elapsed_ms, "request");
-        }
-    });
-    app.metrics
-        .http_request_duration
-        .with_label_values(&[&method, &route, status.as_str()])
-        .observe(elapsed.as_secs_f64());
-    response
-}
-
-/// The agent id and action id in a `/v1/agents/{id}/actions/{action_id}/…` path.
-fn ids_in_path(path: &str) -> (Option<&str>, Option<&str>) {
-    let mut parts = path.trim_start_matches('/').split('/');
-    if parts.next() != Some("v1") || parts.next() != Some("agents") {
-        return (None, None);
-    }
-    let agent = parts.next().filter(|s| !s.is_empty());
-    let action = match (parts.next(), parts.next()) {
-        (Some("actions"), Some(id)) if id != "pending" => Some(id),
-        _ => None,
-    };
-    (agent, action)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn ids_come_from_agent_paths_only() {
-        use super::ids_in_path;
-        assert_eq!(
-            ids_in_path("/v1/agents/bot/actions/act-3/approve"),
-            (Some("bot"), Some("act-3"))
-        );
-        assert_eq!(
-            ids_in_path("/v1/agents/bot/actions/pending"),
-            (Some("bot"), None)
-        );
-        assert_eq!(ids_in_path("/v1/agents/bot"), (Some("bot"), None));
-        assert_eq!(ids_in_path("/v1/cluster"), (None, None));
     }
 }

@@ -107,7 +107,9 @@ async fn write(
     respond: Respond,
 ) -> Result<Response> {
     let answer = app.execute(agent_id, command, key, respond).await?;
-    Ok((answer.status, Json(answer.body)).into_response())
+    let status = StatusCode::from_u16(answer.status)
+        .map_err(|e| ApiError::Internal(format!("answer status {}: {e}", answer.status)))?;
+    Ok((status, Json(answer.body)).into_response())
 }
 
 fn caller(is_admin: bool) -> Caller {
@@ -120,7 +122,7 @@ fn caller(is_admin: bool) -> Caller {
 
 fn status_answer(status: lineage_core::Status) -> Answer {
     Answer {
-        status: StatusCode::OK,
+        status: StatusCode::OK.as_u16(),
         body: serde_json::to_value(status).unwrap_or(Value::Null),
     }
 }
@@ -148,7 +150,7 @@ pub async fn create_agent(
         key,
         command,
         Respond::Status(Box::new(move |status| Answer {
-            status: StatusCode::OK,
+            status: StatusCode::OK.as_u16(),
             body: json!({"agent": status, "token": token}),
         })),
     )

@@ -6,6 +6,8 @@ use axum::response::{IntoResponse, Response};
 use lineage_core::guard::GuardError;
 use serde_json::json;
 
+use crate::app::AppError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("{0}")]
@@ -108,6 +110,25 @@ impl ApiError {
                 (StatusCode::UNPROCESSABLE_ENTITY, "input_not_representable")
             }
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl From<AppError> for ApiError {
+    fn from(error: AppError) -> Self {
+        match error {
+            AppError::AgentNotFound => ApiError::AgentNotFound,
+            AppError::AgentExists => ApiError::AgentExists,
+            AppError::Quarantined(reason) => ApiError::Quarantined(reason),
+            AppError::NoLeader => ApiError::NoLeader,
+            AppError::Unavailable(reason) => ApiError::Unavailable(reason),
+            AppError::Stale(reason) => ApiError::Stale(reason),
+            AppError::Guard(e) => ApiError::Guard(e),
+            AppError::InsufficientStorage(reason) => ApiError::InsufficientStorage(reason),
+            AppError::IdempotencyKeyReused => ApiError::IdempotencyKeyReused,
+            AppError::IdempotencyKeyAmbiguous => ApiError::IdempotencyKeyAmbiguous,
+            AppError::NotRepresentable(reason) => ApiError::NotRepresentable(reason),
+            AppError::Internal(reason) => ApiError::Internal(reason),
         }
     }
 }

@@ -60,7 +60,7 @@ pub async fn route_to_leader(
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         }
-        Err(e) => e.into_response(),
+        Err(e) => ApiError::from(e).into_response(),
     }
 }
 

@@ -7,6 +7,7 @@ pub mod body;
 pub mod error;
 pub mod forward;
 pub mod idempotency;
+pub mod metrics_http;
 pub mod openapi;
 pub mod query;
 pub mod route_book;
@@ -100,7 +101,7 @@ fn local_routes() -> RouteBook {
         // Public and the same on every node: never forwarded.
         .route("/v1/openapi.json", &[Method::GET], get(openapi::serve))
         .merge(crate::console::routes())
-        .route("/metrics", &[Method::GET], get(crate::metrics::serve))
+        .route("/metrics", &[Method::GET], get(metrics_http::serve))
 }
 
 /// Every (method, path) a node serves, node-to-node Raft routes included.
@@ -132,7 +133,7 @@ pub fn router(app: Arc<App>) -> Router {
         .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
-            crate::metrics::track,
+            metrics_http::track,
         ))
         .with_state(app)
 }

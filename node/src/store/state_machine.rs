@@ -255,7 +255,7 @@ impl StateMachine {
         let writer = SmWriter::spawn(
             db.clone(),
             WRITER_TABLES,
-            std::time::Duration::from_millis(crate::DEFAULT_STATE_FSYNC_INTERVAL_MS),
+            std::time::Duration::from_millis(super::DEFAULT_STATE_FSYNC_INTERVAL_MS),
         )
         .map_err(sm_err)?;
         let sm = StateMachine {

@@ -1,0 +1,103 @@
+//! The HTTP side of the metrics: `GET /metrics` (refreshes the registry from this node,
+//! then renders it) and the middleware that times every request inside its span.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use crate::app::App;
+use crate::metrics::NodeView;
+
+/// `GET /metrics`.
+pub async fn serve(State(app): State<Arc<App>>) -> Response {
+    app.metrics.refresh(&NodeView {
+        id: app.id,
+        sm: &app.sm,
+        raft: &app.raft,
+        committed_index: app.committed_index.load(Ordering::Relaxed),
+        peers: &app.peers,
+    });
+    match app.metrics.render() {
+        Ok(text) => ([(CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
+        Err(e) => ApiError::Internal(e).into_response(),
+    }
+}
+
+/// Times every request by its route template (bounded cardinality), method and status,
+/// inside a `request` span that carries the agent and action ids, the node and the term.
+pub async fn track(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    use tracing::Instrument;
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched".to_string(), |p| p.as_str().to_string());
+    let method = request.method().to_string();
+    let (agent_id, action_id) = ids_in_path(request.uri().path());
+    let term = app.raft.metrics().borrow().current_term;
+    let span = tracing::info_span!(
+        "request",
+        method = %method,
+        route = %route,
+        agent_id = agent_id.unwrap_or(""),
+        action_id = action_id.unwrap_or(""),
+        node_id = app.id,
+        term,
+    );
+    let start = Instant::now();
+    let response = next.run(request).instrument(span.clone()).await;
+    let elapsed = start.elapsed();
+    let status = response.status();
+    span.in_scope(|| {
+        let elapsed_ms = elapsed.as_secs_f64() * 1e3;
+        // A 503 says why where it is made (`ApiError`); one line per failure is enough.
+        if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+            tracing::warn!(status = status.as_u16(), elapsed_ms, "request failed");
+        } else {
+            tracing::debug!(status = status.as_u16(), elapsed_ms, "request");
+        }
+    });
+    app.metrics
+        .http_request_duration
+        .with_label_values(&[&method, &route, status.as_str()])
+        .observe(elapsed.as_secs_f64());
+    response
+}
+
+/// The agent id and action id in a `/v1/agents/{id}/actions/{action_id}/…` path.
+fn ids_in_path(path: &str) -> (Option<&str>, Option<&str>) {
+    let mut parts = path.trim_start_matches('/').split('/');
+    if parts.next() != Some("v1") || parts.next() != Some("agents") {
+        return (None, None);
+    }
+    let agent = parts.next().filter(|s| !s.is_empty());
+    let action = match (parts.next(), parts.next()) {
+        (Some("actions"), Some(id)) if id != "pending" => Some(id),
+        _ => None,
+    };
+    (agent, action)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ids_come_from_agent_paths_only() {
+        use super::ids_in_path;
+        assert_eq!(
+            ids_in_path("/v1/agents/bot/actions/act-3/approve"),
+            (Some("bot"), Some("act-3"))
+        );
+        assert_eq!(
+            ids_in_path("/v1/agents/bot/actions/pending"),
+            (Some("bot"), None)
+        );
+        assert_eq!(ids_in_path("/v1/agents/bot"), (Some("bot"), None));
+        assert_eq!(ids_in_path("/v1/cluster"), (None, None));
+    }
+}
