@@ -197,7 +197,7 @@ pub fn verify_verified_log(
 }
 
 /// Fetches the agent's head proof in the witnessed tree and up to
-/// [`MAX_EARLIER_STATEMENTS`] earlier statements, newest first, from any node in `urls`.
+/// `MAX_EARLIER_STATEMENTS` earlier statements, newest first, from any node in `urls`.
 pub async fn fetch_head_proofs(
     urls: &[String],
     agent_id: &str,

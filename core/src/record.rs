@@ -130,7 +130,8 @@ impl Record {
         }
     }
 
-    /// The hash recomputed from the content, as lowercase hex.
+    /// The hash recomputed from the content (the 32 bytes; `hex::encode` it to compare
+    /// with [`Record::hash`]).
     pub fn recompute_hash(&self) -> [u8; 32] {
         content_hash(&canonical_content(
             self.seq,

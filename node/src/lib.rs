@@ -1,5 +1,28 @@
-//! `lineage_node`: a Lineage Cluster guard node. [`start`] wires it top to bottom:
+//! `lineage_node`: a Lineage Cluster guard node. [`run`] wires it top to bottom:
 //! config → keys → storage → network → raft → app → routes.
+//!
+//! # Follow a write
+//!
+//! An agent's `POST /v1/agents/{id}/actions`, function by function:
+//!
+//! 1. [`api::router`] routes it; [`api::forward::route_to_leader`] relays it to the leader
+//!    unless this node leads.
+//! 2. [`api::agents::request_action`] checks the token, parses the body and binds its
+//!    Idempotency-Key to the request ([`api::idempotency::WriteBody`]).
+//! 3. [`app::App::execute`] takes the agent's lock; a stored answer for the key is
+//!    replayed, a full disk refuses ([`disk_reserve`]), then
+//!    [`lineage_core::guard::decide`] and [`lineage_core::guard::seal`] make the signed
+//!    records, each turned into the line every node will store
+//!    ([`raft_types::RecordLine::new`]).
+//! 4. [`batcher::Batcher::write`] joins concurrent writes into one Raft entry
+//!    ([`raft_types::Proposal::Writes`]).
+//! 5. openraft appends it to [`store::log_store::LogStore`]: one write and fdatasync per
+//!    group, then the [`store::watermark`]; followers get it through
+//!    [`network::raft_client`] and [`network::raft_routes`].
+//! 6. Once a quorum holds it, [`store::StateMachine`] applies it:
+//!    [`store::state_machine::check_extends`] (seq, prev_hash, hash, actor), then the
+//!    guard fold; [`store::sm_writer`] commits the rows behind it.
+//! 7. The leader's `execute` answers with the decision (and stored it under the key).
 
 // openraft's error types (StorageError, RaftError) are large by design and appear in
 // every storage signature; boxing them would fight the trait definitions.

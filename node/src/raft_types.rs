@@ -1,5 +1,6 @@
-//! The Raft type configuration: one kind of application entry, a batch of "append these
-//! signed records to this agent's log".
+//! The Raft type configuration and its three kinds of application entry
+//! ([`Proposal`]): a batch of "append these signed records to this agent's log"
+//! (group commit), a heads-log round, and a witnessed checkpoint to store.
 
 use std::borrow::Cow;
 use std::io::Cursor;

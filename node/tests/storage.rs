@@ -1,4 +1,5 @@
-//! The redb storage against openraft's own storage test suite, and reopen tests.
+//! The storage (the Raft log in segment files, the state machine on redb) against
+//! openraft's own storage test suite, and reopen tests.
 
 use lineage_core::guard::{decide, seal, AgentState, Command};
 use lineage_core::{AuditKey, Policy, ToolRule};
@@ -10,9 +11,11 @@ use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::testing::{log_id, StoreBuilder, Suite};
 use openraft::{Entry, EntryPayload, RaftLogReader, StorageError};
 
-struct RedbBuilder;
+struct SegmentLogAndRedbBuilder;
 
-impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for RedbBuilder {
+impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir>
+    for SegmentLogAndRedbBuilder
+{
     async fn build(
         &self,
     ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<u64>> {
@@ -24,7 +27,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Red
 
 #[test]
 fn openraft_storage_suite_passes() {
-    Suite::test_all(RedbBuilder).expect("openraft storage suite");
+    Suite::test_all(SegmentLogAndRedbBuilder).expect("openraft storage suite");
 }
 
 fn create_entries(key: &AuditKey) -> Vec<AppendRecords> {

@@ -176,7 +176,9 @@ impl AgentState {
     /// Folds one record in. The record's chain position is the caller's to check
     /// (see [`crate::verify`]); this checks that it makes sense as a guard record.
     pub fn apply(&mut self, record: &Record) -> Result<(), ReplayError> {
-        // Checked first: a refused record must leave the state untouched.
+        // The hash is checked before anything changes. A later check can refuse a record
+        // after a counter has moved, so a caller that sees an error must drop this
+        // state (the node quarantines the agent; replay stops).
         let mut leaf = [0u8; 32];
         hex::decode_to_slice(&record.hash, &mut leaf)
             .map_err(|_| ReplayError(format!("seq {}: hash is not 64 hex digits", record.seq)))?;

@@ -11,7 +11,7 @@
 //! point: `log_store` docs). Recovery may cut a bad frame only
 //! beyond the watermark.
 //!
-//! Layout: two slots of [`SLOT_BYTES`] at offsets 0 and [`SLOT_SPACING`] (separate 4 KiB
+//! Layout: two slots of `SLOT_BYTES` at offsets 0 and `SLOT_SPACING` (separate 4 KiB
 //! blocks, so a torn or zeroed block loses at most one), written alternately with a
 //! rising generation; each carries its own CRC. The newest valid slot wins; the older one
 //! is still a valid watermark when a write of the newer one tears.
