@@ -353,6 +353,10 @@ impl Checkpointer {
 
     /// Checks `note` against what was accepted; returns the checkpoint to submit (the
     /// new one if it checked out, else the old one) and any alarms.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the monitor's checks run in the order C2SP and the alarms need; split, each piece would take the whole round's state"
+    )]
     async fn monitor(
         &self,
         accepted: Option<Accepted>,
@@ -560,6 +564,10 @@ impl Checkpointer {
     }
 
     /// Submits the accepted checkpoint to one witness; `Err` is an alarm.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one witness request and every answer the protocol allows, each with its own handling"
+    )]
     async fn submit(
         &self,
         witness: &WitnessTarget,

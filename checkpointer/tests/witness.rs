@@ -177,6 +177,10 @@ fn check_cosignature(line: &str, vkey: &str, checkpoint_text: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a scenario test: every case of the protocol in order, against one witness"
+)]
 async fn every_case_of_the_protocol_and_a_kill_between_requests() {
     let log_key = AuditKey::from_seed([11; 32]);
     let log_vkey = NoteSigner::new(ORIGIN, &log_key).unwrap().vkey();

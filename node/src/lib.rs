@@ -129,6 +129,10 @@ fn raft_config(id: NodeId, snapshot_every: u64, elect: bool) -> Result<openraft:
 }
 
 /// Starts a node and serves until SIGINT or SIGTERM.
+#[expect(
+    clippy::too_many_lines,
+    reason = "start-up wiring in order (keys, storage, network, raft, app, routes); each step depends on the one before"
+)]
 pub async fn run(config: NodeConfig) -> Result<(), String> {
     let keys = keys::load(&config.keys_dir, config.admin_token.clone())?;
     // Refuse a name no note can be signed under before anything starts.

@@ -64,6 +64,10 @@ fn must<T>(result: prometheus::Result<T>) -> T {
 }
 
 impl Metrics {
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the metric definitions, one after another"
+    )]
     pub fn new(node_id: u64) -> Self {
         let registry = Registry::new_custom(
             Some("lineage".into()),
@@ -225,6 +229,10 @@ impl Metrics {
     }
 
     /// Sets every state-derived figure from what this node holds now.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one pass over the state sets every figure; split, each part would walk the agents again"
+    )]
     pub fn refresh(&self, node: &NodeView<'_>) {
         let mut allowed = 0u64;
         let mut pending_decisions = 0u64;

@@ -137,6 +137,10 @@ fn assert_sorted_keys(text: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a scenario test: every endpoint and error case against one node, in order"
+)]
 async fn every_endpoint_and_error_case() {
     let node = start().await;
     let admin = Some(ADMIN);

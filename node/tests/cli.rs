@@ -75,6 +75,10 @@ fn ok(run: Run, what: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a scenario test: an operator's day, in order, against one cluster"
+)]
 async fn an_operators_day_with_the_cli() {
     let cluster = Cluster::start(3).await;
 

@@ -171,6 +171,10 @@ async fn open_page(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a scenario test: one browser session, in order"
+)]
 async fn sign_in_see_the_exact_input_as_text_and_approve() {
     let Some(chromium) = program_or_skip(
         &["chromium", "chromium-browser", "google-chrome"],

@@ -93,6 +93,10 @@ fn fill(dir: &Path, limit_mb: u64) -> PathBuf {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a scenario test: fill, refuse, free, serve again, in order"
+)]
 async fn a_full_disk_refuses_writes_cleanly_and_serves_again_once_space_returns() {
     let tmp = tempfile::tempdir().unwrap();
     let Some(mount) = loop_disk::loop_disk_or_skip(tmp.path(), "disk", 64) else {

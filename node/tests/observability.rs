@@ -254,6 +254,10 @@ async fn firing_alerts(http: &reqwest::Client, prometheus: &Prometheus) -> Vec<V
 const RECORDS: redb::TableDefinition<(&str, u64), &str> = redb::TableDefinition::new("records");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a scenario test: one Prometheus, the quiet state, then each alert's cause, in order"
+)]
 async fn prometheus_fires_the_quarantine_and_scar_burst_alerts() {
     let Some(binary) = program_or_skip(&["prometheus"], "LINEAGE_REQUIRE_PROMETHEUS") else {
         return;

@@ -225,6 +225,10 @@ fn alarms(metrics: &str) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a scenario test: the whole transparency story against one cluster, in order"
+)]
 async fn truncation_and_rewrite_are_caught_by_checkpointer_and_auditor() {
     let witness_bin = sibling_binary("lineage-witness");
     let checkpointer_bin = sibling_binary("lineage-checkpointer");

@@ -121,6 +121,10 @@ async fn wait_heads(http: &reqwest::Client, url: &str, at_least: u64) -> Result<
     Err(format!("heads log did not reach {at_least} in 120 s"))
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one measured run, step by step: setup, the rounds, the report"
+)]
 async fn run() -> Result<(), String> {
     let agents = flag("--agents", 10_000).clamp(10, 100_000);
     let percent = flag("--changed-percent", 1).clamp(1, 100);

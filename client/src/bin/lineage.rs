@@ -231,6 +231,10 @@ fn actor(given: Option<String>) -> String {
         .unwrap_or_else(|| "operator".to_string())
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the command dispatch: one arm per command"
+)]
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());

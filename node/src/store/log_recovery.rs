@@ -61,6 +61,10 @@ pub(super) struct Recovered {
 
 /// Opens the segments in `dir`, judges any damage against the watermark, stores a repair
 /// floor when needed, and then cuts what cannot be read.
+#[expect(
+    clippy::too_many_lines,
+    reason = "start-up recovery in Protocol-Aware Recovery's order; each step's crash reasoning sits beside it"
+)]
 pub(super) fn recover(
     dir: &Path,
     last_purged: Option<Id>,
@@ -313,6 +317,10 @@ fn segment_firsts(dir: &Path) -> Result<impl Iterator<Item = u64>, String> {
 /// segments (the damaged one included, whole), every readable frame after `last_purged`,
 /// the damage, and the segments after the damaged one (to be deleted with it).
 #[allow(clippy::type_complexity)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "the segment scan: each frame's checks in order, next to the crash reasoning for each"
+)]
 fn scan(
     dir: &Path,
     last_purged: Option<Id>,

@@ -151,6 +151,10 @@ fn is_linearizable(tester: LinearizabilityTester<usize, GuardModel>) -> bool {
 
 /// Checks a history against the final logs (`logs[node][agent]` = records as JSON).
 /// Returns every violation found; empty means the run kept every promise.
+#[expect(
+    clippy::too_many_lines,
+    reason = "the history checker: one pass over the history, each invariant checked where its data is"
+)]
 pub fn check(
     events: &[Event],
     logs: &[BTreeMap<String, Vec<Value>>],

@@ -283,6 +283,10 @@ async fn follower_disk_wiped_under_load() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a table of broken histories and logs, each with the violation it must produce"
+)]
 fn the_checker_catches_broken_histories_and_logs() {
     let key = lineage_core::AuditKey::from_seed([2; 32]);
     // A real log: create, then three allowed requests.
