@@ -10,6 +10,7 @@ use std::path::Path;
 use ed25519_dalek::{Signature, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
+use crate::guard::RecordKind;
 use crate::keys::parse_public_key;
 use crate::record::{Head, Record, MAX_RECORD_BYTES, ZERO_HASH};
 
@@ -126,7 +127,7 @@ impl Verifier {
         let line = index + 1;
         let fail = |reason: String| VerifyFailure::at(line, Some(record.seq), reason);
         if index == 0 {
-            if record.kind != "genesis" {
+            if record.kind != RecordKind::Genesis.as_str() {
                 return Err(fail("first record is not a genesis record".into()));
             }
             let declared = match record.payload.get("public_key").and_then(|k| k.as_str()) {
@@ -151,7 +152,7 @@ impl Verifier {
         if record.seq != index {
             return Err(fail(format!("expected seq {index}, found {}", record.seq)));
         }
-        if index > 0 && record.kind == "genesis" {
+        if index > 0 && record.kind == RecordKind::Genesis.as_str() {
             return Err(fail("genesis record after start of log".into()));
         }
         if record.prev_hash != self.prev_hash {

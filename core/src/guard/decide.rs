@@ -8,7 +8,9 @@
 use serde_json::{json, Value};
 
 use super::state::AgentState;
-use super::types::{ActionStatus, Decision, DenyReason, Outcome, OutcomeStatus, Severity};
+use super::types::{
+    ActionStatus, Decision, DenyReason, Outcome, OutcomeStatus, RecordKind, Severity,
+};
 use crate::canonical::MAX_VALUE_DEPTH;
 use crate::keys::AuditKey;
 use crate::policy::Policy;
@@ -79,7 +81,7 @@ pub enum GuardError {
 /// A record before sealing: its kind and payload.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Draft {
-    pub kind: &'static str,
+    pub kind: RecordKind,
     pub payload: Value,
 }
 
@@ -91,7 +93,7 @@ pub struct Decided {
     pub decision: Option<Decision>,
 }
 
-fn draft(kind: &'static str, payload: Value) -> Draft {
+fn draft(kind: RecordKind, payload: Value) -> Draft {
     Draft { kind, payload }
 }
 
@@ -116,10 +118,10 @@ pub fn decide(
             Ok(Decided {
                 drafts: vec![
                     draft(
-                        "genesis",
+                        RecordKind::Genesis,
                         json!({"log_id": agent_id, "public_key": public_key}),
                     ),
-                    draft("policy", json!({"policy": policy.to_value()})),
+                    draft(RecordKind::Policy, json!({"policy": policy.to_value()})),
                 ],
                 decision: None,
             })
@@ -135,13 +137,16 @@ pub fn decide(
             let cost = cost.unwrap_or(0).max(rule.map_or(0, |r| r.cost));
             let action_id = format!("act-{}", state.actions_requested + 1);
             let mut drafts = vec![draft(
-                "action_requested",
+                RecordKind::ActionRequested,
                 json!({"action_id": action_id, "cost": cost, "input": input, "tool": tool}),
             )];
             let decision = match check(state, policy, tool, cost, now) {
                 Err(reason) => deny(state, &action_id, reason, &mut drafts),
                 Ok(rule_requires_approval) if rule_requires_approval => {
-                    drafts.push(draft("approval_required", json!({"action_id": action_id})));
+                    drafts.push(draft(
+                        RecordKind::ApprovalRequired,
+                        json!({"action_id": action_id}),
+                    ));
                     Decision::PendingApproval { action_id }
                 }
                 Ok(_) => allow(state, &action_id, cost, None, None, &mut drafts),
@@ -183,7 +188,7 @@ pub fn decide(
         } => {
             pending_action(state, action_id)?;
             let mut drafts = vec![draft(
-                "action_rejected",
+                RecordKind::ActionRejected,
                 json!({"action_id": action_id, "by": approver, "reason": reason}),
             )];
             if let Some(severity) = scar {
@@ -212,7 +217,7 @@ pub fn decide(
                 });
             }
             let mut drafts = vec![draft(
-                "outcome",
+                RecordKind::Outcome,
                 json!({"action_id": action_id, "detail": outcome.detail, "status": outcome.status.as_str()}),
             )];
             let scar = match outcome.status {
@@ -256,7 +261,10 @@ pub fn decide(
                 return Err(GuardError::AlreadyTerminated(existing.clone()));
             }
             Ok(Decided {
-                drafts: vec![draft("terminated", json!({"by": by, "reason": reason}))],
+                drafts: vec![draft(
+                    RecordKind::Terminated,
+                    json!({"by": by, "reason": reason}),
+                )],
                 decision: None,
             })
         }
@@ -281,7 +289,7 @@ pub fn missing_termination(state: &AgentState) -> Option<Draft> {
         return None;
     };
     Some(draft(
-        "terminated",
+        RecordKind::Terminated,
         json!({"by": "guard (replay)", "reason": reason}),
     ))
 }
@@ -352,7 +360,7 @@ fn deny(
     drafts: &mut Vec<Draft>,
 ) -> Decision {
     drafts.push(draft(
-        "action_denied",
+        RecordKind::ActionDenied,
         json!({"action_id": action_id, "reason": reason.to_value()}),
     ));
     if let Some(severity) = reason.scar() {
@@ -382,11 +390,11 @@ fn allow(
     if let (Some(note), Some(map)) = (note, payload.as_object_mut()) {
         map.insert("note".into(), Value::String(note.to_string()));
     }
-    drafts.push(draft("action_allowed", payload));
+    drafts.push(draft(RecordKind::ActionAllowed, payload));
     let remaining = state.remaining().saturating_sub(cost);
     if remaining == 0 {
         drafts.push(draft(
-            "terminated",
+            RecordKind::Terminated,
             json!({"by": "guard", "reason": "budget exhausted"}),
         ));
     }
@@ -406,22 +414,22 @@ fn scar_drafts(
     drafts: &mut Vec<Draft>,
 ) {
     drafts.push(draft(
-        "scar",
+        RecordKind::Scar,
         json!({"action_id": action_id, "reason": reason, "severity": severity.as_str()}),
     ));
     // Earlier drafts of this same command may already have scarred or terminated.
     let earlier_scars: u32 = drafts
         .iter()
-        .filter(|d| d.kind == "scar")
+        .filter(|d| d.kind == RecordKind::Scar)
         .filter_map(|d| d.payload.get("severity").and_then(Value::as_str))
         .filter_map(|s| serde_json::from_value::<Severity>(Value::String(s.into())).ok())
         .fold(0u32, |acc, s| acc.saturating_add(s.weight()));
-    let terminated_now = drafts.iter().any(|d| d.kind == "terminated");
+    let terminated_now = drafts.iter().any(|d| d.kind == RecordKind::Terminated);
     let score = state.scar_score.saturating_add(earlier_scars);
     let limit = state.policy.as_ref().map_or(0, |p| p.scar_limit);
     if state.is_alive() && !terminated_now && score >= limit {
         drafts.push(draft(
-            "terminated",
+            RecordKind::Terminated,
             json!({"by": "guard", "reason": format!("scar limit reached ({score} >= {limit})")}),
         ));
     }
@@ -444,12 +452,20 @@ pub fn seal(
     let mut records = Vec::with_capacity(drafts.len());
     for (seq, d) in (state.next_seq()..).zip(drafts) {
         // Genesis names the actor before the state knows it.
-        if d.kind == "genesis" {
+        if d.kind == RecordKind::Genesis {
             if let Some(log_id) = d.payload.get("log_id").and_then(Value::as_str) {
                 actor = log_id.to_string();
             }
         }
-        let record = Record::seal(key, seq, at.clone(), &actor, d.kind, d.payload, &prev);
+        let record = Record::seal(
+            key,
+            seq,
+            at.clone(),
+            &actor,
+            d.kind.as_str(),
+            d.payload,
+            &prev,
+        );
         prev.clone_from(&record.hash);
         records.push(record);
     }

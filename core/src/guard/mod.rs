@@ -8,6 +8,6 @@ mod types;
 pub use decide::{decide, missing_termination, seal, Command, Decided, Draft, GuardError};
 pub use state::{ActionState, AgentState, ReplayError, TerminationCause};
 pub use types::{
-    Action, ActionStatus, Decision, DenyReason, Outcome, OutcomeStatus, PendingAction, Scar,
-    Severity, Status,
+    Action, ActionStatus, Decision, DenyReason, Outcome, OutcomeStatus, PendingAction, RecordKind,
+    Scar, Severity, Status,
 };

@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::types::{Action, ActionStatus, OutcomeStatus, PendingAction, Scar, Severity, Status};
+use super::types::{
+    Action, ActionStatus, OutcomeStatus, PendingAction, RecordKind, Scar, Severity, Status,
+};
 use crate::policy::Policy;
 use crate::record::{timestamp, Head, Record};
 use crate::transparency::Frontier;
@@ -187,19 +189,28 @@ impl AgentState {
         hex::decode_to_slice(&record.hash, &mut leaf)
             .map_err(|_| ReplayError(format!("seq {}: hash is not 64 hex digits", record.seq)))?;
         let payload = &record.payload;
-        let kind = record.kind.as_str();
-        if self.policy.is_none() && kind != "genesis" && kind != "policy" {
+        let parsed = RecordKind::parse(&record.kind);
+        if self.policy.is_none()
+            && !matches!(parsed, Some(RecordKind::Genesis | RecordKind::Policy))
+        {
             return Err(ReplayError(format!(
                 "seq {}: record before policy",
                 record.seq
             )));
         }
-        match kind {
-            "genesis" => {
+        let Some(parsed) = parsed else {
+            return Err(ReplayError(format!(
+                "unknown record kind '{}'",
+                record.kind
+            )));
+        };
+        let kind = record.kind.as_str();
+        match parsed {
+            RecordKind::Genesis => {
                 self.agent_id = str_field(payload, "log_id", kind)?.to_string();
                 self.public_key = str_field(payload, "public_key", kind)?.to_string();
             }
-            "policy" => {
+            RecordKind::Policy => {
                 if self.policy.is_some() {
                     return Err(ReplayError("policy may only be set once".into()));
                 }
@@ -215,7 +226,7 @@ impl AgentState {
                 }
                 self.policy = Some(policy);
             }
-            "action_requested" => {
+            RecordKind::ActionRequested => {
                 let action_id = str_field(payload, "action_id", kind)?.to_string();
                 let tool = str_field(payload, "tool", kind)?.to_string();
                 let cost = payload
@@ -237,7 +248,7 @@ impl AgentState {
                     },
                 );
             }
-            "approval_required" => {
+            RecordKind::ApprovalRequired => {
                 let action_id = str_field(payload, "action_id", kind)?;
                 self.approvals_requested += 1;
                 let action = self.known_action(action_id)?;
@@ -245,7 +256,7 @@ impl AgentState {
                 let seq = action.requested_seq;
                 self.pending.insert(seq, action_id.to_string());
             }
-            "action_allowed" => {
+            RecordKind::ActionAllowed => {
                 let action_id = str_field(payload, "action_id", kind)?;
                 let at = timestamp::parse(&record.timestamp)
                     .ok_or_else(|| ReplayError(format!("seq {}: invalid timestamp", record.seq)))?;
@@ -268,9 +279,9 @@ impl AgentState {
                     }
                 }
             }
-            "action_denied" | "action_rejected" => {
+            RecordKind::ActionDenied | RecordKind::ActionRejected => {
                 let action_id = str_field(payload, "action_id", kind)?;
-                let code = if kind == "action_rejected" {
+                let code = if parsed == RecordKind::ActionRejected {
                     "rejected"
                 } else {
                     payload
@@ -286,7 +297,7 @@ impl AgentState {
                 self.pending.remove(&seq);
                 self.actions_denied += 1;
             }
-            "outcome" => {
+            RecordKind::Outcome => {
                 let action_id = str_field(payload, "action_id", kind)?;
                 let status: OutcomeStatus = payload
                     .get("status")
@@ -297,7 +308,7 @@ impl AgentState {
                 action.status = ActionStatus::Completed;
                 action.outcome = Some(status);
             }
-            "scar" => {
+            RecordKind::Scar => {
                 let severity: Severity = payload
                     .get("severity")
                     .cloned()
@@ -316,7 +327,7 @@ impl AgentState {
                     action_id,
                 });
             }
-            "terminated" => {
+            RecordKind::Terminated => {
                 let reason = str_field(payload, "reason", kind)?.to_string();
                 self.termination_reason = Some(reason);
                 self.terminated_by = payload
@@ -324,7 +335,6 @@ impl AgentState {
                     .and_then(Value::as_str)
                     .map(str::to_string);
             }
-            other => return Err(ReplayError(format!("unknown record kind '{other}'"))),
         }
         if let Some(at) = timestamp::parse(&record.timestamp) {
             self.last_timestamp_micros = self.last_timestamp_micros.max(at);

@@ -245,3 +245,58 @@ pub struct PendingAction {
     pub requested_at: String,
     pub action: Value,
 }
+
+/// The kinds of record a guard writes, and reads back at replay. On the hash and wire path
+/// a record's `kind` stays the string it was signed with; it is parsed where a guard
+/// acts on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordKind {
+    Genesis,
+    Policy,
+    ActionRequested,
+    ApprovalRequired,
+    ActionAllowed,
+    ActionDenied,
+    ActionRejected,
+    Outcome,
+    Scar,
+    Terminated,
+}
+
+impl RecordKind {
+    pub const ALL: [RecordKind; 10] = [
+        RecordKind::Genesis,
+        RecordKind::Policy,
+        RecordKind::ActionRequested,
+        RecordKind::ApprovalRequired,
+        RecordKind::ActionAllowed,
+        RecordKind::ActionDenied,
+        RecordKind::ActionRejected,
+        RecordKind::Outcome,
+        RecordKind::Scar,
+        RecordKind::Terminated,
+    ];
+
+    /// The name in the log (`lineage-audit-v1`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordKind::Genesis => "genesis",
+            RecordKind::Policy => "policy",
+            RecordKind::ActionRequested => "action_requested",
+            RecordKind::ApprovalRequired => "approval_required",
+            RecordKind::ActionAllowed => "action_allowed",
+            RecordKind::ActionDenied => "action_denied",
+            RecordKind::ActionRejected => "action_rejected",
+            RecordKind::Outcome => "outcome",
+            RecordKind::Scar => "scar",
+            RecordKind::Terminated => "terminated",
+        }
+    }
+
+    /// The kind a log's name stands for, if a guard writes it.
+    pub fn parse(name: &str) -> Option<RecordKind> {
+        RecordKind::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
+    }
+}

@@ -1,9 +1,10 @@
-//! Why an agent was terminated comes from what its log bears out, not from the `by` a
-//! termination record claims: an operator who terminates with `by: "guard"` is not
-//! counted as budget exhaustion or a scar limit. And every denial's code is in the one
-//! list metrics label by.
+//! The guard's domain facts are typed, each with one list: why an agent was terminated
+//! comes from what its log bears out, not from the `by` a termination record claims (an
+//! operator who terminates with `by: "guard"` is not counted as budget exhaustion or a
+//! scar limit); every denial's code is in the one list metrics label by; every record
+//! kind a guard writes reads back as itself, and one it does not write is refused.
 
-use lineage_core::guard::{Decision, DenyReason, TerminationCause};
+use lineage_core::guard::{Decision, DenyReason, RecordKind, TerminationCause};
 use lineage_core::{AuditKey, Guard, Policy, ToolRule};
 use serde_json::json;
 
@@ -91,4 +92,45 @@ fn every_denial_code_is_in_the_one_list() {
     ];
     let codes: Vec<&str> = reasons.iter().map(DenyReason::code).collect();
     assert_eq!(codes, DenyReason::CODES);
+}
+
+#[test]
+fn every_record_kind_a_guard_writes_reads_back() {
+    let dir = tempfile::tempdir().expect("dir");
+    let policy = Policy::new(10)
+        .allow("read", ToolRule::cost(1))
+        .allow("pay", ToolRule::cost(1).with_approval());
+    let mut agent = guard(dir.path(), policy);
+    agent.request("read", json!({}), None).expect("allowed");
+    agent
+        .report("act-1", lineage_core::guard::Outcome::success("ok"))
+        .expect("outcome");
+    agent.request("pay", json!({}), None).expect("pending");
+    agent.request("pay", json!({}), None).expect("pending");
+    agent.approve("act-2", "alice").expect("approve");
+    agent
+        .reject(
+            "act-3",
+            "alice",
+            "no",
+            Some(lineage_core::guard::Severity::Minor),
+        )
+        .expect("reject");
+    agent.request("shell", json!({}), None).expect("denied");
+    agent.terminate("done", "alice").expect("terminate");
+    let written: std::collections::BTreeSet<String> = agent
+        .records()
+        .expect("records")
+        .into_iter()
+        .map(|r| r.kind)
+        .collect();
+    let all: std::collections::BTreeSet<String> = RecordKind::ALL
+        .iter()
+        .map(|k| k.as_str().to_string())
+        .collect();
+    assert_eq!(written, all, "the guard writes every kind, and only those");
+    for kind in RecordKind::ALL {
+        assert_eq!(RecordKind::parse(kind.as_str()), Some(kind));
+    }
+    assert_eq!(RecordKind::parse("Genesis"), None);
 }
