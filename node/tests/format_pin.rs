@@ -39,7 +39,7 @@ fn history() -> Vec<Proposal> {
     let policy = Policy::new(20)
         .allow("search", ToolRule::cost(1))
         .allow("pay", ToolRule::cost(5).with_approval());
-    let commands = vec![
+    let commands = [
         Command::Create {
             agent_id: "bot".into(),
             policy,
