@@ -8,31 +8,35 @@
 //! into memory at once; `sm_writer` commits their rows (records, idempotency answers,
 //! agent index, last applied id) in one redb transaction per about 60 ms, in apply order.
 
-use std::borrow::{Borrow, Cow};
 use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::sync::{Arc, RwLock};
 
 use lineage_core::guard::AgentState;
-use lineage_core::record::{Record, ZERO_HASH};
+use lineage_core::record::Record;
 use openraft::storage::{RaftStateMachine, Snapshot};
-use openraft::{
-    BasicNode, Entry, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta, StorageIOError,
-    StoredMembership,
-};
+use openraft::{BasicNode, Entry, LogId, SnapshotMeta, StorageIOError, StoredMembership};
 use redb::{Database, ReadableTable, TableDefinition};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+mod apply;
+mod overlay;
+mod snapshot;
+
+pub use apply::check_extends;
+use apply::fold_into;
+use overlay::Unflushed;
+use snapshot::{SnapshotBody, StoredSnapshot};
 
 use super::agent_slot::AgentSlot;
 use super::checked_row;
-use super::heads::{self, HeadsLog, HeadsSnapshot};
+use super::heads::{self, HeadsLog};
 use super::idempotency_rows;
 use super::log_store::DurableLog;
 use super::record_rows;
-use super::sm_writer::{RowBatch, SmWriter, Tables};
+use super::sm_writer::{SmWriter, Tables};
 use crate::raft_types::{
-    AppendRecords, ApplyOutcome, Batch, BatchOutcome, IdempotentAnswer, NodeId, Proposal,
-    RecordLine, StorageError, TypeConfig,
+    ApplyOutcome, BatchOutcome, IdempotentAnswer, NodeId, StorageError, TypeConfig,
 };
 
 /// (agent_id, seq) → the record's line.
@@ -61,71 +65,6 @@ pub struct SmData {
     /// Rows applied in memory that the writer has not committed yet (`sm_writer`).
     unflushed: Unflushed,
 }
-
-/// The overlay of rows on their way to redb: reads consult it before the tables.
-#[derive(Debug, Default)]
-struct Unflushed {
-    records: BTreeMap<(String, u64), String>,
-    idempotency: std::collections::HashMap<String, Vec<u8>>,
-    /// Each batch's keys, oldest first, to drop them once the batch is committed.
-    batches: std::collections::VecDeque<UnflushedKeys>,
-}
-
-#[derive(Debug)]
-struct UnflushedKeys {
-    seq: u64,
-    records: Vec<(String, u64)>,
-    idempotency: Vec<String>,
-}
-
-impl Unflushed {
-    /// Forgets rows of batches committed through `flushed` (they are in redb now).
-    fn prune(&mut self, flushed: u64) {
-        while self.batches.front().is_some_and(|b| b.seq <= flushed) {
-            let Some(batch) = self.batches.pop_front() else {
-                break;
-            };
-            for key in &batch.records {
-                self.records.remove(key);
-            }
-            for key in &batch.idempotency {
-                self.idempotency.remove(key);
-            }
-        }
-    }
-
-    fn add(&mut self, rows: &RowBatch) {
-        let mut keys = UnflushedKeys {
-            seq: rows.seq,
-            records: Vec::with_capacity(rows.records.len()),
-            idempotency: Vec::with_capacity(rows.idempotency.len()),
-        };
-        for (agent, seq, line) in &rows.records {
-            self.records.insert((agent.clone(), *seq), line.clone());
-            keys.records.push((agent.clone(), *seq));
-        }
-        for (key, value) in &rows.idempotency {
-            self.idempotency.insert(key.clone(), value.clone());
-            keys.idempotency.push(key.clone());
-        }
-        self.batches.push_back(keys);
-    }
-}
-
-/// Batches written behind before an apply waits for the writer (backpressure).
-const MAX_UNFLUSHED_BATCHES: usize = 256;
-
-/// The whole state machine as a snapshot carries it.
-#[derive(Serialize, Deserialize)]
-struct SnapshotBody {
-    records: BTreeMap<String, Vec<String>>,
-    idempotency: Vec<(String, IdempotentAnswer)>,
-    #[serde(default)]
-    heads: HeadsSnapshot,
-}
-
-/// The last snapshot built or installed, served to followers that need one.
-type StoredSnapshot = (SnapshotMeta<NodeId, BasicNode>, Vec<u8>);
 
 #[derive(Clone)]
 pub struct StateMachine {
@@ -167,74 +106,6 @@ fn sm_err(e: String) -> StorageError {
 
 fn idempotency_key(agent_id: &str, key: &str) -> String {
     format!("{agent_id}\n{key}")
-}
-
-/// Checks that `records` extend `state`'s head (seq, prev_hash, recomputed hash, actor)
-/// without changing anything.
-pub fn check_extends<R: Borrow<Record>>(
-    state: &AgentState,
-    agent_id: &str,
-    records: &[R],
-) -> Result<(), String> {
-    if records.is_empty() {
-        return Err("no records".into());
-    }
-    let mut prev = state.head.as_ref().map_or(ZERO_HASH, |h| h.hash.as_str());
-    for (expected_seq, record) in (state.next_seq()..).zip(records) {
-        let record: &Record = record.borrow();
-        if record.seq != expected_seq {
-            return Err(format!(
-                "record seq {} does not extend head (expected {expected_seq})",
-                record.seq
-            ));
-        }
-        if record.prev_hash != prev {
-            return Err(format!(
-                "record seq {}: prev_hash does not match head",
-                record.seq
-            ));
-        }
-        if hex::encode(record.recompute_hash()) != record.hash {
-            return Err(format!(
-                "record seq {}: hash does not match content",
-                record.seq
-            ));
-        }
-        if record.actor != agent_id {
-            return Err(format!("record seq {}: actor is not the agent", record.seq));
-        }
-        prev = &record.hash;
-    }
-    Ok(())
-}
-
-/// Checks and folds `records` into `slot`. A chain mismatch rejects the entry and
-/// changes nothing; a record the guard fold refuses after the chain checked out means
-/// the leader wrote something no guard decides, so the agent is quarantined (on every
-/// node alike) rather than left half-applied.
-fn fold_into<R: Borrow<Record>>(
-    slot: &mut AgentSlot,
-    agent_id: &str,
-    records: &[R],
-) -> ApplyOutcome {
-    let state = match slot {
-        AgentSlot::Quarantined(reason) => {
-            return ApplyOutcome::Rejected(format!("agent is quarantined: {reason}"))
-        }
-        AgentSlot::Active(state) => state,
-    };
-    if let Err(reason) = check_extends(state, agent_id, records) {
-        return ApplyOutcome::Rejected(reason);
-    }
-    for record in records {
-        let record: &Record = record.borrow();
-        if let Err(e) = state.apply(record) {
-            let reason = format!("seq {}: {e}", record.seq);
-            *slot = AgentSlot::Quarantined(reason.clone());
-            return ApplyOutcome::Rejected(reason);
-        }
-    }
-    ApplyOutcome::Applied
 }
 
 impl StateMachine {
@@ -429,184 +300,6 @@ impl StateMachine {
         }
     }
 
-    fn apply_batch(
-        &self,
-        entries: Vec<Entry<TypeConfig>>,
-    ) -> Result<Vec<BatchOutcome>, StorageError> {
-        // Log entries are durable in order: waiting for the last covers them all. Waited
-        // before the lock, so readers go on meanwhile.
-        if let (Some(log), Some(last)) = (&self.durable_log, entries.last()) {
-            log.wait_durable(last.log_id).map_err(sm_err)?;
-        }
-        let mut data = self.write_data();
-        self.writer.check().map_err(sm_err)?;
-        data.unflushed.prune(self.writer.flushed_through());
-        if data.unflushed.batches.len() >= MAX_UNFLUSHED_BATCHES {
-            // The writer is behind: wait for it rather than grow the overlay.
-            self.writer.barrier().map_err(sm_err)?;
-            data.unflushed.prune(self.writer.flushed_through());
-        }
-        // Errors end here for good: openraft stops the node on a state machine error, and
-        // a restart rebuilds memory from disk and re-applies from the log.
-        self.apply_batch_locked(&mut data, entries)
-    }
-
-    /// Whether `apply_batch` would neither wait nor commit to redb: only writes (and
-    /// blank or membership entries), their log entries already on disk, the writer
-    /// neither behind nor writing through. Only openraft's apply task adds to the
-    /// writer's backlog and durability never goes back, so this holds through the
-    /// apply. The apply may still wait for the data lock, as request handlers do (a
-    /// snapshot holds it while it checkpoints agents).
-    fn applies_without_waiting(&self, entries: &[Entry<TypeConfig>]) -> bool {
-        let only_writes = entries.iter().all(|entry| {
-            matches!(
-                entry.payload,
-                EntryPayload::Blank
-                    | EntryPayload::Membership(_)
-                    | EntryPayload::Normal(Proposal::Writes(_))
-            )
-        });
-        let on_disk = match (&self.durable_log, entries.last()) {
-            (Some(log), Some(last)) => log.is_durable(last.log_id).unwrap_or(false),
-            _ => true,
-        };
-        only_writes
-            && on_disk
-            && !self.writer.writes_through()
-            && self.read_data().unflushed.batches.len() + 1 < MAX_UNFLUSHED_BATCHES
-    }
-
-    /// Folds the entries into memory and hands their rows to the writer. Heads-log
-    /// entries (about one a second) are committed here instead, after the writer has
-    /// caught up, so redb never holds them out of order.
-    fn apply_batch_locked(
-        &self,
-        data: &mut SmData,
-        entries: Vec<Entry<TypeConfig>>,
-    ) -> Result<Vec<BatchOutcome>, StorageError> {
-        let mut outcomes = Vec::with_capacity(entries.len());
-        let mut rows = self.new_rows();
-        for entry in entries {
-            let batch = match entry.payload {
-                EntryPayload::Blank => {
-                    data.last_applied = Some(entry.log_id);
-                    outcomes.push(BatchOutcome::default());
-                    continue;
-                }
-                EntryPayload::Membership(m) => {
-                    data.last_applied = Some(entry.log_id);
-                    data.membership = StoredMembership::new(Some(entry.log_id), m);
-                    outcomes.push(BatchOutcome::default());
-                    continue;
-                }
-                EntryPayload::Normal(Proposal::Writes(batch)) => batch,
-                EntryPayload::Normal(heads_entry) => {
-                    self.send_rows(data, std::mem::replace(&mut rows, self.new_rows()))?;
-                    self.writer.barrier().map_err(sm_err)?;
-                    let outcome = self.apply_heads_entry(data, entry.log_id, heads_entry)?;
-                    outcomes.push(BatchOutcome(vec![outcome]));
-                    continue;
-                }
-            };
-            data.last_applied = Some(entry.log_id);
-            let Batch(batch) = batch;
-            let mut batch_outcomes = Vec::with_capacity(batch.len());
-            for append in batch.iter() {
-                // Lines that arrived are parsed here, not on the append path.
-                let records = match append
-                    .records
-                    .iter()
-                    .map(RecordLine::record)
-                    .collect::<Result<Vec<_>, _>>()
-                {
-                    Ok(records) => records,
-                    Err(reason) => {
-                        batch_outcomes.push(ApplyOutcome::Rejected(reason));
-                        continue;
-                    }
-                };
-                let slot = data
-                    .agents
-                    .entry(append.agent_id.clone())
-                    .or_insert_with(|| AgentSlot::Active(Box::default()));
-                let outcome = fold_into(slot, &append.agent_id, &records);
-                if outcome == ApplyOutcome::Applied {
-                    data.heads.mark_if_grown(&append.agent_id, slot);
-                    add_rows(append, &records, &mut rows)?;
-                    data.dirty.insert(append.agent_id.clone());
-                } else if matches!(slot, AgentSlot::Active(s) if s.head.is_none()) {
-                    // A rejected first write leaves no agent behind.
-                    data.agents.remove(&append.agent_id);
-                }
-                batch_outcomes.push(outcome);
-            }
-            outcomes.push(BatchOutcome(batch_outcomes));
-        }
-        self.send_rows(data, rows)?;
-        Ok(outcomes)
-    }
-
-    fn new_rows(&self) -> RowBatch {
-        RowBatch {
-            seq: self
-                .next_batch
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                + 1,
-            ..RowBatch::default()
-        }
-    }
-
-    /// Puts a batch's rows in the overlay and queues them for the writer, with the last
-    /// applied log id as of now.
-    fn send_rows(&self, data: &mut SmData, mut rows: RowBatch) -> Result<(), StorageError> {
-        rows.applied = meta_row(&data.last_applied)?;
-        rows.membership = meta_row(&data.membership)?;
-        data.unflushed.add(&rows);
-        self.writer.send(rows).map_err(sm_err)?;
-        if self.writer.writes_through() {
-            self.writer.barrier().map_err(sm_err)?;
-        }
-        Ok(())
-    }
-
-    /// Commits a heads round or a witnessed note with the last applied id, in one
-    /// transaction (every earlier row is committed already).
-    fn apply_heads_entry(
-        &self,
-        data: &mut SmData,
-        log_id: LogId<NodeId>,
-        proposal: Proposal,
-    ) -> Result<ApplyOutcome, StorageError> {
-        let mut txn = self.db.begin_write().map_err(sm_write_err)?;
-        if !self.writer.take_durable_turn() {
-            txn.set_durability(redb::Durability::None);
-        }
-        let outcome = match proposal {
-            Proposal::HeadsRound { origin } => {
-                let SmData { heads, agents, .. } = &mut *data;
-                heads
-                    .apply_round(&origin, agents, &txn)
-                    .map_err(sm_write_err)?;
-                ApplyOutcome::Applied
-            }
-            Proposal::Witnessed { note } => match data
-                .heads
-                .apply_witnessed(&note, &txn)
-                .map_err(sm_write_err)?
-            {
-                Ok(()) => ApplyOutcome::Applied,
-                Err(reason) => ApplyOutcome::Rejected(reason),
-            },
-            Proposal::Writes(_) => {
-                return Err(sm_err("writes are not a heads-log entry".into()));
-            }
-        };
-        data.last_applied = Some(log_id);
-        write_applied(&txn, &data.last_applied, &data.membership)?;
-        txn.commit().map_err(sm_write_err)?;
-        Ok(outcome)
-    }
-
     /// Writes the state of every agent changed since its last checkpoint, durably. The
     /// states match the committed records (both are published under the same lock).
     pub fn checkpoint_agents(&self) -> Result<usize, StorageError> {
@@ -629,45 +322,6 @@ impl StateMachine {
         }
         txn.commit().map_err(sm_write_err)?;
         Ok(dirty.len())
-    }
-
-    /// The whole state as committed; callers hold the data lock, so after the flush the
-    /// tables hold exactly what memory does.
-    fn snapshot_body(&self) -> Result<Vec<u8>, StorageError> {
-        self.flush()?;
-        let txn = self.db.begin_read().map_err(sm_read_err)?;
-        let records = txn.open_table(RECORDS).map_err(sm_read_err)?;
-        let mut body = SnapshotBody {
-            records: BTreeMap::new(),
-            idempotency: Vec::new(),
-            heads: HeadsLog::snapshot(&txn).map_err(sm_read_err)?,
-        };
-        record_rows::visit_all(&records, |agent, seq, line| {
-            let lines = body.records.entry(agent.to_string()).or_default();
-            // Snapshots carry each agent's records from seq 0 without a gap.
-            if seq != lines.len() as u64 {
-                return Err(format!("{agent}: stored records jump to seq {seq}"));
-            }
-            lines.push(line.to_string());
-            Ok(())
-        })
-        .map_err(|e| sm_read_err(std::io::Error::other(e)))?;
-        let idem = txn.open_table(IDEMPOTENCY).map_err(sm_read_err)?;
-        for item in idem.iter().map_err(sm_read_err)? {
-            let (key, value) = item.map_err(sm_read_err)?;
-            let scoped = key
-                .value()
-                .split_once('\n')
-                .map_or("", |(_agent, scoped)| scoped);
-            // One damaged row must not stop every snapshot (and with it the node): it
-            // travels as an answer that refuses, as it is refused here.
-            let answer = idempotency_rows::decode(value.value(), scoped).unwrap_or_else(|e| {
-                tracing::error!(key = %key.value(), error = %e, "stored idempotent answer damaged");
-                idempotency_rows::damaged(scoped, &e)
-            });
-            body.idempotency.push((key.value().to_string(), answer));
-        }
-        serde_json::to_vec(&body).map_err(sm_read_err)
     }
 }
 
@@ -712,59 +366,6 @@ pub fn meta_intact(db: &Database) -> Result<(), String> {
             .map_err(|e| format!("membership: {e}"))?;
     }
     Ok(())
-}
-
-/// An applied write's rows: its records as stored lines, its idempotency answer, and the
-/// agent's index entry when the write creates it.
-fn add_rows(
-    append: &AppendRecords,
-    records: &[Cow<'_, Record>],
-    rows: &mut RowBatch,
-) -> Result<(), StorageError> {
-    for (line, record) in append.records.iter().zip(records) {
-        rows.records
-            .push((append.agent_id.clone(), record.seq, line.line().to_string()));
-    }
-    if let Some(answer) = &append.idempotency {
-        let bytes = idempotency_rows::encode(answer).map_err(sm_write_err)?;
-        rows.idempotency
-            .push((idempotency_key(&append.agent_id, &answer.key), bytes));
-    }
-    if records.first().is_some_and(|r| r.seq == 0) {
-        rows.new_agents.push(append.agent_id.clone());
-    }
-    Ok(())
-}
-
-impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        // Logs up to this snapshot may be purged next: make the applied state durable,
-        // with fresh checkpoints so a restart replays only what follows.
-        self.checkpoint_agents()?;
-        // Hold the data lock so the snapshot and its log id describe the same state.
-        let (meta, bytes) = {
-            let data = self.read_data();
-            let bytes = self.snapshot_body()?;
-            let snapshot_id = match data.last_applied {
-                Some(id) => format!("{}-{}", id.leader_id, id.index),
-                None => "empty".to_string(),
-            };
-            let meta = SnapshotMeta {
-                last_log_id: data.last_applied,
-                last_membership: data.membership.clone(),
-                snapshot_id,
-            };
-            (meta, bytes)
-        };
-        *self
-            .current_snapshot
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = Some((meta.clone(), bytes.clone()));
-        Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(bytes)),
-        })
-    }
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {

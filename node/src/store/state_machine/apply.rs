@@ -1,0 +1,288 @@
+//! Apply: each write checked to extend its agent's head, then folded; rows handed to the
+//! writer; heads-log entries.
+
+use std::borrow::{Borrow, Cow};
+
+use lineage_core::guard::AgentState;
+use lineage_core::record::{Record, ZERO_HASH};
+use openraft::{Entry, EntryPayload, LogId, StoredMembership};
+
+use super::super::agent_slot::AgentSlot;
+use super::super::idempotency_rows;
+use super::super::sm_writer::RowBatch;
+use super::overlay::MAX_UNFLUSHED_BATCHES;
+use super::{idempotency_key, meta_row, sm_err, sm_write_err, write_applied, SmData, StateMachine};
+use crate::raft_types::{
+    AppendRecords, ApplyOutcome, Batch, BatchOutcome, NodeId, Proposal, RecordLine, StorageError,
+    TypeConfig,
+};
+
+/// Checks that `records` extend `state`'s head (seq, prev_hash, recomputed hash, actor)
+/// without changing anything.
+pub fn check_extends<R: Borrow<Record>>(
+    state: &AgentState,
+    agent_id: &str,
+    records: &[R],
+) -> Result<(), String> {
+    if records.is_empty() {
+        return Err("no records".into());
+    }
+    let mut prev = state.head.as_ref().map_or(ZERO_HASH, |h| h.hash.as_str());
+    for (expected_seq, record) in (state.next_seq()..).zip(records) {
+        let record: &Record = record.borrow();
+        if record.seq != expected_seq {
+            return Err(format!(
+                "record seq {} does not extend head (expected {expected_seq})",
+                record.seq
+            ));
+        }
+        if record.prev_hash != prev {
+            return Err(format!(
+                "record seq {}: prev_hash does not match head",
+                record.seq
+            ));
+        }
+        if hex::encode(record.recompute_hash()) != record.hash {
+            return Err(format!(
+                "record seq {}: hash does not match content",
+                record.seq
+            ));
+        }
+        if record.actor != agent_id {
+            return Err(format!("record seq {}: actor is not the agent", record.seq));
+        }
+        prev = &record.hash;
+    }
+    Ok(())
+}
+
+/// Checks and folds `records` into `slot`. A chain mismatch rejects the entry and
+/// changes nothing; a record the guard fold refuses after the chain checked out means
+/// the leader wrote something no guard decides, so the agent is quarantined (on every
+/// node alike) rather than left half-applied.
+pub(super) fn fold_into<R: Borrow<Record>>(
+    slot: &mut AgentSlot,
+    agent_id: &str,
+    records: &[R],
+) -> ApplyOutcome {
+    let state = match slot {
+        AgentSlot::Quarantined(reason) => {
+            return ApplyOutcome::Rejected(format!("agent is quarantined: {reason}"))
+        }
+        AgentSlot::Active(state) => state,
+    };
+    if let Err(reason) = check_extends(state, agent_id, records) {
+        return ApplyOutcome::Rejected(reason);
+    }
+    for record in records {
+        let record: &Record = record.borrow();
+        if let Err(e) = state.apply(record) {
+            let reason = format!("seq {}: {e}", record.seq);
+            *slot = AgentSlot::Quarantined(reason.clone());
+            return ApplyOutcome::Rejected(reason);
+        }
+    }
+    ApplyOutcome::Applied
+}
+
+impl StateMachine {
+    pub(super) fn apply_batch(
+        &self,
+        entries: Vec<Entry<TypeConfig>>,
+    ) -> Result<Vec<BatchOutcome>, StorageError> {
+        // Log entries are durable in order: waiting for the last covers them all. Waited
+        // before the lock, so readers go on meanwhile.
+        if let (Some(log), Some(last)) = (&self.durable_log, entries.last()) {
+            log.wait_durable(last.log_id).map_err(sm_err)?;
+        }
+        let mut data = self.write_data();
+        self.writer.check().map_err(sm_err)?;
+        data.unflushed.prune(self.writer.flushed_through());
+        if data.unflushed.batches.len() >= MAX_UNFLUSHED_BATCHES {
+            // The writer is behind: wait for it rather than grow the overlay.
+            self.writer.barrier().map_err(sm_err)?;
+            data.unflushed.prune(self.writer.flushed_through());
+        }
+        // Errors end here for good: openraft stops the node on a state machine error, and
+        // a restart rebuilds memory from disk and re-applies from the log.
+        self.apply_batch_locked(&mut data, entries)
+    }
+
+    /// Whether `apply_batch` would neither wait nor commit to redb: only writes (and
+    /// blank or membership entries), their log entries already on disk, the writer
+    /// neither behind nor writing through. Only openraft's apply task adds to the
+    /// writer's backlog and durability never goes back, so this holds through the
+    /// apply. The apply may still wait for the data lock, as request handlers do (a
+    /// snapshot holds it while it checkpoints agents).
+    pub(super) fn applies_without_waiting(&self, entries: &[Entry<TypeConfig>]) -> bool {
+        let only_writes = entries.iter().all(|entry| {
+            matches!(
+                entry.payload,
+                EntryPayload::Blank
+                    | EntryPayload::Membership(_)
+                    | EntryPayload::Normal(Proposal::Writes(_))
+            )
+        });
+        let on_disk = match (&self.durable_log, entries.last()) {
+            (Some(log), Some(last)) => log.is_durable(last.log_id).unwrap_or(false),
+            _ => true,
+        };
+        only_writes
+            && on_disk
+            && !self.writer.writes_through()
+            && self.read_data().unflushed.batches.len() + 1 < MAX_UNFLUSHED_BATCHES
+    }
+
+    /// Folds the entries into memory and hands their rows to the writer. Heads-log
+    /// entries (about one a second) are committed here instead, after the writer has
+    /// caught up, so redb never holds them out of order.
+    fn apply_batch_locked(
+        &self,
+        data: &mut SmData,
+        entries: Vec<Entry<TypeConfig>>,
+    ) -> Result<Vec<BatchOutcome>, StorageError> {
+        let mut outcomes = Vec::with_capacity(entries.len());
+        let mut rows = self.new_rows();
+        for entry in entries {
+            let batch = match entry.payload {
+                EntryPayload::Blank => {
+                    data.last_applied = Some(entry.log_id);
+                    outcomes.push(BatchOutcome::default());
+                    continue;
+                }
+                EntryPayload::Membership(m) => {
+                    data.last_applied = Some(entry.log_id);
+                    data.membership = StoredMembership::new(Some(entry.log_id), m);
+                    outcomes.push(BatchOutcome::default());
+                    continue;
+                }
+                EntryPayload::Normal(Proposal::Writes(batch)) => batch,
+                EntryPayload::Normal(heads_entry) => {
+                    self.send_rows(data, std::mem::replace(&mut rows, self.new_rows()))?;
+                    self.writer.barrier().map_err(sm_err)?;
+                    let outcome = self.apply_heads_entry(data, entry.log_id, heads_entry)?;
+                    outcomes.push(BatchOutcome(vec![outcome]));
+                    continue;
+                }
+            };
+            data.last_applied = Some(entry.log_id);
+            let Batch(batch) = batch;
+            let mut batch_outcomes = Vec::with_capacity(batch.len());
+            for append in batch.iter() {
+                // Lines that arrived are parsed here, not on the append path.
+                let records = match append
+                    .records
+                    .iter()
+                    .map(RecordLine::record)
+                    .collect::<Result<Vec<_>, _>>()
+                {
+                    Ok(records) => records,
+                    Err(reason) => {
+                        batch_outcomes.push(ApplyOutcome::Rejected(reason));
+                        continue;
+                    }
+                };
+                let slot = data
+                    .agents
+                    .entry(append.agent_id.clone())
+                    .or_insert_with(|| AgentSlot::Active(Box::default()));
+                let outcome = fold_into(slot, &append.agent_id, &records);
+                if outcome == ApplyOutcome::Applied {
+                    data.heads.mark_if_grown(&append.agent_id, slot);
+                    add_rows(append, &records, &mut rows)?;
+                    data.dirty.insert(append.agent_id.clone());
+                } else if matches!(slot, AgentSlot::Active(s) if s.head.is_none()) {
+                    // A rejected first write leaves no agent behind.
+                    data.agents.remove(&append.agent_id);
+                }
+                batch_outcomes.push(outcome);
+            }
+            outcomes.push(BatchOutcome(batch_outcomes));
+        }
+        self.send_rows(data, rows)?;
+        Ok(outcomes)
+    }
+
+    fn new_rows(&self) -> RowBatch {
+        RowBatch {
+            seq: self
+                .next_batch
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1,
+            ..RowBatch::default()
+        }
+    }
+
+    /// Puts a batch's rows in the overlay and queues them for the writer, with the last
+    /// applied log id as of now.
+    fn send_rows(&self, data: &mut SmData, mut rows: RowBatch) -> Result<(), StorageError> {
+        rows.applied = meta_row(&data.last_applied)?;
+        rows.membership = meta_row(&data.membership)?;
+        data.unflushed.add(&rows);
+        self.writer.send(rows).map_err(sm_err)?;
+        if self.writer.writes_through() {
+            self.writer.barrier().map_err(sm_err)?;
+        }
+        Ok(())
+    }
+
+    /// Commits a heads round or a witnessed note with the last applied id, in one
+    /// transaction (every earlier row is committed already).
+    fn apply_heads_entry(
+        &self,
+        data: &mut SmData,
+        log_id: LogId<NodeId>,
+        proposal: Proposal,
+    ) -> Result<ApplyOutcome, StorageError> {
+        let mut txn = self.db.begin_write().map_err(sm_write_err)?;
+        if !self.writer.take_durable_turn() {
+            txn.set_durability(redb::Durability::None);
+        }
+        let outcome = match proposal {
+            Proposal::HeadsRound { origin } => {
+                let SmData { heads, agents, .. } = &mut *data;
+                heads
+                    .apply_round(&origin, agents, &txn)
+                    .map_err(sm_write_err)?;
+                ApplyOutcome::Applied
+            }
+            Proposal::Witnessed { note } => match data
+                .heads
+                .apply_witnessed(&note, &txn)
+                .map_err(sm_write_err)?
+            {
+                Ok(()) => ApplyOutcome::Applied,
+                Err(reason) => ApplyOutcome::Rejected(reason),
+            },
+            Proposal::Writes(_) => {
+                return Err(sm_err("writes are not a heads-log entry".into()));
+            }
+        };
+        data.last_applied = Some(log_id);
+        write_applied(&txn, &data.last_applied, &data.membership)?;
+        txn.commit().map_err(sm_write_err)?;
+        Ok(outcome)
+    }
+}
+
+/// An applied write's rows: its records as stored lines, its idempotency answer, and the
+/// agent's index entry when the write creates it.
+fn add_rows(
+    append: &AppendRecords,
+    records: &[Cow<'_, Record>],
+    rows: &mut RowBatch,
+) -> Result<(), StorageError> {
+    for (line, record) in append.records.iter().zip(records) {
+        rows.records
+            .push((append.agent_id.clone(), record.seq, line.line().to_string()));
+    }
+    if let Some(answer) = &append.idempotency {
+        let bytes = idempotency_rows::encode(answer).map_err(sm_write_err)?;
+        rows.idempotency
+            .push((idempotency_key(&append.agent_id, &answer.key), bytes));
+    }
+    if records.first().is_some_and(|r| r.seq == 0) {
+        rows.new_agents.push(append.agent_id.clone());
+    }
+    Ok(())
+}
