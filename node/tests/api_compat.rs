@@ -973,3 +973,70 @@ async fn local_true_is_refused_on_a_write() {
         "agent not found",
     );
 }
+
+/// Query strings, through the one parser every route uses: today's answers pinned
+/// (status, code, message), and its intended differences from the hand-written parsers
+/// it replaced: values are percent-decoded, and a name given twice is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_strings_are_parsed_one_way() {
+    let node = start().await;
+    let admin = Some(ADMIN);
+    let policy = json!({"budget": 50, "scar_limit": 50, "tools": {"search": {"cost": 1}}});
+    let (status, created) = node
+        .post(
+            "/v1/agents",
+            admin,
+            json!({"agent_id": "bot", "policy": policy}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    let token = created["token"].as_str().unwrap().to_string();
+    for i in 0..4 {
+        let (status, _) = node
+            .post(
+                "/v1/agents/bot/actions",
+                Some(&token),
+                json!({"tool": "search", "input": {"i": i}}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let seqs = |page: &Value| -> Vec<u64> {
+        page["records"]
+            .as_array()
+            .map(|r| r.iter().filter_map(|x| x["seq"].as_u64()).collect())
+            .unwrap_or_default()
+    };
+    // Pinned: after/limit, a bad number, a missing required one.
+    let (status, page) = node.get("/v1/agents/bot/log?after=2&limit=3", admin).await;
+    assert_eq!((status, seqs(&page)), (StatusCode::OK, vec![3, 4, 5]));
+    assert_error(
+        node.get("/v1/agents/bot/log?after=x", admin).await,
+        400,
+        "bad_request",
+        "after must be a non-negative integer, got \"x\"",
+    );
+    assert_error(
+        node.get("/v1/transparency/leaves?start=0", admin).await,
+        400,
+        "bad_request",
+        "end is required",
+    );
+    // before= pages from the newest back, each page in ascending order.
+    let (status, page) = node.get("/v1/agents/bot/log?before=6&limit=2", admin).await;
+    assert_eq!((status, seqs(&page)), (StatusCode::OK, vec![4, 5]));
+    // Intended differences: percent-decoding, and one value per name.
+    let (status, page) = node
+        .get("/v1/agents/bot/log?after=%32&limit=%31", admin)
+        .await;
+    assert_eq!((status, seqs(&page)), (StatusCode::OK, vec![3]));
+    assert_error(
+        node.get("/v1/agents/bot/log?limit=1&limit=2", admin).await,
+        400,
+        "bad_request",
+        "query parameter limit is given more than once",
+    );
+    // ?local=true is read the same way (here, percent-encoded).
+    let (status, _) = node.get("/v1/agents/bot?local=%74rue", admin).await;
+    assert_eq!(status, StatusCode::OK);
+}
