@@ -490,7 +490,7 @@ async fn whole_log_read<T: Send + 'static>(
         .whole_log_reads
         .acquire()
         .await
-        .map_err(|_| ApiError::Unavailable("the node is shutting down".into()))?;
+        .map_err(|_| ApiError::unavailable("the node is shutting down"))?;
     let app = app.clone();
     tokio::task::spawn_blocking(move || read(&app))
         .await

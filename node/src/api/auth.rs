@@ -75,6 +75,6 @@ pub fn path_agent_id(agent_id: &str) -> Result<(), ApiError> {
     if is_valid_agent_id(agent_id) {
         Ok(())
     } else {
-        Err(ApiError::AgentNotFound)
+        Err(ApiError::agent_not_found())
     }
 }

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::body::MAX_BODY_BYTES;
 use super::error::ApiError;
-use crate::app::{App, Lead};
+use crate::app::{App, AppError, Lead};
 
 /// Marks a request one node already forwarded, so it is never forwarded twice.
 const FORWARDED_HEADER: &str = "x-lineage-forwarded";
@@ -35,7 +35,7 @@ pub async fn route_to_leader(
     if serves_locally(&request) {
         if let Some(reason) = app.repairing().filter(|_| asks_for_local_copy(&request)) {
             // This node's copy may lack acknowledged decisions: never serve it as is.
-            return ApiError::Unavailable(format!(
+            return ApiError::unavailable(format!(
                 "this node is being repaired from the cluster and serves no local reads: {reason}"
             ))
             .into_response();
@@ -54,7 +54,7 @@ pub async fn route_to_leader(
         Ok(Lead::Here) => next.run(request).await,
         Ok(Lead::Forward(addr)) => {
             if request.headers().contains_key(FORWARDED_HEADER) {
-                return ApiError::NoLeader.into_response();
+                return ApiError::from(AppError::NoLeader).into_response();
             }
             forward(&app, &addr, request)
                 .await
@@ -96,13 +96,13 @@ async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, Ap
     let reply = outgoing
         .send()
         .await
-        .map_err(|e| ApiError::Unavailable(format!("cannot reach the leader at {addr}: {e}")))?;
+        .map_err(|e| ApiError::unavailable(format!("cannot reach the leader at {addr}: {e}")))?;
     let status = StatusCode::from_u16(reply.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let content_type = reply.headers().get("content-type").cloned();
     let body = reply
         .bytes()
         .await
-        .map_err(|e| ApiError::Unavailable(format!("the leader's answer was cut off: {e}")))?;
+        .map_err(|e| ApiError::unavailable(format!("the leader's answer was cut off: {e}")))?;
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     if let Some(value) = content_type {

@@ -105,7 +105,7 @@ pub async fn store_witnessed(
         .raft
         .client_write(Proposal::Witnessed { note })
         .await
-        .map_err(|e| ApiError::Unavailable(format!("not stored: {e}")))?;
+        .map_err(|e| ApiError::unavailable(format!("not stored: {e}")))?;
     match response.data.0.first() {
         Some(ApplyOutcome::Applied) => Ok(Json(json!({"stored": true}))),
         Some(ApplyOutcome::Rejected(reason)) => Err(ApiError::Rejected(reason.clone())),

@@ -136,12 +136,12 @@ async fn add_node(
     app.raft
         .add_learner(body.id, BasicNode { addr: body.addr }, true)
         .await
-        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
     if !body.learner_only {
         app.raft
             .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([body.id])), false)
             .await
-            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+            .map_err(|e| ApiError::unavailable(e.to_string()))?;
     }
     Ok(Json(json!({"ok": true})))
 }
@@ -159,11 +159,11 @@ async fn remove_node(
             false,
         )
         .await
-        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
     app.raft
         .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([body.id])), false)
         .await
-        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
     Ok(Json(json!({"ok": true})))
 }
 
