@@ -157,3 +157,22 @@ async fn the_readme_walkthrough_reaches_a_verified_witnessed_log() {
         std::fs::read_to_string(dir.path().join("dev.out")).unwrap_or_default()
     );
 }
+
+/// `deploy/provision-keys.sh deploy/keys`, as the README says, writes secrets into the
+/// work tree: git must ignore them, so `git add -A` cannot commit them.
+#[test]
+fn the_keys_the_readme_provisions_are_ignored_by_git() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    if !repo.join(".git").exists() {
+        eprintln!("SKIPPED: not a git work tree");
+        return;
+    }
+    for file in ["admin.token", "audit.key", "witness.key", "compose.env"] {
+        let status = Command::new("git")
+            .args(["check-ignore", "-q", &format!("deploy/keys/{file}")])
+            .current_dir(&repo)
+            .status()
+            .expect("run git");
+        assert!(status.success(), "deploy/keys/{file} is not ignored by git");
+    }
+}

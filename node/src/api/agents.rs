@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -85,8 +85,7 @@ struct LogQuery {
 }
 
 impl LogQuery {
-    fn parse(query: Option<&str>) -> Result<Self> {
-        let query = Query::parse(query)?;
+    fn parse(query: &Query) -> Result<Self> {
         Ok(LogQuery {
             after: query.number("after")?,
             before: query.number("before")?,
@@ -240,11 +239,10 @@ const PENDING_PAGE_MAX: u64 = 1000;
 /// cursor `next` is `AGENT:SEQ` of the page's last entry.
 pub async fn all_pending_actions(
     State(app): State<Arc<App>>,
-    RawQuery(query): RawQuery,
+    query: Query,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
     require_admin(&headers, &app.keys)?;
-    let query = Query::parse(query.as_deref())?;
     let limit = query.number("limit")?.unwrap_or(PENDING_PAGE_DEFAULT);
     if !(1..=PENDING_PAGE_MAX).contains(&limit) {
         return Err(ApiError::BadRequest(format!(
@@ -423,10 +421,10 @@ pub async fn terminate(
 pub async fn agent_log(
     State(app): State<Arc<App>>,
     Path(agent_id): Path<String>,
-    RawQuery(query): RawQuery,
+    query: Query,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
-    let query = LogQuery::parse(query.as_deref())?;
+    let query = LogQuery::parse(&query)?;
     require_admin(&headers, &app.keys)?;
     path_agent_id(&agent_id)?;
     let (head, next_seq) = app.with_agent(&agent_id, |s| (s.head.clone(), s.next_seq()))?;
@@ -498,8 +496,7 @@ async fn whole_log_read<T: Send + 'static>(
 }
 
 /// Numeric query parameters for the proof endpoints, parsed with precise errors.
-pub(super) fn query_numbers(query: Option<&str>, names: &[&str]) -> Result<Vec<u64>> {
-    let query = Query::parse(query)?;
+pub(super) fn query_numbers(query: &Query, names: &[&str]) -> Result<Vec<u64>> {
     names
         .iter()
         .map(|name| query.required_number(name))
@@ -554,10 +551,10 @@ pub(super) fn b64(hash: &Hash) -> String {
 pub async fn inclusion_proof(
     State(app): State<Arc<App>>,
     Path(agent_id): Path<String>,
-    RawQuery(query): RawQuery,
+    query: Query,
 ) -> Result<Json<Value>> {
     path_agent_id(&agent_id)?;
-    let [index, size] = query_numbers(query.as_deref(), &["index", "size"])?[..] else {
+    let [index, size] = query_numbers(&query, &["index", "size"])?[..] else {
         return Err(ApiError::Internal("query parsing".into()));
     };
     let argument = if index < size {
@@ -586,10 +583,10 @@ pub async fn inclusion_proof(
 pub async fn consistency_proof(
     State(app): State<Arc<App>>,
     Path(agent_id): Path<String>,
-    RawQuery(query): RawQuery,
+    query: Query,
 ) -> Result<Json<Value>> {
     path_agent_id(&agent_id)?;
-    let [old, size] = query_numbers(query.as_deref(), &["old", "size"])?[..] else {
+    let [old, size] = query_numbers(&query, &["old", "size"])?[..] else {
         return Err(ApiError::Internal("query parsing".into()));
     };
     let argument = if (1..=size).contains(&old) {

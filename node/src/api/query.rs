@@ -1,5 +1,10 @@
-//! The one query-string parser of the API: percent-decoded (`%31` is `1`, `+` is a
-//! space), each name at most once, every bad value a 400 that names the parameter.
+//! The one query-string parser of the API, and the extractor every handler that reads a
+//! query takes: percent-decoded (`%31` is `1`, `+` is a space), each name at most once,
+//! every bad value a 400 that names the parameter. Typed getters rather than a serde
+//! `Query<T>`: serde_urlencoded's errors do not say which parameter was wrong.
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 
 use super::error::ApiError;
 
@@ -57,6 +62,14 @@ impl Query {
     pub fn required_number(&self, name: &str) -> Result<u64, ApiError> {
         self.number(name)?
             .ok_or_else(|| ApiError::BadRequest(format!("{name} is required")))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Query {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        Query::parse(parts.uri.query())
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use super::agents::{b64, query_numbers};
 use super::auth::{path_agent_id, require_admin};
 use super::error::ApiError;
+use super::query::Query;
 use crate::app::App;
 use crate::raft_types::{ApplyOutcome, Proposal};
 use crate::store::heads::MAX_WITNESSED_NOTE;
@@ -114,11 +115,8 @@ pub async fn store_witnessed(
 }
 
 /// `GET /v1/transparency/proof/consistency?old=M&size=N`.
-pub async fn consistency(
-    State(app): State<Arc<App>>,
-    RawQuery(query): RawQuery,
-) -> Result<Json<Value>> {
-    let [old, size] = query_numbers(query.as_deref(), &["old", "size"])?[..] else {
+pub async fn consistency(State(app): State<Arc<App>>, query: Query) -> Result<Json<Value>> {
+    let [old, size] = query_numbers(&query, &["old", "size"])?[..] else {
         return Err(ApiError::Internal("query parsing".into()));
     };
     let data = app.sm.read_data();
@@ -141,8 +139,8 @@ pub async fn consistency(
 
 /// `GET /v1/transparency/leaves?start=S&end=E`: head statements `S..E` (at most
 /// [`MAX_LEAVES_PER_PAGE`]; fewer means "ask again from where this stopped").
-pub async fn leaves(State(app): State<Arc<App>>, RawQuery(query): RawQuery) -> Result<Json<Value>> {
-    let [start, end] = query_numbers(query.as_deref(), &["start", "end"])?[..] else {
+pub async fn leaves(State(app): State<Arc<App>>, query: Query) -> Result<Json<Value>> {
+    let [start, end] = query_numbers(&query, &["start", "end"])?[..] else {
         return Err(ApiError::Internal("query parsing".into()));
     };
     let size = app.sm.read_data().heads.tree.size();
@@ -170,10 +168,9 @@ pub async fn leaves(State(app): State<Arc<App>>, RawQuery(query): RawQuery) -> R
 pub async fn head_proof(
     State(app): State<Arc<App>>,
     Path(agent_id): Path<String>,
-    RawQuery(query): RawQuery,
+    query: Query,
 ) -> Result<Json<Value>> {
     path_agent_id(&agent_id)?;
-    let query = super::query::Query::parse(query.as_deref())?;
     let size = match query.number("size")? {
         Some(size) => size,
         None => app.sm.read_data().heads.rounds.last().copied().unwrap_or(0),
