@@ -78,11 +78,13 @@ pub enum GuardError {
     InputTooDeep { max: usize },
 }
 
-/// A record before sealing: its kind and payload.
+/// A record before sealing: its kind and payload (and, for a scar, its severity as the
+/// guard decided it, so later drafts of the same command need not read it back from JSON).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Draft {
     pub kind: RecordKind,
     pub payload: Value,
+    pub scar: Option<Severity>,
 }
 
 /// What a command produced: the records to append and, for requests, approvals and
@@ -94,7 +96,11 @@ pub struct Decided {
 }
 
 fn draft(kind: RecordKind, payload: Value) -> Draft {
-    Draft { kind, payload }
+    Draft {
+        kind,
+        payload,
+        scar: None,
+    }
 }
 
 /// The records and answer for `command` on `state` at time `now_micros`.
@@ -413,16 +419,15 @@ fn scar_drafts(
     action_id: Option<&str>,
     drafts: &mut Vec<Draft>,
 ) {
-    drafts.push(draft(
-        RecordKind::Scar,
-        json!({"action_id": action_id, "reason": reason, "severity": severity.as_str()}),
-    ));
+    drafts.push(Draft {
+        kind: RecordKind::Scar,
+        payload: json!({"action_id": action_id, "reason": reason, "severity": severity.as_str()}),
+        scar: Some(severity),
+    });
     // Earlier drafts of this same command may already have scarred or terminated.
     let earlier_scars: u32 = drafts
         .iter()
-        .filter(|d| d.kind == RecordKind::Scar)
-        .filter_map(|d| d.payload.get("severity").and_then(Value::as_str))
-        .filter_map(|s| serde_json::from_value::<Severity>(Value::String(s.into())).ok())
+        .filter_map(|d| d.scar)
         .fold(0u32, |acc, s| acc.saturating_add(s.weight()));
     let terminated_now = drafts.iter().any(|d| d.kind == RecordKind::Terminated);
     let score = state.scar_score.saturating_add(earlier_scars);
