@@ -87,21 +87,22 @@ impl Client {
         self
     }
 
-    /// Waits at most `connect` to reach each node and `answer` for its answer, and
-    /// retries for one connect wait per node: an unreachable cluster is reported in
-    /// seconds, not after 15, while a slow answer (a learner catching up, a large page)
-    /// still arrives.
+    /// Waits at most `connect` to reach each node and `answer` for its answer, and keeps
+    /// trying for one such wait per node, so every node gets its turn: an unreachable
+    /// cluster is reported in seconds, not after 15, and a node that accepts but never
+    /// answers (stopped, not dead) costs one wait before the next is asked.
     pub fn with_timeouts(
         mut self,
         connect: Duration,
         answer: Duration,
     ) -> Result<Self, ClientError> {
+        let answer = answer.max(connect);
         self.http = reqwest::Client::builder()
             .connect_timeout(connect)
-            .timeout(answer.max(connect))
+            .timeout(answer)
             .build()
             .map_err(|e| ClientError::Config(e.to_string()))?;
-        self.retry_for = connect * u32::try_from(self.nodes.len()).unwrap_or(u32::MAX);
+        self.retry_for = answer * u32::try_from(self.nodes.len()).unwrap_or(u32::MAX);
         Ok(self)
     }
 

@@ -20,8 +20,9 @@ pub const EXIT_USAGE: i32 = 2;
 pub const EXIT_UNREACHABLE: i32 = 3;
 pub const EXIT_AUTH: i32 = 4;
 
-/// How long a reached node has to answer (`--timeout` bounds reaching it).
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a node has to answer a page of `audit fetch` (5000 records), where
+/// `--timeout` bounds everything else.
+const FETCH_PAGE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Adding a node answers once the learner has caught up, which takes as long as the log.
 const ADD_NODE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
@@ -96,8 +97,9 @@ impl Target {
             .unwrap_or_else(|| vec![DEFAULT_URL.to_string()])
     }
 
+    /// An admin client that gives each node `--timeout` to answer.
     fn admin_client(&self) -> Result<Client, Failure> {
-        self.admin_client_waiting(ANSWER_TIMEOUT)
+        self.admin_client_waiting(self.timeout)
     }
 
     /// An admin client that waits up to `answer` for an answer (a node reached within
@@ -573,7 +575,7 @@ pub fn checkpoint_fetch(
     dest: Option<&Path>,
     out: &mut dyn Write,
 ) -> Result<(), Failure> {
-    let client = Client::new(&target.urls, "")?.with_timeouts(target.timeout, ANSWER_TIMEOUT)?;
+    let client = Client::new(&target.urls, "")?.with_timeouts(target.timeout, target.timeout)?;
     let note = runtime()?.block_on(client.witnessed_checkpoint())?;
     match dest {
         None => out
@@ -596,7 +598,7 @@ pub fn audit_fetch(
     out: &mut dyn Write,
 ) -> Result<(), Failure> {
     let agent_id = path_id(agent_id, "agent")?;
-    let client = target.admin_client()?;
+    let client = target.admin_client_waiting(FETCH_PAGE_TIMEOUT)?;
     let rt = runtime()?;
     let mut lines = String::new();
     let mut next_seq = 0u64;
