@@ -447,19 +447,30 @@ impl Cluster {
         }
     }
 
-    /// Creates an agent through node `i` and returns its token.
+    /// Creates an agent through node `i` and returns its token. A 503 (no leader yet,
+    /// or leadership moved while the write was in flight, as happens in a cluster's first
+    /// seconds) is retried with the same Idempotency-Key, as a client would, for 15 s.
     pub async fn create_agent(&self, i: usize, agent_id: &str, policy: Value) -> String {
-        let (status, body) = self
-            .post(
-                i,
-                "/v1/agents",
-                &self.admin.clone(),
-                json!({"agent_id": agent_id, "policy": policy}),
-                None,
-            )
-            .await;
-        assert_eq!(status, 200, "{body}");
-        body["token"].as_str().expect("token").to_string()
+        let key = format!("create-{agent_id}");
+        let body = json!({"agent_id": agent_id, "policy": policy});
+        let start = Instant::now();
+        loop {
+            let (status, answer) = self
+                .post(
+                    i,
+                    "/v1/agents",
+                    &self.admin.clone(),
+                    body.clone(),
+                    Some(&key),
+                )
+                .await;
+            if status == 503 && start.elapsed() < Duration::from_secs(15) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            assert_eq!(status, 200, "{answer}");
+            return answer["token"].as_str().expect("token").to_string();
+        }
     }
 
     /// Node `i`'s own copy of an agent's records (no forwarding).
