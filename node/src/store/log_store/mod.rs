@@ -10,7 +10,7 @@
 //!
 //! Why not redb for the log: a durable redb commit costs about five fdatasyncs of appended
 //! bytes here, and redb's single writer made log appends and state-machine applies wait
-//! for each other. The state machine stays on redb (`state_machine.rs`).
+//! for each other. The state machine stays on redb (`state_machine/`).
 //!
 //! `append` makes entries readable at once (openraft replicates an entry before it is
 //! flushed) and queues them for the writer thread. The writer takes everything queued,
