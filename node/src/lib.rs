@@ -34,6 +34,7 @@ pub mod batcher;
 pub mod console;
 pub mod disk_reserve;
 pub mod heads_rounds;
+pub mod http_server;
 pub mod idempotency_key;
 pub mod keys;
 pub mod log_noise;
@@ -87,6 +88,12 @@ pub struct NodeConfig {
     pub witnesses: app::WitnessPolicy,
     /// Free bytes the data directory's disk keeps; below it writes are refused (507).
     pub disk_reserve_bytes: u64,
+    /// Open client connections at most (`None`: half the open-file limit).
+    pub max_connections: Option<usize>,
+    /// How long a request head (or a stalled request body) may take to arrive.
+    pub http_header_timeout: Duration,
+    /// How long a connection may sit with no request and no byte moving.
+    pub http_idle_timeout: Duration,
 }
 
 pub use store::DEFAULT_STATE_FSYNC_INTERVAL_MS;
@@ -135,6 +142,17 @@ fn raft_config(id: NodeId, snapshot_every: u64, elect: bool) -> Result<openraft:
 )]
 pub async fn run(config: NodeConfig) -> Result<(), String> {
     let keys = keys::load(&config.keys_dir, config.admin_token.clone())?;
+    let open_files = http_server::raise_open_file_limit();
+    let http_limits = http_server::Limits::new(
+        config.max_connections,
+        config.http_header_timeout,
+        config.http_idle_timeout,
+    );
+    tracing::debug!(
+        open_files,
+        max_connections = http_limits.max_connections,
+        "connection limits"
+    );
     // Refuse a name no note can be signed under before anything starts.
     lineage_core::transparency::NoteSigner::new(&config.cluster_name, &keys.audit)
         .map_err(|e| format!("--cluster-name: {e}"))?;
@@ -253,19 +271,17 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         .with_disk_reserve(disk)
         .with_peer_contacts(peer_contacts),
     );
+    let connection_metrics = app.metrics.clone();
     let router = api::router(app);
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "lineage-node serving");
-    // Answers go out as soon as they are written, never held back by Nagle's algorithm
-    // waiting for the peer's delayed ACK.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY not set");
-        }
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|e| format!("server: {e}"))?;
+    http_server::serve(
+        listener,
+        router,
+        http_limits,
+        connection_metrics,
+        shutdown_signal(),
+    )
+    .await;
     let _ = raft.shutdown().await;
     // So the next start replays only what follows these checkpoints.
     match state_machine.checkpoint_agents() {

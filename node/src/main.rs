@@ -54,6 +54,10 @@ enum LogFormat {
 }
 
 #[derive(Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once at start-up; `run`'s flags are the node's whole configuration"
+)]
 enum Command {
     /// Run one node of a cluster
     Run {
@@ -112,6 +116,8 @@ enum Command {
         /// new writes 507 insufficient_storage, recording nothing, until space returns
         #[arg(long, env = "LINEAGE_DISK_RESERVE_MB", default_value_t = lineage_node::disk_reserve::DEFAULT_DISK_RESERVE_MB)]
         disk_reserve_mb: u64,
+        #[command(flatten)]
+        connections: ConnectionFlags,
     },
     /// Run a local cluster on 127.0.0.1 (ports P, P+1, …) until Ctrl-C
     Dev {
@@ -289,6 +295,7 @@ fn main() -> ExitCode {
             witness_keys,
             witness_quorum,
             disk_reserve_mb,
+            connections,
         }) => parse_peers(&peers).and_then(|peers| {
             let witnesses = WitnessPolicy::new(witness_keys, witness_quorum)?;
             serve(NodeConfig {
@@ -307,6 +314,9 @@ fn main() -> ExitCode {
                 leader_early_ack,
                 witnesses,
                 disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
+                max_connections: connections.max_connections,
+                http_header_timeout: connections.header_timeout(),
+                http_idle_timeout: connections.idle_timeout(),
             })
         }),
         Some(Command::Dev {
@@ -323,6 +333,35 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// How many client connections a node keeps open, and for how long.
+#[derive(clap::Args)]
+struct ConnectionFlags {
+    /// Open client connections at most; at the cap the quietest idle one is closed to
+    /// make room [default: half the open-file limit, which the node raises to its hard limit]
+    #[arg(long, env = "LINEAGE_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Milliseconds a request's headers may take to arrive (and a request body may stall)
+    #[arg(long, env = "LINEAGE_HTTP_HEADER_TIMEOUT_MS", default_value_t = millis(lineage_node::http_server::DEFAULT_HEADER_TIMEOUT))]
+    http_header_timeout_ms: u64,
+    /// Milliseconds a connection may sit with no request and no byte moving
+    #[arg(long, env = "LINEAGE_HTTP_IDLE_TIMEOUT_MS", default_value_t = millis(lineage_node::http_server::DEFAULT_IDLE_TIMEOUT))]
+    http_idle_timeout_ms: u64,
+}
+
+impl ConnectionFlags {
+    fn header_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.http_header_timeout_ms.max(1))
+    }
+
+    fn idle_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.http_idle_timeout_ms.max(1))
+    }
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    d.as_millis() as u64
 }
 
 fn scrub_interval(secs: u64) -> Option<std::time::Duration> {
@@ -350,23 +389,31 @@ fn reference_mode() -> Result<(), String> {
         Err(std::env::VarError::NotPresent) => None,
         Err(e) => return Err(format!("GUARD_ADMIN_TOKEN: {e}")),
     };
-    let scrub_secs = match std::env::var("LINEAGE_SCRUB_INTERVAL_SECS") {
-        Ok(v) => v
-            .parse()
-            .map_err(|_| format!("LINEAGE_SCRUB_INTERVAL_SECS {v:?} is not a number"))?,
-        Err(_) => lineage_node::DEFAULT_SCRUB_INTERVAL_SECS,
-    };
-    let state_fsync_ms = match std::env::var("LINEAGE_STATE_FSYNC_INTERVAL_MS") {
-        Ok(v) => v
-            .parse()
-            .map_err(|_| format!("LINEAGE_STATE_FSYNC_INTERVAL_MS {v:?} is not a number"))?,
-        Err(_) => lineage_node::DEFAULT_STATE_FSYNC_INTERVAL_MS,
-    };
-    let disk_reserve_mb = match std::env::var("LINEAGE_DISK_RESERVE_MB") {
-        Ok(v) => v
-            .parse::<u64>()
-            .map_err(|_| format!("LINEAGE_DISK_RESERVE_MB {v:?} is not a number"))?,
-        Err(_) => lineage_node::disk_reserve::DEFAULT_DISK_RESERVE_MB,
+    let scrub_secs = env_number(
+        "LINEAGE_SCRUB_INTERVAL_SECS",
+        lineage_node::DEFAULT_SCRUB_INTERVAL_SECS,
+    )?;
+    let state_fsync_ms = env_number(
+        "LINEAGE_STATE_FSYNC_INTERVAL_MS",
+        lineage_node::DEFAULT_STATE_FSYNC_INTERVAL_MS,
+    )?;
+    let disk_reserve_mb = env_number(
+        "LINEAGE_DISK_RESERVE_MB",
+        lineage_node::disk_reserve::DEFAULT_DISK_RESERVE_MB,
+    )?;
+    let connections = ConnectionFlags {
+        max_connections: match std::env::var("LINEAGE_MAX_CONNECTIONS") {
+            Ok(_) => Some(env_number("LINEAGE_MAX_CONNECTIONS", 0)?),
+            Err(_) => None,
+        },
+        http_header_timeout_ms: env_number(
+            "LINEAGE_HTTP_HEADER_TIMEOUT_MS",
+            millis(lineage_node::http_server::DEFAULT_HEADER_TIMEOUT),
+        )?,
+        http_idle_timeout_ms: env_number(
+            "LINEAGE_HTTP_IDLE_TIMEOUT_MS",
+            millis(lineage_node::http_server::DEFAULT_IDLE_TIMEOUT),
+        )?,
     };
     let keys_dir = data_dir.join("keys");
     keys::create_missing(&keys_dir, admin_token.is_some())?;
@@ -397,5 +444,18 @@ fn reference_mode() -> Result<(), String> {
         leader_early_ack: false,
         witnesses: WitnessPolicy::default(),
         disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
+        max_connections: connections.max_connections,
+        http_header_timeout: connections.header_timeout(),
+        http_idle_timeout: connections.idle_timeout(),
     })
+}
+
+/// A number from the environment, or `default` when the variable is unset.
+fn env_number<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| format!("{name} {v:?} is not a number")),
+        Err(_) => Ok(default),
+    }
 }

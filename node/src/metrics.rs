@@ -53,6 +53,9 @@ pub struct Metrics {
     process_registry: Registry,
     pub scrub_quarantined: prometheus::IntCounter,
     pub scrub_last_run: IntGauge,
+    /// Open client connections (`http_server`).
+    pub http_connections: IntGauge,
+    http_connections_closed: IntCounterVec,
     /// Last exported value of each state-derived counter, to add only the difference.
     exported: Mutex<BTreeMap<String, u64>>,
 }
@@ -168,7 +171,15 @@ impl Metrics {
             "Agents the integrity scrub quarantined on this node.",
         ));
         must(registry.register(Box::new(scrub_quarantined.clone())));
+        let http_connections_closed = counter(
+            "http_connections_closed_total",
+            "Client connections the server closed, by reason (header_timeout, body_timeout, \
+             idle, evicted at the connection cap, refused with every connection busy).",
+            &["reason"],
+        );
         Metrics {
+            http_connections: gauge("http_connections", "Open client connections."),
+            http_connections_closed,
             pending_approvals: gauge("pending_approvals", "Actions waiting for approval."),
             raft_term: gauge("raft_term", "Current Raft term."),
             raft_leader: gauge(
@@ -210,6 +221,13 @@ impl Metrics {
             scrub_quarantined,
             exported: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// One connection closed by the server, for `reason`.
+    pub fn http_connection_closed(&self, reason: &str) {
+        self.http_connections_closed
+            .with_label_values(&[reason])
+            .inc();
     }
 
     /// Raises a state-derived counter to `total`.

@@ -76,6 +76,11 @@ fn asks_for_local_copy(request: &Request) -> bool {
         .is_ok_and(|query| query.text("local") == Some("true"))
 }
 
+/// How long a forwarded request waits for the leader's answer. A write waits for its
+/// commit there; a leader that cannot commit (no quorum) would otherwise hold this
+/// node's connection, and the client's, indefinitely.
+const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
     let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -87,6 +92,7 @@ async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, Ap
         .http
         .request(parts.method.clone(), url)
         .header(FORWARDED_HEADER, "1")
+        .timeout(FORWARD_TIMEOUT)
         .body(bytes);
     for name in FORWARDED_REQUEST_HEADERS {
         if let Some(value) = parts.headers.get(name) {

@@ -1,0 +1,424 @@
+//! Connection limits (`http_server`) against real nodes: silent, slow and idle
+//! connections are closed within the bounds the node was given while a busy keep-alive
+//! connection is not, and a flood of connections past a follower's open-file limit leaves
+//! it reachable for its peers and for `/healthz`.
+
+#[path = "cluster/util.rs"]
+mod util;
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use util::Cluster;
+
+const HEADER_TIMEOUT_MS: u64 = 1_000;
+const IDLE_TIMEOUT_MS: u64 = 2_000;
+/// A liveness bound, not a timing claim: a connection the node must close is closed
+/// long before this (the node checks each one at a quarter of its shortest bound).
+const CLOSE_BOUND: Duration = Duration::from_millis(20 * IDLE_TIMEOUT_MS);
+
+fn policy() -> serde_json::Value {
+    json!({"budget": 1_000_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}})
+}
+
+/// `name{labels}` → value from node `i`'s /metrics, without the `node` label.
+async fn metrics(cluster: &Cluster, i: usize) -> BTreeMap<String, f64> {
+    let text = cluster
+        .http
+        .get(cluster.url(i, "/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            let name = name.replace(&format!("node=\"{}\",", i + 1), "");
+            let name = name.replace(&format!(",node=\"{}\"", i + 1), "");
+            let name = name.replace(&format!("{{node=\"{}\"}}", i + 1), "");
+            Some((name, value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Reads until the server closes the connection (EOF or reset); how long that took from
+/// `since`, or `None` if it stayed open past [`CLOSE_BOUND`].
+async fn closed_after(
+    mut stream: impl tokio::io::AsyncRead + Unpin,
+    since: Instant,
+) -> Option<Duration> {
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::from_std(since + CLOSE_BOUND);
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0) | Err(_)) => return Some(since.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// Sends `GET /healthz` on a kept-alive connection and reads the whole answer.
+async fn healthz_on(stream: &mut TcpStream) -> Result<(), String> {
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\n\r\n")
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        let n = stream
+            .read(&mut buf)
+            .await
+            .map_err(|e| format!("read: {e}"))?;
+        if n == 0 {
+            return Err(format!(
+                "closed mid-answer: {:?}",
+                String::from_utf8_lossy(&answer)
+            ));
+        }
+        answer.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&answer);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                })
+                .ok_or_else(|| format!("no content-length: {head}"))?;
+            if body.len() >= length {
+                if !head.starts_with("HTTP/1.1 200") {
+                    return Err(format!("not 200: {head}"));
+                }
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// `n` connections that send a head one byte at a time, forever (slowloris): bytes keep
+/// moving, and still the head never completes.
+async fn open_slow_heads(
+    addr: &str,
+    n: usize,
+) -> Vec<(
+    tokio::net::tcp::OwnedReadHalf,
+    Instant,
+    tokio::task::JoinHandle<()>,
+)> {
+    let mut slow_heads = Vec::new();
+    for _ in 0..n {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        let started = Instant::now();
+        let (read, mut write) = stream.into_split();
+        let trickle = tokio::spawn(async move {
+            write.write_all(b"GET /healthz HTTP/1.1\r\n").await.ok();
+            while started.elapsed() < CLOSE_BOUND {
+                if write.write_all(b"X").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        slow_heads.push((read, started, trickle));
+    }
+    slow_heads
+}
+
+/// `n` connections that send a head promising a body, then stall in it.
+async fn open_stalled_bodies(addr: &str, n: usize) -> Vec<(TcpStream, Instant)> {
+    let mut stalled_bodies = Vec::new();
+    for _ in 0..n {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        stream
+            .write_all(
+                b"POST /v1/agents HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n\
+                  Content-Length: 100\r\n\r\n{\"agent_id\":",
+            )
+            .await
+            .expect("write");
+        stalled_bodies.push((stream, Instant::now()));
+    }
+    stalled_bodies
+}
+
+/// One connection that asks every half idle timeout, so it is never idle that long;
+/// how many answers it got over three idle timeouts.
+async fn ask_every_half_idle_timeout(addr: String) -> Result<u32, String> {
+    let mut stream = TcpStream::connect(&addr).await.expect("connect");
+    let mut served = 0;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(3 * IDLE_TIMEOUT_MS) {
+        healthz_on(&mut stream)
+            .await
+            .map_err(|e| format!("after {served} answers: {e}"))?;
+        served += 1;
+        tokio::time::sleep(Duration::from_millis(IDLE_TIMEOUT_MS / 2)).await;
+    }
+    Ok(served)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn silent_slow_and_idle_connections_are_closed_and_a_busy_one_is_not() {
+    let header = HEADER_TIMEOUT_MS.to_string();
+    let idle = IDLE_TIMEOUT_MS.to_string();
+    let cluster = Cluster::start_with(
+        1,
+        &[
+            "--http-header-timeout-ms",
+            &header,
+            "--http-idle-timeout-ms",
+            &idle,
+        ],
+    )
+    .await;
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let addr = cluster.addrs[0].clone();
+
+    // 2,000 connections that never send a byte.
+    let opened = Instant::now();
+    let mut silent = Vec::new();
+    for _ in 0..2_000 {
+        silent.push(TcpStream::connect(&addr).await.expect("connect"));
+    }
+    // 20 that were answered once and then went quiet (idle keep-alive).
+    let mut idle_conns = Vec::new();
+    for _ in 0..20 {
+        let mut stream = TcpStream::connect(&addr).await.expect("connect");
+        healthz_on(&mut stream).await.expect("first request");
+        idle_conns.push((stream, Instant::now()));
+    }
+    let slow_heads = open_slow_heads(&addr, 10).await;
+    let stalled_bodies = open_stalled_bodies(&addr, 5).await;
+    let busy = tokio::spawn(ask_every_half_idle_timeout(addr.clone()));
+
+    let silent_closes: Vec<_> = silent
+        .into_iter()
+        .map(|s| tokio::spawn(closed_after(s, opened)))
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for (i, close) in silent_closes.into_iter().enumerate() {
+        let took = close
+            .await
+            .expect("join")
+            .unwrap_or_else(|| panic!("silent connection {i} still open after {CLOSE_BOUND:?}"));
+        slowest = slowest.max(took);
+    }
+    println!("2,000 silent connections closed; the last {slowest:?} after the first opened");
+    for (i, (stream, since)) in idle_conns.into_iter().enumerate() {
+        let took = closed_after(stream, since)
+            .await
+            .unwrap_or_else(|| panic!("idle connection {i} still open after {CLOSE_BOUND:?}"));
+        assert!(
+            took >= Duration::from_millis(IDLE_TIMEOUT_MS / 2),
+            "idle connection {i} was closed after {took:?}, before any bound could have expired"
+        );
+    }
+    for (i, (read, since, trickle)) in slow_heads.into_iter().enumerate() {
+        let took = closed_after(read, since).await;
+        trickle.abort();
+        assert!(
+            took.is_some(),
+            "a head sent a byte at a time (connection {i}) was still open after {CLOSE_BOUND:?}"
+        );
+    }
+    for (i, (stream, since)) in stalled_bodies.into_iter().enumerate() {
+        assert!(
+            closed_after(stream, since).await.is_some(),
+            "a stalled body (connection {i}) was still open after {CLOSE_BOUND:?}"
+        );
+    }
+    let served = busy.await.expect("join").expect("the busy connection");
+    assert!(served >= 5, "the busy connection was served {served} times");
+
+    let m = metrics(&cluster, 0).await;
+    let closed = |reason: &str| {
+        m.get(&format!(
+            "lineage_http_connections_closed_total{{reason=\"{reason}\"}}"
+        ))
+        .copied()
+        .unwrap_or(0.0)
+    };
+    assert!(
+        closed("header_timeout") >= 2_010.0,
+        "header timeouts: {}",
+        closed("header_timeout")
+    );
+    assert!(closed("idle") >= 20.0, "idle closes: {}", closed("idle"));
+    assert!(
+        closed("body_timeout") >= 5.0,
+        "body timeouts: {}",
+        closed("body_timeout")
+    );
+    let (status, _) = cluster.get(0, "/healthz", "").await;
+    assert_eq!(status, 200, "the node still answers");
+}
+
+/// Opens `count` connections to `addr` and holds them for `hold_secs` (a separate process,
+/// so the flood has open-file limits of its own). Prints how many it opened.
+const FLOODER: &str = r#"
+import resource, socket, sys, time
+host, port, count, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+held, failed, deadline = [], 0, time.monotonic() + 120
+for _ in range(count):
+    if time.monotonic() > deadline:
+        break
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect((host, port))
+        held.append(s)
+    except OSError:
+        failed += 1
+        s.close()
+print(f"opened {len(held)} failed {failed}", flush=True)
+time.sleep(hold)
+"#;
+
+/// The open-file limit nodes and flooders get in the flood test (soft = hard), so that
+/// 21,000 connections are past it on any machine.
+const FLOOD_FILE_LIMIT: u64 = 8_192;
+const FLOOD_CONNECTIONS: u64 = 21_000;
+
+struct Flooders(Vec<Child>);
+
+impl Drop for Flooders {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Starts flooders that together attempt [`FLOOD_CONNECTIONS`] to `host:port`, each
+/// holding fewer than `file_limit`; returns them with how many connections they opened.
+fn flood(host: &str, port: &str, file_limit: u64) -> (Flooders, u64) {
+    // Each flooder holds fewer than its limit; together they attempt 21,000.
+    let per_flooder = file_limit - 200;
+    let flooder_count = FLOOD_CONNECTIONS.div_ceil(per_flooder);
+    let hold_secs = 60;
+    let mut flooders = Flooders(Vec::new());
+    for k in 0..flooder_count {
+        let count = per_flooder.min(FLOOD_CONNECTIONS - k * per_flooder);
+        let child = Command::new("python3")
+            .args(["-c", FLOODER, host, port])
+            .arg(count.to_string())
+            .arg(hold_secs.to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start a flooder");
+        flooders.0.push(child);
+    }
+    let mut opened = 0u64;
+    for child in &mut flooders.0 {
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+            .expect("flooder output");
+        let n: u64 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("flooder said {line:?}"));
+        opened += n;
+    }
+    (flooders, opened)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_flooded_past_its_open_file_limit_stays_reachable() {
+    // Children inherit this process's limit: lower it (for good, in this test binary)
+    // so the flood exceeds it wherever the test runs.
+    let mut limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let file_limit = limit.maximum.unwrap_or(u64::MAX).min(FLOOD_FILE_LIMIT);
+    limit.current = Some(file_limit);
+    limit.maximum = Some(file_limit);
+    rustix::process::setrlimit(rustix::process::Resource::Nofile, limit).expect("setrlimit");
+
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let follower = (leader + 1) % 3;
+    let token = cluster.create_agent(leader, "flooded", policy()).await;
+    let (host, port) = cluster.addrs[follower].rsplit_once(':').expect("host:port");
+
+    let flood_started = Instant::now();
+    let (flooders, opened) = flood(host, port, file_limit);
+    println!(
+        "{opened} of {FLOOD_CONNECTIONS} flood connections opened in {:?}; open-file limit {file_limit}",
+        flood_started.elapsed()
+    );
+    assert!(
+        opened > file_limit,
+        "the flood ({opened} connections) did not pass the open-file limit ({file_limit})"
+    );
+
+    // While the flood is held: /healthz on fresh connections, and writes the follower
+    // must replicate.
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("client");
+    for attempt in 0..5 {
+        let status = fresh
+            .get(cluster.url(follower, "/healthz"))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .unwrap_or_else(|e| panic!("healthz {attempt} on the flooded follower: {e}"));
+        assert_eq!(status, 200, "healthz {attempt} on the flooded follower");
+    }
+    for n in 0..20 {
+        let (status, answer) = cluster
+            .post_until_served(
+                leader,
+                "/v1/agents/flooded/actions",
+                &token,
+                json!({"tool": "search"}),
+                &format!("flood-{n}"),
+            )
+            .await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    let log = cluster
+        .converged_log("flooded", Duration::from_secs(20))
+        .await;
+    assert!(log.len() >= 42, "{} records", log.len());
+    let m = metrics(&cluster, follower).await;
+    let evicted = m
+        .get("lineage_http_connections_closed_total{reason=\"evicted\"}")
+        .copied()
+        .unwrap_or(0.0);
+    let open = m.get("lineage_http_connections").copied().unwrap_or(-1.0);
+    println!("follower: {evicted} connections evicted, {open} open");
+    assert!(evicted > 0.0, "the cap never engaged");
+    assert!(
+        open <= (file_limit / 2) as f64,
+        "{open} open connections, above the cap"
+    );
+    drop(flooders);
+    let text = std::fs::read_to_string(
+        cluster
+            .dir
+            .path()
+            .join(format!("node-{}.log", follower + 1)),
+    )
+    .expect("follower log");
+    assert!(
+        !text.contains("Too many open files"),
+        "the follower ran out of descriptors:\n{}",
+        cluster.log_tails(30)
+    );
+}
