@@ -10,8 +10,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::guard::{
-    decide, missing_termination, seal, Action, AgentState, Command, Decision, GuardError, Outcome,
-    PendingAction, ReplayError, Severity, Status,
+    decide, missing_termination, seal, Action, ActionView, AgentState, Command, Decision,
+    GuardError, Outcome, PendingAction, ReplayError, Severity, Status,
 };
 use crate::keys::AuditKey;
 use crate::log_file::{AuditError, AuditLog};
@@ -193,8 +193,23 @@ impl Guard {
         self.state.is_alive()
     }
 
-    pub fn action(&self, action_id: &str) -> Option<Action> {
-        self.state.action_view(action_id)
+    /// One action. A decided one's tool, input and cost are read back from the file
+    /// (memory keeps only its status: `guard::ActionBook`).
+    pub fn action(&self, action_id: &str) -> Result<Option<Action>, GuardFileError> {
+        match self.state.action_view(action_id) {
+            None => Ok(None),
+            Some(ActionView::Whole(action)) => Ok(Some(action)),
+            Some(ActionView::Settled(settled)) => {
+                let records = self.log.records()?;
+                let request = records
+                    .iter()
+                    .find(|r| r.seq == settled.requested_seq)
+                    .ok_or_else(|| {
+                        ReplayError(format!("the request of {action_id} is not in the file"))
+                    })?;
+                Ok(Some(settled.view(action_id, request).map_err(ReplayError)?))
+            }
+        }
     }
 
     pub fn pending(&self) -> Vec<PendingAction> {

@@ -214,6 +214,7 @@ fn level_3_scars_and_termination() {
             .to_string();
         if guard
             .action(&id)
+            .unwrap()
             .is_some_and(|a| a.status == ActionStatus::Allowed)
         {
             guard.report(&id, Outcome::success("")).unwrap();
@@ -294,7 +295,7 @@ fn level_4_humans_in_the_loop() {
         }
     );
     assert_eq!(guard.status().spent, 0);
-    let action = guard.action("act-1").unwrap();
+    let action = guard.action("act-1").unwrap().unwrap();
     assert_eq!(action.tool, "send_refund");
     assert_eq!(
         lineage_core::canonical::to_string(&action.input),

@@ -7,7 +7,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use lineage_core::guard::{decide, seal, AgentState, Command, GuardError, Status};
+use lineage_core::guard::{
+    decide, seal, Action, ActionView, AgentState, Command, GuardError, Status,
+};
 use lineage_core::record::timestamp;
 use openraft::error::{CheckIsLeaderError, RaftError};
 use serde_json::Value;
@@ -49,8 +51,19 @@ pub struct App {
     /// Free space the leader keeps before it seals anything (`disk_reserve`).
     disk: Option<DiskReserve>,
     batcher: Batcher,
-    agent_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    agent_locks: Mutex<AgentLocks>,
 }
+
+/// Per-agent write locks (`App::agent_lock`).
+#[derive(Default)]
+struct AgentLocks {
+    map: HashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// Sweep unused locks when the map reaches this size.
+    sweep_at: usize,
+}
+
+/// The agent lock map is never swept below this size.
+const AGENT_LOCKS_SWEEP_MIN: usize = 1024;
 
 /// Whole-log reads at once (`App::whole_log_reads`).
 const WHOLE_LOG_READS: usize = 2;
@@ -163,7 +176,10 @@ impl App {
             sm,
             keys,
             http,
-            agent_locks: Mutex::new(HashMap::new()),
+            agent_locks: Mutex::new(AgentLocks {
+                map: HashMap::new(),
+                sweep_at: AGENT_LOCKS_SWEEP_MIN,
+            }),
             heads_origin: String::new(),
             witnesses: WitnessPolicy::default(),
             log: None,
@@ -270,9 +286,16 @@ impl App {
         }
     }
 
+    /// The lock that orders one agent's writes on the leader. Locks nobody holds or waits
+    /// for are dropped once the map has doubled since the last sweep, so the map stays
+    /// about the size of the agents being written at once, not of every agent ever seen.
     fn agent_lock(&self, agent_id: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.agent_locks.lock().unwrap_or_else(|p| p.into_inner());
-        locks.entry(agent_id.to_string()).or_default().clone()
+        if locks.map.len() >= locks.sweep_at {
+            locks.map.retain(|_, lock| Arc::strong_count(lock) > 1);
+            locks.sweep_at = (locks.map.len() * 2).max(AGENT_LOCKS_SWEEP_MIN);
+        }
+        locks.map.entry(agent_id.to_string()).or_default().clone()
     }
 
     /// Runs `f` on the agent's applied state, or says why it cannot be served here.
@@ -287,6 +310,28 @@ impl App {
             Some(AgentSlot::Quarantined(reason)) => Err(AppError::Quarantined(reason.clone())),
             Some(AgentSlot::Active(state)) => Ok(f(state)),
         }
+    }
+
+    /// One action as the API shows it. Memory holds a decided action's status only; its
+    /// tool, input and cost are read back from this node's copy of its request record
+    /// (after the state lock is let go: the read takes it again).
+    pub fn action(&self, agent_id: &str, action_id: &str) -> Result<Option<Action>, AppError> {
+        let settled = match self.with_agent(agent_id, |s| s.action_view(action_id))? {
+            None => return Ok(None),
+            Some(ActionView::Whole(action)) => return Ok(Some(action)),
+            Some(ActionView::Settled(settled)) => settled,
+        };
+        let records = self
+            .sm
+            .records(agent_id, settled.requested_seq, 1)
+            .map_err(|e| AppError::Internal(format!("reading the request of {action_id}: {e}")))?;
+        let request = records.first().ok_or_else(|| {
+            AppError::Internal(format!("the request of {action_id} is not stored here"))
+        })?;
+        settled
+            .view(action_id, request)
+            .map(Some)
+            .map_err(AppError::Internal)
     }
 
     /// The leader's write path for one command. `respond` turns the decision and the

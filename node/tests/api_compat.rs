@@ -378,6 +378,12 @@ async fn every_endpoint_and_error_case() {
         "invalid_state",
         "action act-3 is Allowed; operation not permitted",
     );
+    // Decided, its input is no longer in memory: it is read back from the request record.
+    let (_, action) = node.get("/v1/agents/bot/actions/act-3", Some(&token)).await;
+    assert_eq!(
+        action,
+        json!({"action_id": "act-3", "cost": 5, "input": {"amount": 40, "to": "ACME"}, "outcome": null, "status": "allowed", "tool": "pay"})
+    );
     node.post(
         "/v1/agents/bot/actions",
         Some(&token),
@@ -417,6 +423,12 @@ async fn every_endpoint_and_error_case() {
         "invalid_state",
         "action act-1 is Completed; operation not permitted",
     );
+    let (_, action) = node.get("/v1/agents/bot/actions/act-1", Some(&token)).await;
+    assert_eq!(
+        (&action["status"], &action["outcome"], &action["action_id"]),
+        (&json!("completed"), &json!("success"), &json!("act-1"))
+    );
+    assert!(action["tool"].is_string() && action.get("input").is_some(), "{action}");
     assert_error(
         node.post(
             "/v1/agents/bot/actions/act-2/outcome",

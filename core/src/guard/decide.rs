@@ -213,13 +213,14 @@ pub fn decide(
             })
         }
         Command::Report { action_id, outcome } => {
-            let action = state
+            let status = state
                 .action(action_id)
-                .ok_or_else(|| GuardError::UnknownAction(action_id.clone()))?;
-            if action.status != ActionStatus::Allowed {
+                .ok_or_else(|| GuardError::UnknownAction(action_id.clone()))?
+                .status();
+            if status != ActionStatus::Allowed {
                 return Err(GuardError::InvalidState {
                     action_id: action_id.clone(),
-                    status: action.status,
+                    status,
                 });
             }
             let mut drafts = vec![draft(
@@ -347,16 +348,18 @@ fn pending_action<'a>(
     state: &'a AgentState,
     action_id: &str,
 ) -> Result<&'a super::state::ActionState, GuardError> {
-    let action = state
-        .action(action_id)
-        .ok_or_else(|| GuardError::UnknownAction(action_id.to_string()))?;
-    if action.status != ActionStatus::PendingApproval {
-        return Err(GuardError::InvalidState {
+    match state.action(action_id) {
+        None => Err(GuardError::UnknownAction(action_id.to_string())),
+        Some(super::ActionLookup::Open(action))
+            if action.status == ActionStatus::PendingApproval =>
+        {
+            Ok(action)
+        }
+        Some(found) => Err(GuardError::InvalidState {
             action_id: action_id.to_string(),
-            status: action.status,
-        });
+            status: found.status(),
+        }),
     }
-    Ok(action)
 }
 
 fn deny(

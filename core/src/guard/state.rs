@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::action_book::{ActionBook, ActionLookup, ActionView};
 use super::types::{
     Action, ActionStatus, OutcomeStatus, PendingAction, RecordKind, Scar, Severity, Status,
 };
@@ -18,7 +19,8 @@ use crate::transparency::Frontier;
 #[error("{0}")]
 pub struct ReplayError(pub String);
 
-/// One action's state; `input` is kept so approvers and backends see the exact request.
+/// An action waiting for a decision, with its whole request (approvers see the exact
+/// input). Once decided, only its status stays in memory (`action_book`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ActionState {
     pub tool: String,
@@ -41,7 +43,10 @@ pub struct AgentState {
     pub head: Option<Head>,
     /// The last record's timestamp in microseconds (records never go backwards).
     pub last_timestamp_micros: i64,
-    actions: HashMap<String, ActionState>,
+    /// Every action: whole while it waits for a decision, 9 bytes once decided. (Named
+    /// apart from the `actions` map that earlier checkpoints held, with every input in
+    /// it: those do not parse, and the node replays that agent's records instead.)
+    action_book: ActionBook,
     /// Pending approvals by the seq of their request: log order.
     pending: BTreeMap<u64, String>,
     pub actions_requested: u64,
@@ -157,8 +162,10 @@ impl AgentState {
         self.head.as_ref().map_or(0, |h| h.seq + 1)
     }
 
-    pub fn action(&self, action_id: &str) -> Option<&ActionState> {
-        self.actions.get(action_id)
+    /// What memory holds of an action: the whole request while it waits for a decision,
+    /// its status once decided.
+    pub fn action(&self, action_id: &str) -> Option<ActionLookup<'_>> {
+        self.action_book.lookup(action_id)
     }
 
     /// Allowed calls of exactly this tool name.
@@ -234,8 +241,7 @@ impl AgentState {
                     .and_then(Value::as_u64)
                     .ok_or_else(|| ReplayError("action_requested record has no 'cost'".into()))?;
                 let input = payload.get("input").cloned().unwrap_or(Value::Null);
-                self.actions_requested += 1;
-                self.actions.insert(
+                self.action_book.request(
                     action_id,
                     ActionState {
                         tool,
@@ -246,23 +252,28 @@ impl AgentState {
                         requested_seq: record.seq,
                         requested_at: record.timestamp.clone(),
                     },
-                );
+                )?;
+                self.actions_requested += 1;
             }
             RecordKind::ApprovalRequired => {
                 let action_id = str_field(payload, "action_id", kind)?;
-                self.approvals_requested += 1;
-                let action = self.known_action(action_id)?;
+                let action = self.action_book.open_mut(action_id).ok_or_else(|| {
+                    ReplayError(format!(
+                        "seq {}: approval_required for {action_id}, which is not waiting for a decision",
+                        record.seq
+                    ))
+                })?;
                 action.status = ActionStatus::PendingApproval;
                 let seq = action.requested_seq;
+                self.approvals_requested += 1;
                 self.pending.insert(seq, action_id.to_string());
             }
             RecordKind::ActionAllowed => {
                 let action_id = str_field(payload, "action_id", kind)?;
                 let at = timestamp::parse(&record.timestamp)
                     .ok_or_else(|| ReplayError(format!("seq {}: invalid timestamp", record.seq)))?;
-                let action = self.known_action(action_id)?;
-                action.status = ActionStatus::Allowed;
-                let (cost, tool, seq) = (action.cost, action.tool.clone(), action.requested_seq);
+                let action = self.action_book.settle(action_id, ActionStatus::Allowed)?;
+                let (cost, tool, seq) = (action.cost, action.tool, action.requested_seq);
                 self.pending.remove(&seq);
                 self.spent = self.spent.saturating_add(cost);
                 self.actions_allowed += 1;
@@ -290,11 +301,9 @@ impl AgentState {
                         .and_then(Value::as_str)
                         .unwrap_or("unknown")
                 };
+                let action = self.action_book.settle(action_id, ActionStatus::Denied)?;
                 *self.denied_by_code.entry(code.to_string()).or_insert(0) += 1;
-                let action = self.known_action(action_id)?;
-                action.status = ActionStatus::Denied;
-                let seq = action.requested_seq;
-                self.pending.remove(&seq);
+                self.pending.remove(&action.requested_seq);
                 self.actions_denied += 1;
             }
             RecordKind::Outcome => {
@@ -304,9 +313,7 @@ impl AgentState {
                     .cloned()
                     .and_then(|s| serde_json::from_value(s).ok())
                     .ok_or_else(|| ReplayError("outcome record has no valid 'status'".into()))?;
-                let action = self.known_action(action_id)?;
-                action.status = ActionStatus::Completed;
-                action.outcome = Some(status);
+                self.action_book.complete(action_id, status)?;
             }
             RecordKind::Scar => {
                 let severity: Severity = payload
@@ -344,12 +351,6 @@ impl AgentState {
         Ok(())
     }
 
-    fn known_action(&mut self, action_id: &str) -> Result<&mut ActionState, ReplayError> {
-        self.actions
-            .get_mut(action_id)
-            .ok_or_else(|| ReplayError(format!("unknown action: {action_id}")))
-    }
-
     /// The status shown by the API.
     pub fn status(&self) -> Status {
         let policy = self.policy.clone().unwrap_or_else(|| Policy::new(0));
@@ -374,15 +375,19 @@ impl AgentState {
         }
     }
 
-    /// One action as the API shows it.
-    pub fn action_view(&self, action_id: &str) -> Option<Action> {
-        self.actions.get(action_id).map(|a| Action {
-            action_id: action_id.to_string(),
-            tool: a.tool.clone(),
-            input: a.input.clone(),
-            cost: a.cost,
-            status: a.status,
-            outcome: a.outcome,
+    /// One action as the API shows it: whole while it waits for a decision; once
+    /// decided, its status and where its request is, for the caller to read back.
+    pub fn action_view(&self, action_id: &str) -> Option<ActionView> {
+        Some(match self.action_book.lookup(action_id)? {
+            ActionLookup::Open(a) => ActionView::Whole(Action {
+                action_id: action_id.to_string(),
+                tool: a.tool.clone(),
+                input: a.input.clone(),
+                cost: a.cost,
+                status: a.status,
+                outcome: a.outcome,
+            }),
+            ActionLookup::Settled(settled) => ActionView::Settled(settled),
         })
     }
 
@@ -391,7 +396,7 @@ impl AgentState {
         self.pending
             .iter()
             .filter_map(|(seq, id)| {
-                let a = self.actions.get(id)?;
+                let a = self.action_book.open(id)?;
                 Some(PendingAction {
                     seq: *seq,
                     requested_at: a.requested_at.clone(),
@@ -414,6 +419,6 @@ impl AgentState {
     /// Microseconds of the oldest pending request's timestamp, if any.
     pub fn oldest_pending_micros(&self) -> Option<i64> {
         let id = self.pending.values().next()?;
-        timestamp::parse(&self.actions.get(id)?.requested_at)
+        timestamp::parse(&self.action_book.open(id)?.requested_at)
     }
 }

@@ -302,7 +302,7 @@ pub async fn get_action(
     require_agent_or_admin(&headers, &app.keys, &agent_id)?;
     path_agent_id(&agent_id)?;
     let action = app
-        .with_agent(&agent_id, |s| s.action_view(&action_id))?
+        .action(&agent_id, &action_id)?
         .ok_or(ApiError::ActionNotFound)?;
     Ok(Json(serde_json::to_value(action).unwrap_or(Value::Null)))
 }

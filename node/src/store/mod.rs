@@ -88,6 +88,11 @@ pub fn open_with(
 
 /// The state machine's file, where the marker of a clean stop is kept.
 const STATE_DB: &str = "node.redb";
+/// redb's page cache. Its default (1 GiB) let a node's memory grow with its history:
+/// replay and the scrub read every record once, and each page read stayed cached. Reads
+/// here are mostly of recent records (and the scrub's one pass), which the OS page cache
+/// serves as well.
+pub const STATE_DB_CACHE_BYTES: usize = 32 * 1024 * 1024;
 const CLEAN_STOP: &str = "clean-stop";
 
 /// Opens the state machine's redb file. After a stop that was not clean its integrity is
@@ -98,7 +103,7 @@ const CLEAN_STOP: &str = "clean-stop";
 fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
     let path = data_dir.join(STATE_DB);
     let clean = std::fs::remove_file(data_dir.join(CLEAN_STOP)).is_ok();
-    let opened = redb::Database::create(&path)
+    let opened = create_state_db(&path)
         .and_then(|mut db| {
             if !clean && !db.check_integrity()? {
                 tracing::warn!(file = %path.display(), "state machine file repaired by redb after an unclean stop");
@@ -128,11 +133,16 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
                 reason = %why,
                 "state machine file corrupted: moved aside, rebuilding from the raft log or a snapshot"
             );
-            redb::Database::create(&path)
-                .map_err(|e| format!("cannot create {}: {e}", path.display()))
+            create_state_db(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))
         }
         Err(Failed(e)) => Err(format!("cannot open {}: {e}", path.display())),
     }
+}
+
+fn create_state_db(path: &Path) -> Result<redb::Database, redb::DatabaseError> {
+    redb::Builder::new()
+        .set_cache_size(STATE_DB_CACHE_BYTES)
+        .create(path)
 }
 
 /// Why the state machine's file could not be used.

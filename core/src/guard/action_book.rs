@@ -1,0 +1,335 @@
+//! Every action an agent ever requested, in memory that does not grow with inputs.
+//!
+//! A decision needs the whole request (tool, input, cost) only while the action waits for
+//! one: requested, or pending approval. Once decided, later commands need only its status
+//! and outcome (an outcome is accepted only for an allowed action), and the API shows its
+//! request by reading the `action_requested` record back from the log. So an open action
+//! keeps its request here; a settled one keeps 9 bytes: a status byte and the seq of its
+//! request. The ids this guard writes are `act-1`, `act-2`, … in request order, which
+//! index those bytes; other ids (a log written elsewhere) go in a map.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::state::{ActionState, ReplayError};
+use super::types::{Action, ActionStatus, OutcomeStatus};
+use crate::record::Record;
+
+/// A decided action: what is kept of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettledAction {
+    pub status: ActionStatus,
+    pub outcome: Option<OutcomeStatus>,
+    /// The seq of its `action_requested` record.
+    pub requested_seq: u64,
+}
+
+impl SettledAction {
+    /// The action as the API shows it, from its request record (read back from the log).
+    pub fn view(&self, action_id: &str, request: &Record) -> Result<Action, String> {
+        let payload = &request.payload;
+        let named = payload.get("action_id").and_then(|v| v.as_str());
+        if request.seq != self.requested_seq
+            || request.kind != "action_requested"
+            || named != Some(action_id)
+        {
+            return Err(format!(
+                "record {} is not the request of {action_id}",
+                request.seq
+            ));
+        }
+        Ok(Action {
+            action_id: action_id.to_string(),
+            tool: payload
+                .get("tool")
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string(),
+            input: payload
+                .get("input")
+                .cloned()
+                .unwrap_or(serde_json::Value::Null),
+            cost: payload
+                .get("cost")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0),
+            status: self.status,
+            outcome: self.outcome,
+        })
+    }
+}
+
+/// What the book holds for one id.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ActionLookup<'a> {
+    /// Waiting for a decision: the whole request.
+    Open(&'a ActionState),
+    /// Decided: its request is in the log at `requested_seq`.
+    Settled(SettledAction),
+}
+
+/// An action as memory can show it (owned, for a caller that must let go of the state
+/// before it reads the log).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ActionView {
+    /// Waiting for a decision: the action as the API shows it.
+    Whole(Action),
+    /// Decided: read its request at `requested_seq` and call [`SettledAction::view`].
+    Settled(SettledAction),
+}
+
+impl ActionLookup<'_> {
+    pub fn status(&self) -> ActionStatus {
+        match self {
+            ActionLookup::Open(open) => open.status,
+            ActionLookup::Settled(settled) => settled.status,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ActionBook {
+    /// `act-N`'s status and outcome at N-1 (`encode`).
+    numbered_status: Vec<u8>,
+    /// `act-N`'s request seq at N-1.
+    numbered_seq: Vec<u64>,
+    /// Settled actions whose ids are not `act-N` in request order.
+    named: HashMap<String, SettledAction>,
+    /// Actions waiting for a decision, with their request.
+    open: HashMap<String, ActionState>,
+}
+
+/// The index of `act-N` among the numbered actions, if `id` is one.
+fn numbered_index(id: &str) -> Option<usize> {
+    let n: usize = id.strip_prefix("act-")?.parse().ok()?;
+    // `act-01` parses as 1 but is another id.
+    (n >= 1 && id.len() == 4 + n.to_string().len()).then(|| n - 1)
+}
+
+fn encode(status: ActionStatus, outcome: Option<OutcomeStatus>) -> u8 {
+    let status = match status {
+        ActionStatus::Requested => 0,
+        ActionStatus::PendingApproval => 1,
+        ActionStatus::Allowed => 2,
+        ActionStatus::Denied => 3,
+        ActionStatus::Completed => 4,
+    };
+    let outcome = match outcome {
+        None => 0,
+        Some(OutcomeStatus::Success) => 1,
+        Some(OutcomeStatus::Failure) => 2,
+        Some(OutcomeStatus::Harmful) => 3,
+    };
+    status | (outcome << 4)
+}
+
+fn decode(byte: u8) -> Option<(ActionStatus, Option<OutcomeStatus>)> {
+    let status = match byte & 0x0f {
+        0 => ActionStatus::Requested,
+        1 => ActionStatus::PendingApproval,
+        2 => ActionStatus::Allowed,
+        3 => ActionStatus::Denied,
+        4 => ActionStatus::Completed,
+        _ => return None,
+    };
+    let outcome = match byte >> 4 {
+        0 => None,
+        1 => Some(OutcomeStatus::Success),
+        2 => Some(OutcomeStatus::Failure),
+        3 => Some(OutcomeStatus::Harmful),
+        _ => return None,
+    };
+    Some((status, outcome))
+}
+
+impl ActionBook {
+    /// A new request. An id already used is refused: no decision could say which one
+    /// it meant.
+    pub fn request(&mut self, action_id: String, action: ActionState) -> Result<(), ReplayError> {
+        if self.lookup(&action_id).is_some() {
+            return Err(ReplayError(format!(
+                "seq {}: action id {action_id} requested twice",
+                action.requested_seq
+            )));
+        }
+        if numbered_index(&action_id) == Some(self.numbered_status.len()) {
+            self.numbered_status
+                .push(encode(ActionStatus::Requested, None));
+            self.numbered_seq.push(action.requested_seq);
+        }
+        self.open.insert(action_id, action);
+        Ok(())
+    }
+
+    pub fn lookup(&self, action_id: &str) -> Option<ActionLookup<'_>> {
+        if let Some(open) = self.open.get(action_id) {
+            return Some(ActionLookup::Open(open));
+        }
+        if let Some(settled) = self.named.get(action_id) {
+            return Some(ActionLookup::Settled(*settled));
+        }
+        let index = numbered_index(action_id)?;
+        let (status, outcome) = decode(*self.numbered_status.get(index)?)?;
+        Some(ActionLookup::Settled(SettledAction {
+            status,
+            outcome,
+            requested_seq: *self.numbered_seq.get(index)?,
+        }))
+    }
+
+    /// An open action, to change its status while it stays open (pending approval).
+    pub fn open_mut(&mut self, action_id: &str) -> Option<&mut ActionState> {
+        self.open.get_mut(action_id)
+    }
+
+    pub fn open(&self, action_id: &str) -> Option<&ActionState> {
+        self.open.get(action_id)
+    }
+
+    /// Decides an open action: its request leaves memory. Returns it.
+    pub fn settle(
+        &mut self,
+        action_id: &str,
+        status: ActionStatus,
+    ) -> Result<ActionState, ReplayError> {
+        let Some(action) = self.open.remove(action_id) else {
+            return Err(self.not_open(action_id));
+        };
+        let settled = SettledAction {
+            status,
+            outcome: None,
+            requested_seq: action.requested_seq,
+        };
+        self.store(action_id, settled);
+        Ok(action)
+    }
+
+    /// Records an outcome for a decided action.
+    pub fn complete(&mut self, action_id: &str, outcome: OutcomeStatus) -> Result<(), ReplayError> {
+        match self.lookup(action_id) {
+            Some(ActionLookup::Settled(mut settled)) => {
+                settled.status = ActionStatus::Completed;
+                settled.outcome = Some(outcome);
+                self.store(action_id, settled);
+                Ok(())
+            }
+            _ => Err(self.not_open(action_id)),
+        }
+    }
+
+    fn store(&mut self, action_id: &str, settled: SettledAction) {
+        match numbered_index(action_id) {
+            Some(index)
+                if index < self.numbered_status.len() && !self.named.contains_key(action_id) =>
+            {
+                self.numbered_status[index] = encode(settled.status, settled.outcome);
+            }
+            _ => {
+                self.named.insert(action_id.to_string(), settled);
+            }
+        }
+    }
+
+    fn not_open(&self, action_id: &str) -> ReplayError {
+        match self.lookup(action_id) {
+            None => ReplayError(format!("unknown action: {action_id}")),
+            Some(found) => ReplayError(format!(
+                "action {action_id} is {:?}, not waiting for this record",
+                found.status()
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn requested(seq: u64) -> ActionState {
+        ActionState {
+            tool: "t".into(),
+            input: serde_json::json!({"big": "x".repeat(100)}),
+            cost: 1,
+            status: ActionStatus::Requested,
+            outcome: None,
+            requested_seq: seq,
+            requested_at: String::new(),
+        }
+    }
+
+    #[test]
+    fn numbered_ids_need_their_exact_spelling() {
+        assert_eq!(numbered_index("act-1"), Some(0));
+        assert_eq!(numbered_index("act-12"), Some(11));
+        for other in [
+            "act-0", "act-01", "act-", "act-x", "act-+1", "ACT-1", "act-1 ",
+        ] {
+            assert_eq!(numbered_index(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn every_status_and_outcome_survives_its_byte() {
+        let statuses = [
+            ActionStatus::Requested,
+            ActionStatus::PendingApproval,
+            ActionStatus::Allowed,
+            ActionStatus::Denied,
+            ActionStatus::Completed,
+        ];
+        let outcomes = [
+            None,
+            Some(OutcomeStatus::Success),
+            Some(OutcomeStatus::Failure),
+            Some(OutcomeStatus::Harmful),
+        ];
+        for status in statuses {
+            for outcome in outcomes {
+                assert_eq!(decode(encode(status, outcome)), Some((status, outcome)));
+            }
+        }
+        assert_eq!(decode(0x05), None);
+        assert_eq!(decode(0x42), None);
+    }
+
+    #[test]
+    fn a_settled_action_keeps_its_status_not_its_input() {
+        let mut book = ActionBook::default();
+        book.request("act-1".into(), requested(2)).unwrap();
+        book.request("custom".into(), requested(5)).unwrap();
+        book.request("act-7".into(), requested(8)).unwrap(); // out of order: named
+        assert!(matches!(book.lookup("act-1"), Some(ActionLookup::Open(_))));
+        book.settle("act-1", ActionStatus::Allowed).unwrap();
+        book.settle("custom", ActionStatus::Denied).unwrap();
+        book.settle("act-7", ActionStatus::Allowed).unwrap();
+        book.complete("act-1", OutcomeStatus::Harmful).unwrap();
+        assert!(book.open.is_empty());
+        assert_eq!(
+            book.lookup("act-1"),
+            Some(ActionLookup::Settled(SettledAction {
+                status: ActionStatus::Completed,
+                outcome: Some(OutcomeStatus::Harmful),
+                requested_seq: 2
+            }))
+        );
+        assert_eq!(
+            book.lookup("custom").map(|l| l.status()),
+            Some(ActionStatus::Denied)
+        );
+        assert_eq!(
+            book.lookup("act-7").map(|l| l.status()),
+            Some(ActionStatus::Allowed)
+        );
+        assert_eq!(book.lookup("act-2"), None);
+        assert!(book.settle("act-1", ActionStatus::Denied).is_err());
+        assert!(book.request("act-1".into(), requested(9)).is_err());
+        assert!(book.request("act-7".into(), requested(9)).is_err());
+        assert!(book.complete("nope", OutcomeStatus::Success).is_err());
+        let json = serde_json::to_string(&book).unwrap();
+        assert!(
+            !json.contains("xxxx"),
+            "a settled action's input stays out: {json}"
+        );
+    }
+}
