@@ -428,7 +428,10 @@ async fn every_endpoint_and_error_case() {
         (&action["status"], &action["outcome"], &action["action_id"]),
         (&json!("completed"), &json!("success"), &json!("act-1"))
     );
-    assert!(action["tool"].is_string() && action.get("input").is_some(), "{action}");
+    assert!(
+        action["tool"].is_string() && action.get("input").is_some(),
+        "{action}"
+    );
     assert_error(
         node.post(
             "/v1/agents/bot/actions/act-2/outcome",
