@@ -35,12 +35,28 @@ pub fn create_secret_file(path: &Path) -> Result<[u8; 32], KeyError> {
     Ok(bytes)
 }
 
-/// Writes `text` to a new file with mode 0600 and fsyncs it (and its directory).
+/// Writes `text` to a new file with mode 0600, never over an existing one, so that the
+/// name only ever holds the whole text: a crash at any step leaves either no file or the
+/// complete one, never an empty key that a restart would refuse (or a reader would take).
+/// 1. A temporary file beside it (`.NAME.tmp-PID-N`, mode 0600, exclusive create) gets the
+///    text and an fsync. A crash here leaves only the temporary file, which the next
+///    attempt removes.
+/// 2. `hard_link` gives it the final name, and fails if that name exists (another writer
+///    won): then the temporary file goes and the answer is `Exists`.
+/// 3. The temporary name is unlinked and the directory fsynced, making the name durable.
 pub fn write_secret_file(path: &Path, text: &str) -> Result<(), KeyError> {
     let io_err = |source: io::Error| KeyError::Io {
         path: path.display().to_string(),
         source,
     };
+    let exists = || KeyError::Exists {
+        path: path.display().to_string(),
+    };
+    if path.symlink_metadata().is_ok() {
+        return Err(exists());
+    }
+    remove_stale_temporaries(path);
+    let temp = temporary_name(path)?;
     let mut options = OpenOptions::new();
     options.write(true).create_new(true);
     #[cfg(unix)]
@@ -48,19 +64,70 @@ pub fn write_secret_file(path: &Path, text: &str) -> Result<(), KeyError> {
         use std::os::unix::fs::OpenOptionsExt;
         options.mode(0o600);
     }
-    let mut file = options.open(path).map_err(|source| {
-        if source.kind() == io::ErrorKind::AlreadyExists {
-            KeyError::Exists {
-                path: path.display().to_string(),
-            }
-        } else {
-            io_err(source)
-        }
-    })?;
-    file.write_all(text.as_bytes()).map_err(io_err)?;
-    file.sync_all().map_err(io_err)?;
+    let written = options.open(&temp).and_then(|mut file| {
+        file.write_all(text.as_bytes())?;
+        file.sync_all()
+    });
+    if let Err(source) = written {
+        let _ = std::fs::remove_file(&temp);
+        return Err(io_err(source));
+    }
+    let linked = std::fs::hard_link(&temp, path);
+    let _ = std::fs::remove_file(&temp);
+    match linked {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(exists()),
+        Err(e) => return Err(io_err(e)),
+    }
     sync_parent_dir(path).map_err(io_err)?;
     Ok(())
+}
+
+/// `.NAME.tmp-PID-N` beside `path`: unique within this process and across processes.
+fn temporary_name(path: &Path) -> Result<std::path::PathBuf, KeyError> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| KeyError::Io {
+            path: path.display().to_string(),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "no file name"),
+        })?;
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(path.with_file_name(format!(".{name}.tmp-{}-{n}", std::process::id())))
+}
+
+/// Temporary files an interrupted [`write_secret_file`] left for this name (on Linux,
+/// where /proc says whether their writer still runs).
+fn remove_stale_temporaries(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!(".{name}.tmp-");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // Only a dead writer's: a live one (this process included) may be mid-write.
+        let writer_alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+        if !writer_alive {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Reads a hex key file (trimmed) into 32 bytes.
@@ -208,6 +275,40 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
         let loaded = AuditKey::load_or_create(&path).unwrap();
         assert_eq!(loaded.public_key_hex(), key.public_key_hex());
+    }
+
+    #[test]
+    fn an_interrupted_write_leaves_no_key_and_is_cleaned_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token.key");
+        // What a crash between create and fsync leaves: a partial temporary file.
+        let dead = u32::MAX - 1; // above pid_max: never a running process
+        std::fs::write(dir.path().join(format!(".token.key.tmp-{dead}-0")), "0123").unwrap();
+        assert!(
+            read_secret_file(&path).is_err(),
+            "no key under the final name"
+        );
+        let bytes = create_secret_file(&path).unwrap();
+        assert_eq!(read_secret_file(&path).unwrap(), bytes);
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec!["token.key".to_string()], "temporaries removed");
+        // Racing writers: exactly one wins, the other gets Exists, the winner's text stays.
+        let raced = dir.path().join("raced.key");
+        let results: Vec<_> = std::thread::scope(|scope| {
+            let a = scope.spawn(|| write_secret_file(&raced, "aa"));
+            let b = scope.spawn(|| write_secret_file(&raced, "bb"));
+            vec![a.join().unwrap(), b.join().unwrap()]
+        });
+        let won = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(won, 1, "{results:?}");
+        assert!(results
+            .iter()
+            .any(|r| matches!(r, Err(KeyError::Exists { .. }))));
+        let text = std::fs::read_to_string(&raced).unwrap();
+        assert!(text == "aa" || text == "bb", "{text:?}");
     }
 
     #[test]
