@@ -1,6 +1,7 @@
 //! An agent's policy: fixed at creation, written as the log's second record.
 
 use std::collections::BTreeMap;
+use std::num::{NonZeroU32, NonZeroU64};
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +21,29 @@ pub struct Policy {
     /// At most `max_actions` allowed actions in any window of `window_secs`.
     #[serde(default)]
     pub rate_limit: Option<RateLimit>,
+    /// How fast the agent may grow its log; absent (or any field absent): the defaults.
+    /// Written only when given, so every other policy record stays as it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<GrowthLimits>,
+}
+
+/// Largest request input by default, in bytes of canonical JSON.
+pub const DEFAULT_MAX_INPUT_BYTES: u64 = 64 * 1024;
+/// Action requests per minute by default (denied ones included: they are logged too).
+pub const DEFAULT_MAX_REQUESTS_PER_MINUTE: u32 = 6_000;
+
+/// Bounds on how fast one agent can grow every replica's log. A lifetime budget bounds
+/// allowed actions, but denied requests are free and each is recorded, so without these
+/// one token (even a terminated agent's) could fill every disk. A request past them is
+/// refused (413, 429) and leaves no record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrowthLimits {
+    /// Largest request input, in bytes of canonical JSON.
+    #[serde(default)]
+    pub max_input_bytes: Option<NonZeroU64>,
+    /// Action requests per minute: a bucket of this many, refilled evenly over a minute.
+    #[serde(default)]
+    pub max_requests_per_minute: Option<NonZeroU32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,7 +72,27 @@ impl Policy {
             scar_limit: 10,
             default_rule: None,
             rate_limit: None,
+            limits: None,
         }
+    }
+
+    /// Largest request input, in bytes of canonical JSON.
+    pub fn max_input_bytes(&self) -> u64 {
+        self.limits
+            .and_then(|l| l.max_input_bytes)
+            .map_or(DEFAULT_MAX_INPUT_BYTES, NonZeroU64::get)
+    }
+
+    /// Action requests per minute.
+    pub fn max_requests_per_minute(&self) -> u32 {
+        self.limits
+            .and_then(|l| l.max_requests_per_minute)
+            .map_or(DEFAULT_MAX_REQUESTS_PER_MINUTE, NonZeroU32::get)
+    }
+
+    pub fn limits(mut self, limits: GrowthLimits) -> Self {
+        self.limits = Some(limits);
+        self
     }
 
     pub fn allow(mut self, tool: impl Into<String>, rule: ToolRule) -> Self {
@@ -81,7 +125,7 @@ impl Policy {
 
     /// The normalised JSON form written into the policy record.
     pub fn to_value(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut value = serde_json::json!({
             "budget": self.budget,
             "default_rule": self.default_rule.as_ref().map(ToolRule::to_value),
             "rate_limit": self.rate_limit.map(|r| serde_json::json!({
@@ -92,7 +136,17 @@ impl Policy {
             "tools": self.tools.iter()
                 .map(|(name, rule)| (name.clone(), rule.to_value()))
                 .collect::<serde_json::Map<_, _>>(),
-        })
+        });
+        if let (Some(limits), Some(map)) = (self.limits, value.as_object_mut()) {
+            map.insert(
+                "limits".into(),
+                serde_json::json!({
+                    "max_input_bytes": limits.max_input_bytes,
+                    "max_requests_per_minute": limits.max_requests_per_minute,
+                }),
+            );
+        }
+        value
     }
 }
 
@@ -141,12 +195,37 @@ mod tests {
     }
 
     #[test]
+    fn growth_limits_are_written_only_when_given() {
+        let policy: Policy = serde_json::from_str(
+            r#"{"budget":1,"scar_limit":1,"tools":{},"limits":{"max_input_bytes":100}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            crate::canonical::to_string(&policy.to_value()),
+            r#"{"budget":1,"default_rule":null,"limits":{"max_input_bytes":100,"max_requests_per_minute":null},"rate_limit":null,"scar_limit":1,"tools":{}}"#
+        );
+        assert_eq!(policy.max_input_bytes(), 100);
+        assert_eq!(
+            policy.max_requests_per_minute(),
+            DEFAULT_MAX_REQUESTS_PER_MINUTE
+        );
+        let plain = Policy::new(1);
+        assert!(!crate::canonical::to_string(&plain.to_value()).contains("limits"));
+        assert_eq!(plain.max_input_bytes(), DEFAULT_MAX_INPUT_BYTES);
+        // The written form reads back as the same policy.
+        let back: Policy = serde_json::from_value(policy.to_value()).unwrap();
+        assert_eq!(back, policy);
+    }
+
+    #[test]
     fn type_errors_are_rejected() {
         for bad in [
             r#"{"budget":-1,"scar_limit":3,"tools":{}}"#,
             r#"{"budget":1,"scar_limit":3,"tools":{"a":{"cost":1.0}}}"#,
             r#"{"budget":1,"tools":{}}"#,
             r#"{"budget":1,"scar_limit":3,"tools":{},"rate_limit":{"max_actions":1}}"#,
+            r#"{"budget":1,"scar_limit":3,"tools":{},"limits":{"max_input_bytes":0}}"#,
+            r#"{"budget":1,"scar_limit":3,"tools":{},"limits":{"max_requests_per_minute":-1}}"#,
         ] {
             assert!(serde_json::from_str::<Policy>(bad).is_err(), "{bad}");
         }

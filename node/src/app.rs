@@ -52,6 +52,7 @@ pub struct App {
     disk: Option<DiskReserve>,
     batcher: Batcher,
     agent_locks: Mutex<AgentLocks>,
+    request_rate: crate::request_rate::RequestRate,
 }
 
 /// Per-agent write locks (`App::agent_lock`).
@@ -153,6 +154,9 @@ pub enum AppError {
     /// The request's input cannot be stored so that every reader gets it back exactly.
     #[error("the input cannot be recorded exactly: {0}")]
     NotRepresentable(String),
+    /// The agent's requests per minute are used up (`request_rate`); nothing recorded.
+    #[error("this agent sends more requests than its policy's max_requests_per_minute; retry in {retry_after_secs} s")]
+    TooManyRequests { retry_after_secs: u64 },
     #[error("{0}")]
     Internal(String),
 }
@@ -176,6 +180,7 @@ impl App {
             sm,
             keys,
             http,
+            request_rate: crate::request_rate::RequestRate::default(),
             agent_locks: Mutex::new(AgentLocks {
                 map: HashMap::new(),
                 sweep_at: AGENT_LOCKS_SWEEP_MIN,
@@ -446,6 +451,15 @@ impl App {
                 (None, Command::Create { .. }) => &empty,
                 (None, _) => return Err(AppError::AgentNotFound),
             };
+            if let (Command::Request { .. }, Some(policy)) = (command, &state.policy) {
+                self.request_rate
+                    .admit(
+                        agent_id,
+                        policy.max_requests_per_minute(),
+                        std::time::Instant::now(),
+                    )
+                    .map_err(|retry_after_secs| AppError::TooManyRequests { retry_after_secs })?;
+            }
             let decided = decide(state, command, now, self.keys.audit.public_key_hex())?;
             let records = seal(state, decided.drafts, &self.keys.audit, now);
             let answer = match respond {

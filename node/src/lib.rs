@@ -41,6 +41,7 @@ pub mod log_noise;
 pub mod metrics;
 pub mod network;
 pub mod raft_types;
+pub mod request_rate;
 pub mod scrub;
 pub mod store;
 

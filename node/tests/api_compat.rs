@@ -36,7 +36,11 @@ fn start_reference_mode(admin: Option<&str>) -> (tempfile::TempDir, String, Chil
         .env("GUARD_DATA_DIR", dir.path().join("guard-data"))
         .env("GUARD_BIND", &bind)
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(
+            std::fs::File::create(dir.path().join("node.stderr"))
+                .map(Stdio::from)
+                .unwrap_or_else(|_| Stdio::null()),
+        );
     match admin {
         Some(token) => command.env("GUARD_ADMIN_TOKEN", token),
         None => command.env_remove("GUARD_ADMIN_TOKEN"),
@@ -788,9 +792,15 @@ async fn lineage_core_token_for(node: &Node, agent_id: &str) -> String {
 
 #[test]
 fn a_short_admin_token_is_refused_at_start() {
-    let (_dir, _base, child) = start_reference_mode(Some("short"));
+    let (dir, _base, child) = start_reference_mode(Some("short"));
     let output = child.wait_with_output().unwrap();
-    assert!(!output.status.success());
+    // Refused for its length, not for something else (a port clash would also exit 1).
+    let stderr = std::fs::read_to_string(dir.path().join("node.stderr")).unwrap_or_default();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the admin token must be at least"),
+        "exited for another reason: {stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,6 +39,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("metrics", Layer::Service),
     ("disk_reserve", Layer::Service),
     ("idempotency_key", Layer::Service),
+    ("request_rate", Layer::Service),
     ("store", Layer::Storage),
     ("raft_types", Layer::Storage),
     ("keys", Layer::Storage),

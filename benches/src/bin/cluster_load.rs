@@ -248,7 +248,7 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
     wait_ready(&http, cluster).await?;
     let mut tokens = Vec::new();
     for a in 0..args.agents {
-        let body = json!({"agent_id": format!("agent-{a}"), "policy": {"budget": u64::MAX / 2, "scar_limit": 10, "tools": {"work": {"cost": 1}}}});
+        let body = json!({"agent_id": format!("agent-{a}"), "policy": {"budget": u64::MAX / 2, "scar_limit": 10, "tools": {"work": {"cost": 1}}, "limits": {"max_requests_per_minute": u32::MAX}}});
         let reply: Value = http
             .post(format!("{}/v1/agents", cluster.urls[0]))
             .bearer_auth(&cluster.admin)

@@ -76,6 +76,9 @@ pub enum GuardError {
     NoPolicy,
     #[error("input is nested deeper than {max} levels")]
     InputTooDeep { max: usize },
+    /// Past the policy's `max_input_bytes`: refused, nothing recorded.
+    #[error("input is {size} bytes; this agent's policy allows at most {max}")]
+    InputTooLarge { size: u64, max: u64 },
 }
 
 /// A record before sealing: its kind and payload (and, for a scar, its severity as the
@@ -137,6 +140,13 @@ pub fn decide(
             if crate::canonical::depth(input) > MAX_VALUE_DEPTH {
                 return Err(GuardError::InputTooDeep {
                     max: MAX_VALUE_DEPTH,
+                });
+            }
+            let size = crate::canonical::to_string(input).len() as u64;
+            if size > policy.max_input_bytes() {
+                return Err(GuardError::InputTooLarge {
+                    size,
+                    max: policy.max_input_bytes(),
                 });
             }
             let rule = policy.rule_for(tool);

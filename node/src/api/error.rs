@@ -90,6 +90,7 @@ fn app_status_and_code(error: &AppError) -> (StatusCode, &'static str) {
             GuardError::AlreadyTerminated(_) => (StatusCode::CONFLICT, "already_terminated"),
             GuardError::AgentExists => (StatusCode::CONFLICT, "agent_exists"),
             GuardError::InputTooDeep { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
+            GuardError::InputTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "input_too_large"),
             GuardError::NoPolicy => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         },
         AppError::InsufficientStorage(_) => {
@@ -102,6 +103,7 @@ fn app_status_and_code(error: &AppError) -> (StatusCode, &'static str) {
         AppError::NotRepresentable(_) => {
             (StatusCode::UNPROCESSABLE_ENTITY, "input_not_representable")
         }
+        AppError::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
         AppError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
     }
 }
@@ -115,10 +117,17 @@ impl IntoResponse for ApiError {
         } else if status.is_server_error() {
             tracing::warn!(code, error = %self, "request failed");
         }
-        (
+        let mut response = (
             status,
             axum::Json(json!({"code": code, "error": self.to_string()})),
         )
-            .into_response()
+            .into_response();
+        if let ApiError::App(AppError::TooManyRequests { retry_after_secs }) = self {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(retry_after_secs),
+            );
+        }
+        response
     }
 }

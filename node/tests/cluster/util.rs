@@ -326,7 +326,10 @@ impl Cluster {
                 .arg("-TERM")
                 .arg(child.id().to_string())
                 .status();
-            let _ = child.wait();
+            // A graceful stop exits 0; anything else (a panic on the way out, a lost
+            // checkpoint) is a failure of the stop this test relies on.
+            let status = child.wait().expect("wait for the node");
+            assert!(status.success(), "graceful stop exited with {status}");
         }
     }
 

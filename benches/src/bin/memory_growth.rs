@@ -1,0 +1,399 @@
+//! Memory and disk against history: one `lineage-node` loaded to a small and then a large
+//! number of records, with VmRSS and RssAnon read from /proc after the load and after a
+//! restart at each size, the restart's time to the first decision, and the data
+//! directory's bytes per record. A node whose memory does not grow with history shows a
+//! large/small ratio near 1.
+//!
+//!   cargo build --release -p lineage-node -p lineage-benches
+//!   target/release/memory_growth [--small 100000] [--large 1000000] [--agents 16]
+//!     [--clients 16] [--input-bytes 200] [--baseline-node PATH]
+//!
+//! With `--baseline-node`, another build is measured the same way in the same run (after
+//! ours), and each figure is also printed as a ratio to it.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lineage_benches::{flag, sibling_binary};
+use serde_json::json;
+
+struct Node {
+    binary: PathBuf,
+    dir: tempfile::TempDir,
+    url: String,
+    addr: String,
+    admin: String,
+    child: Option<Child>,
+}
+
+impl Node {
+    fn start(binary: &Path) -> Result<Node, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let keys = dir.path().join("keys");
+        let ok = Command::new(binary)
+            .arg("keygen")
+            .arg(&keys)
+            .stdout(Stdio::null())
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !ok.success() {
+            return Err("keygen failed".into());
+        }
+        let admin = std::fs::read_to_string(keys.join("admin.token")).map_err(|e| e.to_string())?;
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .to_string();
+        let mut node = Node {
+            binary: binary.to_path_buf(),
+            url: format!("http://{addr}"),
+            addr,
+            admin: admin.trim().to_string(),
+            dir,
+            child: None,
+        };
+        node.spawn()?;
+        Ok(node)
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let child = Command::new(&self.binary)
+            .args(["run", "--id", "1", "--listen", &self.addr])
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .arg("--keys-dir")
+            .arg(self.dir.path().join("keys"))
+            .arg("--peers")
+            .arg(format!("1={}", self.addr))
+            .env("LINEAGE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("node")
+    }
+
+    /// SIGTERM (a clean stop, which checkpoints), then start again.
+    fn restart(&mut self) -> Result<(), String> {
+        if let Some(mut child) = self.child.take() {
+            let pid = child.id().to_string();
+            let _ = Command::new("kill").args(["-TERM", &pid]).status();
+            let status = child.wait().map_err(|e| e.to_string())?;
+            if !status.success() {
+                return Err(format!("the node stopped with {status}"));
+            }
+        }
+        self.spawn()
+    }
+
+    /// (VmRSS, RssAnon) in bytes.
+    fn memory(&self) -> Result<(u64, u64), String> {
+        let pid = self.child.as_ref().ok_or("not running")?.id();
+        let status =
+            std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                .map(|kb| kb * 1024)
+                .ok_or_else(|| format!("no {name} in /proc/{pid}/status"))
+        };
+        Ok((field("VmRSS:")?, field("RssAnon:")?))
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn du_bytes(path: &Path) -> u64 {
+    let mut total = 0;
+    if let Ok(entries) = std::fs::read_dir(path) {
+        for entry in entries.flatten() {
+            match entry.metadata() {
+                Ok(m) if m.is_dir() => total += du_bytes(&entry.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+async fn wait_ready(http: &reqwest::Client, node: &Node) -> Result<(), String> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(300) {
+        if let Ok(r) = http.get(format!("{}/readyz", node.url)).send().await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err("the node was not ready within 300 s".into())
+}
+
+struct Load {
+    agents: usize,
+    clients: usize,
+    input_bytes: usize,
+}
+
+/// Creates the agents (once) and returns their tokens.
+async fn create_agents(
+    http: &reqwest::Client,
+    node: &Node,
+    agents: usize,
+) -> Result<Vec<String>, String> {
+    let mut tokens = Vec::new();
+    for a in 0..agents {
+        let reply = http
+            .post(format!("{}/v1/agents", node.url))
+            .bearer_auth(&node.admin)
+            .json(&json!({"agent_id": format!("agent-{a}"), "policy": {"budget": 1u64 << 50, "scar_limit": 10, "tools": {"search": {"cost": 1}}, "limits": {"max_requests_per_minute": u32::MAX}}}))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let body: serde_json::Value = reply.json().await.map_err(|e| e.to_string())?;
+        let token = body["token"]
+            .as_str()
+            .ok_or_else(|| format!("create agent: {body}"))?;
+        tokens.push(token.to_string());
+    }
+    Ok(tokens)
+}
+
+/// Sends decisions until the node holds about `records` records (2 per decision, plus
+/// 2 per agent at creation).
+async fn load_to(
+    http: &reqwest::Client,
+    node: &Node,
+    tokens: &[String],
+    load: &Load,
+    records: u64,
+) -> Result<(), String> {
+    let held = du_records(http, node, tokens).await?;
+    let decisions = records.saturating_sub(held) / 2;
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..load.clients {
+        let http = http.clone();
+        let url = node.url.clone();
+        let tokens = tokens.to_vec();
+        let next = next.clone();
+        let input = "x".repeat(load.input_bytes);
+        let agents = load.agents;
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= decisions {
+                    return Ok::<(), String>(());
+                }
+                let a = (n as usize + c) % agents;
+                let reply = http
+                    .post(format!("{url}/v1/agents/agent-{a}/actions"))
+                    .bearer_auth(&tokens[a])
+                    .json(&json!({"tool": "search", "input": {"query": input, "n": n}}))
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !reply.status().is_success() {
+                    return Err(format!("decision {n}: {}", reply.status()));
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.map_err(|e| e.to_string())??;
+    }
+    Ok(())
+}
+
+/// Records the node holds, from the agents' heads.
+async fn du_records(http: &reqwest::Client, node: &Node, tokens: &[String]) -> Result<u64, String> {
+    let mut total = 0;
+    for (a, token) in tokens.iter().enumerate() {
+        let body: serde_json::Value = http
+            .get(format!("{}/v1/agents/agent-{a}", node.url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        total += body["head"]["seq"].as_u64().unwrap_or(0) + 1;
+    }
+    Ok(total)
+}
+
+/// One size's figures.
+#[derive(Clone, Copy, Default)]
+struct Figures {
+    records: u64,
+    rss_loaded: u64,
+    anon_loaded: u64,
+    rss_restarted: u64,
+    anon_restarted: u64,
+    first_decision: Duration,
+    disk_per_record: f64,
+}
+
+async fn measure(binary: &Path, sizes: &[u64], load: &Load) -> Result<Vec<Figures>, String> {
+    let http = reqwest::Client::new();
+    let mut node = Node::start(binary)?;
+    wait_ready(&http, &node).await?;
+    let tokens = create_agents(&http, &node, load.agents).await?;
+    let mut out = Vec::new();
+    for &size in sizes {
+        let started = Instant::now();
+        load_to(&http, &node, &tokens, load, size).await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let records = du_records(&http, &node, &tokens).await?;
+        eprintln!("  loaded {records} records in {:.0?}", started.elapsed());
+        let (rss_loaded, anon_loaded) = node.memory()?;
+        let restart = Instant::now();
+        node.restart()?;
+        wait_ready(&http, &node).await?;
+        let reply = http
+            .post(format!("{}/v1/agents/agent-0/actions", node.url))
+            .bearer_auth(&tokens[0])
+            .json(&json!({"tool": "search"}))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !reply.status().is_success() {
+            return Err(format!("first decision after restart: {}", reply.status()));
+        }
+        let first_decision = restart.elapsed();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (rss_restarted, anon_restarted) = node.memory()?;
+        out.push(Figures {
+            records,
+            rss_loaded,
+            anon_loaded,
+            rss_restarted,
+            anon_restarted,
+            first_decision,
+            disk_per_record: du_bytes(&node.data_dir()) as f64 / records as f64,
+        });
+    }
+    Ok(out)
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
+}
+
+fn print(name: &str, figures: &[Figures], baseline: Option<&[Figures]>) {
+    println!("{name}");
+    println!(
+        "  {:>9} {:>12} {:>12} {:>14} {:>14} {:>12} {:>10}",
+        "records",
+        "VmRSS load",
+        "RssAnon load",
+        "VmRSS restart",
+        "RssAnon restart",
+        "1st decision",
+        "disk B/rec"
+    );
+    for (i, f) in figures.iter().enumerate() {
+        println!(
+            "  {:>9} {:>10.1}MB {:>10.1}MB {:>12.1}MB {:>12.1}MB {:>12.2?} {:>10.0}",
+            f.records,
+            mb(f.rss_loaded),
+            mb(f.anon_loaded),
+            mb(f.rss_restarted),
+            mb(f.anon_restarted),
+            f.first_decision,
+            f.disk_per_record
+        );
+        if let Some(base) = baseline.and_then(|b| b.get(i)) {
+            println!(
+                "  {:>9} {:>11.2}x {:>11.2}x {:>13.2}x {:>13.2}x {:>11.2}x {:>9.2}x   (÷ baseline)",
+                "",
+                f.rss_loaded as f64 / base.rss_loaded as f64,
+                f.anon_loaded as f64 / base.anon_loaded as f64,
+                f.rss_restarted as f64 / base.rss_restarted as f64,
+                f.anon_restarted as f64 / base.anon_restarted as f64,
+                f.first_decision.as_secs_f64() / base.first_decision.as_secs_f64(),
+                f.disk_per_record / base.disk_per_record
+            );
+        }
+    }
+    if let (Some(small), Some(large)) = (figures.first(), figures.last()) {
+        if figures.len() > 1 {
+            println!(
+                "  growth {}→{} records: VmRSS after restart {:.2}x, RssAnon after restart {:.2}x, after load {:.2}x",
+                small.records,
+                large.records,
+                large.rss_restarted as f64 / small.rss_restarted as f64,
+                large.anon_restarted as f64 / small.anon_restarted as f64,
+                large.rss_loaded as f64 / small.rss_loaded as f64
+            );
+        }
+    }
+}
+
+fn main() {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("memory_growth: runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = runtime.block_on(real_main()) {
+        eprintln!("memory_growth: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn real_main() -> Result<(), String> {
+    let sizes = [flag("--small", 100_000), flag("--large", 1_000_000)];
+    let load = Load {
+        agents: flag("--agents", 16).clamp(1, 10_000) as usize,
+        clients: flag("--clients", 16).clamp(1, 256) as usize,
+        input_bytes: flag("--input-bytes", 200).min(1 << 20) as usize,
+    };
+    let ours = sibling_binary("lineage-node", "-p lineage-node")?;
+    let args: Vec<String> = std::env::args().collect();
+    let baseline = args
+        .iter()
+        .position(|a| a == "--baseline-node")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from);
+    println!(
+        "memory_growth: {} agents, {} clients, inputs of {} bytes, sizes {:?}",
+        load.agents, load.clients, load.input_bytes, sizes
+    );
+    eprintln!("this build: {}", ours.display());
+    let mine = measure(&ours, &sizes, &load).await?;
+    let base = match &baseline {
+        Some(path) => {
+            eprintln!("baseline: {}", path.display());
+            Some(measure(path, &sizes, &load).await?)
+        }
+        None => None,
+    };
+    print("this build", &mine, base.as_deref());
+    if let Some(base) = &base {
+        print("baseline", base, None);
+    }
+    Ok(())
+}

@@ -1,0 +1,133 @@
+//! One agent token cannot grow the logs without bound: a policy's `limits` cap the input
+//! size (413, nothing recorded) and the requests per minute (429 with Retry-After,
+//! nothing recorded), and a terminated agent, whose every request is denied and logged,
+//! is held to them too.
+
+#[path = "cluster/util.rs"]
+mod util;
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use util::Cluster;
+
+const PER_MINUTE: u64 = 30;
+const MAX_INPUT: usize = 1_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_agent_cannot_flood_the_log() {
+    let cluster = Cluster::start(1).await;
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let policy = json!({
+        "budget": 100, "scar_limit": 1000, "tools": {"search": {"cost": 1}},
+        "limits": {"max_input_bytes": MAX_INPUT, "max_requests_per_minute": PER_MINUTE},
+    });
+    let token = cluster.create_agent(0, "spammer", policy).await;
+    let other = cluster
+        .create_agent(
+            0,
+            "neighbour",
+            json!({"budget": 100, "scar_limit": 10, "tools": {"search": {"cost": 1}}}),
+        )
+        .await;
+    let admin = cluster.admin.clone();
+    let (status, _) = cluster
+        .post(
+            0,
+            "/v1/agents/spammer/terminate",
+            &admin,
+            json!({"reason": "misbehaving", "by": "ops"}),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    let head_before = log_len(&cluster).await;
+
+    // An input over the policy's size: refused, nothing recorded.
+    let (status, answer) = cluster
+        .post(
+            0,
+            "/v1/agents/spammer/actions",
+            &token,
+            json!({"tool": "search", "input": {"blob": "x".repeat(MAX_INPUT)}}),
+            None,
+        )
+        .await;
+    assert_eq!(status, 413, "{answer}");
+    assert_eq!(answer["code"], "input_too_large", "{answer}");
+    assert_eq!(
+        log_len(&cluster).await,
+        head_before,
+        "a refused input left a record"
+    );
+
+    // As fast as it can: a minute's worth gets through (each denied `terminated` and
+    // logged), then 429s that leave nothing.
+    let start = Instant::now();
+    let (mut answered, mut refused) = (0u64, 0u64);
+    for n in 0..(3 * PER_MINUTE) {
+        let reply = cluster
+            .http
+            .post(cluster.url(0, "/v1/agents/spammer/actions"))
+            .bearer_auth(&token)
+            .json(&json!({"tool": "search", "input": {"n": n}}))
+            .send()
+            .await
+            .expect("send");
+        match reply.status().as_u16() {
+            200 => answered += 1,
+            429 => {
+                let retry_after: u64 = reply
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .expect("a 429 says when to retry");
+                assert!(retry_after >= 1);
+                let body: serde_json::Value = reply.json().await.expect("json");
+                assert_eq!(body["code"], "too_many_requests", "{body}");
+                refused += 1;
+            }
+            other => panic!("request {n}: {other}"),
+        }
+    }
+    // What the bucket could have refilled while we sent, rounded up.
+    let refill = (start.elapsed().as_secs_f64() * PER_MINUTE as f64 / 60.0).ceil() as u64;
+    println!("{answered} answered, {refused} refused (refill allowance {refill})");
+    // The oversized request above counted as one of the minute's requests.
+    assert!(
+        answered >= PER_MINUTE - 1,
+        "only {answered} of a minute's worth answered"
+    );
+    assert!(
+        answered < PER_MINUTE + refill,
+        "{answered} answered: more than the limit allows"
+    );
+    assert_eq!(answered + refused, 3 * PER_MINUTE);
+    // Two records per answered request (requested, denied), none for a refused one.
+    assert_eq!(log_len(&cluster).await, head_before + 2 * answered);
+
+    // Another agent, on the defaults, is not held back by its neighbour.
+    let (status, answer) = cluster
+        .post(
+            0,
+            "/v1/agents/neighbour/actions",
+            &other,
+            json!({"tool": "search"}),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &answer["decision"]),
+        (200, &json!("allowed")),
+        "{answer}"
+    );
+}
+
+/// Records in the spammer's log.
+async fn log_len(cluster: &Cluster) -> u64 {
+    let admin = cluster.admin.clone();
+    let (status, body) = cluster.get(0, "/v1/agents/spammer", &admin).await;
+    assert_eq!(status, 200, "{body}");
+    body["head"]["seq"].as_u64().expect("head seq") + 1
+}
