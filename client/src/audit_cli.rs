@@ -9,7 +9,11 @@ use std::path::Path;
 
 use lineage_core::canonical::{depth, MAX_VALUE_DEPTH};
 use lineage_core::record::{Head, Record, MAX_RECORD_BYTES};
-use lineage_core::verify::{read_line_bounded, verify_file, VerifyOptions};
+use lineage_core::verify::{read_line_bounded, verify_file_with, BatchVerifier, VerifyOptions};
+
+/// When `audit verify` starts saying how far it has got, and how often.
+const PROGRESS_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 use lineage_core::{AuditKey, AuditLog};
 
 pub const EXIT_OK: i32 = 0;
@@ -129,11 +133,25 @@ pub fn verify(
              not that the key you trust signed it"
         );
     }
-    let report = verify_file(
+    // A long log says how far it has got, once a second after the first two (stderr).
+    let started = std::time::Instant::now();
+    let mut last_said = started;
+    let report = verify_file_with(
         log,
         &VerifyOptions {
             public_key: public_key.map(str::to_string),
             checkpoint,
+        },
+        BatchVerifier::all_cores(),
+        |records| {
+            let now = std::time::Instant::now();
+            if now.duration_since(started) >= PROGRESS_AFTER
+                && now.duration_since(last_said) >= PROGRESS_EVERY
+            {
+                last_said = now;
+                let rate = records as f64 / now.duration_since(started).as_secs_f64();
+                let _ = writeln!(err, "verified {records} records ({rate:.0}/s)...");
+            }
         },
     );
     if json {

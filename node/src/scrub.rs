@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use lineage_core::verify::{verify_records, VerifyOptions};
+use lineage_core::verify::VerifyOptions;
 
 use crate::store::{AgentSlot, StateMachine};
 
@@ -31,17 +31,15 @@ pub fn scrub_once(sm: &StateMachine, public_key: &str) -> ScrubReport {
         .collect();
     for (agent_id, head) in agents {
         report.agents_checked += 1;
-        let failure = match sm.records(&agent_id, 0, usize::MAX) {
+        let options = VerifyOptions {
+            public_key: Some(public_key.to_string()),
+            checkpoint: head.clone(),
+        };
+        // One core: the scrub is background work and must not slow the agents' writes.
+        let failure = match sm.verify_stored(&agent_id, options, 1) {
             Err(e) => Some(format!("cannot read stored records: {e}")),
-            Ok(records) => {
-                report.records_checked += records.len() as u64;
-                let verified = verify_records(
-                    &records,
-                    &VerifyOptions {
-                        public_key: Some(public_key.to_string()),
-                        checkpoint: head.clone(),
-                    },
-                );
+            Ok(verified) => {
+                report.records_checked += verified.records;
                 match verified.failure {
                     Some(f) => Some(f.to_string()),
                     // Records may have been appended since the head was read.

@@ -10,7 +10,7 @@ use axum::Json;
 use base64::Engine;
 use lineage_core::guard::{Command, Outcome, OutcomeStatus, Severity};
 use lineage_core::transparency::{self, Hash};
-use lineage_core::verify::{verify_records, VerifyOptions};
+use lineage_core::verify::{BatchVerifier, VerifyOptions};
 use lineage_core::{token, Policy};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -457,17 +457,16 @@ pub async fn verify_agent(
     path_agent_id(&agent_id)?;
     app.with_agent(&agent_id, |_| ())?;
     whole_log_read(&app, move |app| {
-        let records = app
+        let options = VerifyOptions {
+            public_key: Some(app.keys.audit.public_key_hex().to_string()),
+            checkpoint: None,
+        };
+        // Half the cores at most: the node's writes keep the rest.
+        let threads = (BatchVerifier::all_cores() / 2).max(1);
+        let report = app
             .sm
-            .records(&agent_id, 0, usize::MAX)
+            .verify_stored(&agent_id, options, threads)
             .map_err(ApiError::Internal)?;
-        let report = verify_records(
-            &records,
-            &VerifyOptions {
-                public_key: Some(app.keys.audit.public_key_hex().to_string()),
-                checkpoint: None,
-            },
-        );
         Ok(if report.ok {
             json!({"ok": true, "records": report.records, "public_key": report.public_key, "head": report.head})
         } else {

@@ -14,6 +14,7 @@ use std::sync::{Arc, RwLock};
 
 use lineage_core::guard::AgentState;
 use lineage_core::record::Record;
+use lineage_core::verify::{BatchVerifier, VerifyOptions, VerifyReport, BATCH_RECORDS};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{BasicNode, Entry, LogId, SnapshotMeta, StorageIOError, StoredMembership};
 use redb::{Database, ReadableTable, TableDefinition};
@@ -230,6 +231,31 @@ impl StateMachine {
         }
         data.heads = HeadsLog::load(&txn, &data.agents).map_err(sm_read_err)?;
         Ok(data)
+    }
+
+    /// Verifies this node's copy of an agent's log a batch at a time, on `threads` cores:
+    /// memory holds one batch, never the whole log.
+    pub fn verify_stored(
+        &self,
+        agent_id: &str,
+        options: VerifyOptions,
+        threads: usize,
+    ) -> Result<VerifyReport, String> {
+        let mut verifier = BatchVerifier::new(options, threads);
+        let mut from = 0;
+        loop {
+            let batch = self.records(agent_id, from, BATCH_RECORDS)?;
+            let Some(last) = batch.last() else { break };
+            from = last.seq.saturating_add(1);
+            if let Err(failure) = verifier.push_batch(&batch) {
+                return Ok(verifier.report(Some(failure)));
+            }
+            if batch.len() < BATCH_RECORDS {
+                break;
+            }
+        }
+        let failure = verifier.finish().err();
+        Ok(verifier.report(failure))
     }
 
     /// An agent's records with seq in `from..` (at most `limit`), read from this node's copy.
