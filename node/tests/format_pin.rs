@@ -176,7 +176,8 @@ async fn what_this_code_wrote_still_loads_and_gives_the_same_state() {
         &["-xzf", &dir.join("datadir.tar.gz").display().to_string()],
         data.path(),
     );
-    let (mut log, sm) = store::open(&data.path().join("node")).expect("the pinned data dir opens");
+    let (mut log, mut sm) =
+        store::open(&data.path().join("node")).expect("the pinned data dir opens");
     let mut reader = log.get_log_reader().await;
     let stored = reader
         .try_get_log_entries(1..proposals.len() as u64 + 1)
@@ -195,13 +196,38 @@ async fn what_this_code_wrote_still_loads_and_gives_the_same_state() {
     )
     .expect("meta");
     let bytes = std::fs::read(dir.join("snapshot.bin")).expect("snapshot.bin");
+    // The streaming writer makes the pinned bytes, from the pinned state.
+    let built = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("snapshot");
+    assert_eq!(built.meta, meta, "the snapshot's meta");
+    let served = sm
+        .get_current_snapshot()
+        .await
+        .expect("current snapshot")
+        .expect("a snapshot was built");
+    assert!(
+        served.snapshot.get_ref() == &bytes,
+        "the snapshot body changed: {}",
+        String::from_utf8_lossy(served.snapshot.get_ref())
+    );
     let empty = tempfile::tempdir().expect("tempdir");
     let (_log, mut fresh) = store::open(empty.path()).expect("open");
     fresh
-        .install_snapshot(&meta, Box::new(Cursor::new(bytes)))
+        .install_snapshot(&meta, Box::new(Cursor::new(bytes.clone())))
         .await
         .expect("the pinned snapshot installs");
     assert_eq!(state_of(&fresh), expected, "the snapshot");
+    // An installed snapshot is served from its file, as received.
+    let served = fresh
+        .get_current_snapshot()
+        .await
+        .expect("current snapshot")
+        .expect("the installed snapshot");
+    assert!(served.snapshot.get_ref() == &bytes, "served as received");
 }
 
 async fn write_fixtures(proposals: &[Proposal]) {
@@ -232,7 +258,12 @@ async fn write_fixtures(proposals: &[Proposal]) {
             serde_json::to_string_pretty(&snapshot.meta).expect("meta") + "\n",
         )
         .expect("write meta");
-        std::fs::write(dir.join("snapshot.bin"), snapshot.snapshot.into_inner())
+        let body = sm
+            .get_current_snapshot()
+            .await
+            .expect("current snapshot")
+            .expect("a snapshot was built");
+        std::fs::write(dir.join("snapshot.bin"), body.snapshot.into_inner())
             .expect("write snapshot");
         state_of(&sm)
     };

@@ -62,7 +62,8 @@ pub fn open_with(
     refuse_redb_raft_log(&db, data_dir)?;
     let sm = StateMachine::open(Arc::new(db))
         .map_err(|e| format!("state machine: {e}"))?
-        .with_fsync_interval(state_fsync_interval);
+        .with_fsync_interval(state_fsync_interval)
+        .with_snapshot_dir(data_dir.join(SNAPSHOT_DIR))?;
     let log_dir = data_dir.join(RAFT_LOG_DIR);
     let applied = sm.read_data().last_applied;
     let single_voter = single_voter(&sm, configured_alone);
@@ -88,6 +89,8 @@ pub fn open_with(
 
 /// The state machine's file, where the marker of a clean stop is kept.
 const STATE_DB: &str = "node.redb";
+/// Snapshot bodies (`state_machine::snapshot`): rebuilt when needed, never read at start.
+const SNAPSHOT_DIR: &str = "snapshot";
 /// redb's page cache. Its default (1 GiB) let a node's memory grow with its history:
 /// replay and the scrub read every record once, and each page read stayed cached. Reads
 /// here are mostly of recent records (and the scrub's one pass), which the OS page cache

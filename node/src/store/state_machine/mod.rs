@@ -82,6 +82,8 @@ pub struct StateMachine {
     /// When set, an entry is applied only once it is durable in this node's Raft log (the
     /// leader acknowledges its own appends before their fsync: `log_store` docs).
     durable_log: Option<DurableLog>,
+    /// Where snapshot bodies are kept (`None`: in memory).
+    snapshot_dir: Option<std::path::PathBuf>,
 }
 
 const WRITER_TABLES: Tables = Tables {
@@ -137,6 +139,7 @@ impl StateMachine {
             writer,
             next_batch: Arc::default(),
             durable_log: None,
+            snapshot_dir: None,
         };
         let loaded = sm.load_from_disk()?;
         *sm.write_data() = loaded;
@@ -147,6 +150,20 @@ impl StateMachine {
     pub fn behind(mut self, log: DurableLog) -> Self {
         self.durable_log = Some(log);
         self
+    }
+
+    /// Keeps snapshot bodies in files in `dir` rather than memory. Files there from before
+    /// (a snapshot is rebuilt or received again when needed) are removed.
+    pub fn with_snapshot_dir(mut self, dir: std::path::PathBuf) -> Result<Self, String> {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for entry in entries.flatten() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        self.snapshot_dir = Some(dir);
+        Ok(self)
     }
 
     pub fn with_fsync_interval(self, interval: std::time::Duration) -> Self {
@@ -480,22 +497,21 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         txn.commit().map_err(sm_write_err)?;
         *data = self.load_from_disk()?;
         drop(data);
-        *self
-            .current_snapshot
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = Some((meta.clone(), bytes));
-        Ok(())
+        drop(body);
+        self.keep_installed(meta, bytes)
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let current = self
             .current_snapshot
             .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        Ok(current.map(|(meta, bytes)| Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(bytes)),
+            .unwrap_or_else(|p| p.into_inner());
+        let Some(stored) = current.as_ref() else {
+            return Ok(None);
+        };
+        Ok(Some(Snapshot {
+            meta: stored.meta.clone(),
+            snapshot: Box::new(Cursor::new(stored.bytes()?)),
         }))
     }
 }

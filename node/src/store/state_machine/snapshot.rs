@@ -1,7 +1,9 @@
-//! Snapshots: the whole state as one JSON body, built from the committed tables.
+//! Snapshots: the whole state as one JSON body, written from the committed tables into a
+//! file as the rows are read, and read back only when a follower needs it.
 
 use std::collections::BTreeMap;
-use std::io::Cursor;
+use std::io::{Cursor, Write};
+use std::path::PathBuf;
 
 use openraft::storage::Snapshot;
 use openraft::{BasicNode, RaftSnapshotBuilder, SnapshotMeta};
@@ -22,47 +24,197 @@ pub(super) struct SnapshotBody {
     pub(super) heads: HeadsSnapshot,
 }
 
-/// The last snapshot built or installed, served to followers that need one.
-pub(super) type StoredSnapshot = (SnapshotMeta<NodeId, BasicNode>, Vec<u8>);
+/// The last snapshot built or installed, served to followers that need one: its meta,
+/// and its body in a file (or, for a state machine opened without a directory, memory).
+pub(super) struct StoredSnapshot {
+    pub(super) meta: SnapshotMeta<NodeId, BasicNode>,
+    pub(super) body: SnapshotBytes,
+}
+
+pub(super) enum SnapshotBytes {
+    Memory(Vec<u8>),
+    File(PathBuf),
+}
+
+impl StoredSnapshot {
+    /// The body, read back for a follower that needs it (callers hold the snapshot lock,
+    /// so a newer snapshot cannot remove the file meanwhile).
+    pub(super) fn bytes(&self) -> Result<Vec<u8>, StorageError> {
+        match &self.body {
+            SnapshotBytes::Memory(bytes) => Ok(bytes.clone()),
+            SnapshotBytes::File(path) => std::fs::read(path).map_err(|e| {
+                StorageError::from(openraft::StorageIOError::read_snapshot(
+                    Some(self.meta.signature()),
+                    openraft::AnyError::new(&e),
+                ))
+            }),
+        }
+    }
+}
+
+/// Writes the snapshot body, the JSON of [`SnapshotBody`] byte for byte, straight from a
+/// read transaction: rows go out as they are read, so memory never holds the whole state
+/// (only the heads log's leaves, which grow with rounds, not records).
+pub(super) fn write_body(txn: &redb::ReadTransaction, out: &mut impl Write) -> Result<(), String> {
+    let io = |e: std::io::Error| e.to_string();
+    let json = |out: &mut dyn Write, value: &dyn erased::Json| value.write_json(out);
+    let records = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+    out.write_all(b"{\"records\":{").map_err(io)?;
+    let mut current: Option<(String, u64)> = None;
+    record_rows::visit_all(&records, |agent, seq, line| {
+        match &mut current {
+            Some((name, next)) if name == agent => {
+                // Snapshots carry each agent's records from seq 0 without a gap.
+                if seq != *next {
+                    return Err(format!("{agent}: stored records jump to seq {seq}"));
+                }
+                out.write_all(b",").map_err(io)?;
+                *next += 1;
+            }
+            _ => {
+                if seq != 0 {
+                    return Err(format!("{agent}: stored records start at seq {seq}"));
+                }
+                if current.is_some() {
+                    out.write_all(b"],").map_err(io)?;
+                }
+                json(out, &agent)?;
+                out.write_all(b":[").map_err(io)?;
+                current = Some((agent.to_string(), 1));
+            }
+        }
+        json(out, &line)
+    })?;
+    if current.is_some() {
+        out.write_all(b"]").map_err(io)?;
+    }
+    out.write_all(b"},\"idempotency\":[").map_err(io)?;
+    let idem = txn.open_table(IDEMPOTENCY).map_err(|e| e.to_string())?;
+    for (n, item) in idem.iter().map_err(|e| e.to_string())?.enumerate() {
+        let (key, value) = item.map_err(|e| e.to_string())?;
+        let scoped = key
+            .value()
+            .split_once('\n')
+            .map_or("", |(_agent, scoped)| scoped);
+        // One damaged row must not stop every snapshot (and with it the node): it
+        // travels as an answer that refuses, as it is refused here.
+        let answer = idempotency_rows::decode(value.value(), scoped).unwrap_or_else(|e| {
+            tracing::error!(key = %key.value(), error = %e, "stored idempotent answer damaged");
+            idempotency_rows::damaged(scoped, &e)
+        });
+        out.write_all(if n == 0 { b"[" } else { b",[" })
+            .map_err(io)?;
+        json(out, &key.value())?;
+        out.write_all(b",").map_err(io)?;
+        json(out, &answer)?;
+        out.write_all(b"]").map_err(io)?;
+    }
+    out.write_all(b"],\"heads\":").map_err(io)?;
+    let heads = HeadsLog::snapshot(txn).map_err(|e| e.to_string())?;
+    json(out, &heads)?;
+    out.write_all(b"}").map_err(io)?;
+    Ok(())
+}
+
+/// A new file name for a snapshot body: never the current one's, which a follower may be
+/// reading (the same snapshot id can be built twice).
+fn snapshot_file(dir: &std::path::Path, meta: &SnapshotMeta<NodeId, BasicNode>) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    dir.join(format!("snapshot-{}-{n}.json", meta.snapshot_id))
+}
+
+/// `serde_json::to_writer` behind a trait object, so [`write_body`] takes any value.
+mod erased {
+    pub(super) trait Json {
+        fn write_json(&self, out: &mut dyn std::io::Write) -> Result<(), String>;
+    }
+
+    impl<T: serde::Serialize + ?Sized> Json for T {
+        fn write_json(&self, out: &mut dyn std::io::Write) -> Result<(), String> {
+            serde_json::to_writer(out, self).map_err(|e| e.to_string())
+        }
+    }
+}
 
 impl StateMachine {
-    /// The whole state as committed; callers hold the data lock, so after the flush the
-    /// tables hold exactly what memory does.
-    pub(super) fn snapshot_body(&self) -> Result<Vec<u8>, StorageError> {
-        self.flush()?;
-        let txn = self.db.begin_read().map_err(sm_read_err)?;
-        let records = txn.open_table(RECORDS).map_err(sm_read_err)?;
-        let mut body = SnapshotBody {
-            records: BTreeMap::new(),
-            idempotency: Vec::new(),
-            heads: HeadsLog::snapshot(&txn).map_err(sm_read_err)?,
+    /// Writes the state that `txn` sees as the snapshot `meta` names: into a new file in
+    /// the snapshot directory (the one before it is removed once this one is current),
+    /// or into memory without one.
+    fn store_snapshot(
+        &self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        txn: &redb::ReadTransaction,
+    ) -> Result<StoredSnapshot, StorageError> {
+        let failed = |e: String| {
+            StorageError::from(openraft::StorageIOError::write_snapshot(
+                Some(meta.signature()),
+                openraft::AnyError::error(e),
+            ))
         };
-        record_rows::visit_all(&records, |agent, seq, line| {
-            let lines = body.records.entry(agent.to_string()).or_default();
-            // Snapshots carry each agent's records from seq 0 without a gap.
-            if seq != lines.len() as u64 {
-                return Err(format!("{agent}: stored records jump to seq {seq}"));
+        let body = match &self.snapshot_dir {
+            None => {
+                let mut bytes = Vec::new();
+                write_body(txn, &mut bytes).map_err(failed)?;
+                SnapshotBytes::Memory(bytes)
             }
-            lines.push(line.to_string());
-            Ok(())
+            Some(dir) => {
+                let path = snapshot_file(dir, meta);
+                let file = std::fs::File::create(&path).map_err(|e| failed(e.to_string()))?;
+                let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+                write_body(txn, &mut out).map_err(failed)?;
+                out.flush().map_err(|e| failed(e.to_string()))?;
+                SnapshotBytes::File(path)
+            }
+        };
+        Ok(StoredSnapshot {
+            meta: meta.clone(),
+            body,
         })
-        .map_err(|e| sm_read_err(std::io::Error::other(e)))?;
-        let idem = txn.open_table(IDEMPOTENCY).map_err(sm_read_err)?;
-        for item in idem.iter().map_err(sm_read_err)? {
-            let (key, value) = item.map_err(sm_read_err)?;
-            let scoped = key
-                .value()
-                .split_once('\n')
-                .map_or("", |(_agent, scoped)| scoped);
-            // One damaged row must not stop every snapshot (and with it the node): it
-            // travels as an answer that refuses, as it is refused here.
-            let answer = idempotency_rows::decode(value.value(), scoped).unwrap_or_else(|e| {
-                tracing::error!(key = %key.value(), error = %e, "stored idempotent answer damaged");
-                idempotency_rows::damaged(scoped, &e)
-            });
-            body.idempotency.push((key.value().to_string(), answer));
+    }
+
+    /// Makes `stored` the snapshot served to followers, and removes the previous one's
+    /// file (after the swap, which waits for a reader: readers hold the lock).
+    pub(super) fn set_current_snapshot(&self, stored: StoredSnapshot) {
+        let previous = self
+            .current_snapshot
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(stored);
+        if let Some(StoredSnapshot {
+            body: SnapshotBytes::File(old),
+            ..
+        }) = previous
+        {
+            let _ = std::fs::remove_file(old);
         }
-        serde_json::to_vec(&body).map_err(sm_read_err)
+    }
+
+    /// Keeps a received snapshot's body as the current one (in its file, when there is a
+    /// snapshot directory, so memory lets it go).
+    pub(super) fn keep_installed(
+        &self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        bytes: Vec<u8>,
+    ) -> Result<(), StorageError> {
+        let body = match &self.snapshot_dir {
+            None => SnapshotBytes::Memory(bytes),
+            Some(dir) => {
+                let path = snapshot_file(dir, meta);
+                std::fs::write(&path, &bytes).map_err(|e| {
+                    StorageError::from(openraft::StorageIOError::write_snapshot(
+                        Some(meta.signature()),
+                        openraft::AnyError::new(&e),
+                    ))
+                })?;
+                SnapshotBytes::File(path)
+            }
+        };
+        self.set_current_snapshot(StoredSnapshot {
+            meta: meta.clone(),
+            body,
+        });
+        Ok(())
     }
 }
 
@@ -71,10 +223,13 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         // Logs up to this snapshot may be purged next: make the applied state durable,
         // with fresh checkpoints so a restart replays only what follows.
         self.checkpoint_agents()?;
-        // Hold the data lock so the snapshot and its log id describe the same state.
-        let (meta, bytes) = {
+        // Under the data lock, only long enough to fix the state: flushed, the tables
+        // hold what memory does, and a read transaction keeps that view while the body
+        // is written without the lock (applies carry on meanwhile).
+        let (meta, txn) = {
             let data = self.read_data();
-            let bytes = self.snapshot_body()?;
+            self.flush()?;
+            let txn = self.db.begin_read().map_err(sm_read_err)?;
             let snapshot_id = match data.last_applied {
                 Some(id) => format!("{}-{}", id.leader_id, id.index),
                 None => "empty".to_string(),
@@ -84,15 +239,19 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                 last_membership: data.membership.clone(),
                 snapshot_id,
             };
-            (meta, bytes)
+            (meta, txn)
         };
-        *self
-            .current_snapshot
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = Some((meta.clone(), bytes.clone()));
+        let sm = self.clone();
+        let for_writer = meta.clone();
+        let stored = tokio::task::spawn_blocking(move || sm.store_snapshot(&for_writer, &txn))
+            .await
+            .map_err(|e| sm_read_err(std::io::Error::other(e.to_string())))??;
+        self.set_current_snapshot(stored);
+        // openraft keeps only the meta of a snapshot it asked to build; followers get the
+        // body from `get_current_snapshot`.
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(bytes)),
+            snapshot: Box::new(Cursor::new(Vec::new())),
         })
     }
 }
