@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use base64::Engine;
-use lineage_core::heads::{decode_hashes, verify_witnessed, HeadStatement};
+use lineage_core::heads::{decode_hashes, HeadStatement};
 use lineage_core::transparency::{self, Checkpoint, Frontier, Hash};
 use redb::{Database, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -563,11 +563,25 @@ impl Checkpointer {
         txn.commit().map_err(storage)
     }
 
+    /// A witness's 200 answer, checked: the log's signature and the witness's cosignature
+    /// over our note verify (every line of either key, `note::verify_note`), and the
+    /// witness's own verified lines are what we keep.
+    fn cosigned_by(&self, cosigned: &str, witness: &WitnessTarget) -> Result<String, String> {
+        let log = signed_note::StandardVerifier::new(&self.log_vkey).map_err(|e| e.to_string())?;
+        let cosigner = lineage_core::heads::CosignatureVerifier::new(&witness.vkey)
+            .map_err(|e| e.to_string())?;
+        let verified = lineage_core::note::verify_note(cosigned, &[&log, &cosigner])
+            .map_err(|e| e.to_string())?;
+        if !verified.signed_by(&log) {
+            return Err("the note is not signed by the log's key".into());
+        }
+        if !verified.signed_by(&cosigner) {
+            return Err("no cosignature by the witness's key".into());
+        }
+        Ok(verified.lines_by(&cosigner))
+    }
+
     /// Submits the accepted checkpoint to one witness; `Err` is an alarm.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one witness request and every answer the protocol allows, each with its own handling"
-    )]
     async fn submit(
         &self,
         witness: &WitnessTarget,
@@ -619,20 +633,15 @@ impl Checkpointer {
             match status {
                 200 => {
                     let cosigned = format!("{}{text}", accepted.note);
-                    return match verify_witnessed(
-                        &cosigned,
-                        &self.log_vkey,
-                        std::slice::from_ref(&witness.vkey),
-                        1,
-                    ) {
-                        Ok(_) => {
+                    return match self.cosigned_by(&cosigned, witness) {
+                        Ok(own_lines) => {
                             self.set_witness_size(&witness.name, accepted.size)
                                 .map_err(storage_alarm)?;
                             self.metrics
                                 .cosigned_size
                                 .with_label_values(&[&witness.name])
                                 .set(accepted.size as i64);
-                            Ok(Submission::Cosigned(own_lines(&text, &witness.name)))
+                            Ok(Submission::Cosigned(own_lines))
                         }
                         Err(e) => Err(Alarm {
                             label: witness.name.clone(),
@@ -744,17 +753,6 @@ impl Checkpointer {
             .checkpoint_age
             .set(since.map_or(0.0, |s| s.elapsed().as_secs_f64()));
     }
-}
-
-/// The cosignature lines in a witness's 200 answer that carry its name.
-fn own_lines(text: &str, name: &str) -> String {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix("\u{2014} ")
-                .is_some_and(|rest| rest.starts_with(&format!("{name} ")))
-        })
-        .map(|l| format!("{l}\n"))
-        .collect()
 }
 
 fn b64(hash: &Hash) -> String {

@@ -196,17 +196,20 @@ impl Witness {
             Ok(r) => r,
             Err(e) => return Ok(Reply::text(400, format!("{e}\n"))),
         };
-        let note = match signed_note::Note::from_bytes(request.note.as_bytes()) {
-            Ok(n) => n,
-            Err(e) => {
-                return Ok(Reply::text(
-                    400,
-                    format!("malformed checkpoint note: {e}\n"),
-                ))
-            }
-        };
-        let note_text = String::from_utf8_lossy(note.text()).into_owned();
-        let origin = note_text.split('\n').next().unwrap_or_default().to_string();
+        // The note's form first (400), the origin from its text, then its signatures
+        // against the trusted log key (403).
+        if let Err(e) = signed_note::Note::from_bytes(request.note.as_bytes()) {
+            return Ok(Reply::text(
+                400,
+                format!("malformed checkpoint note: {e}\n"),
+            ));
+        }
+        let origin = request
+            .note
+            .split('\n')
+            .next()
+            .unwrap_or_default()
+            .to_string();
 
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let Some(mut state) = self.log_state(&origin)? else {
@@ -214,15 +217,25 @@ impl Witness {
         };
         let verifier = signed_note::StandardVerifier::new(&state.vkey)
             .map_err(|e| WitnessError::Config(format!("stored verifier key: {e}")))?;
-        if note
-            .verify(&signed_note::VerifierList::new(vec![Box::new(verifier)]))
-            .is_err()
-        {
-            return Ok(Reply::text(
-                403,
-                "no valid signature by the log's trusted key\n",
-            ));
-        }
+        // Every line by the log's key must verify, not only the first (tlog-witness: 403
+        // when a line's name and key ID match a trusted key but it fails).
+        let verified = match lineage_core::note::verify_note(&request.note, &[&verifier]) {
+            Ok(v) if v.signed_by(&verifier) => v,
+            Ok(_) => {
+                return Ok(Reply::text(
+                    403,
+                    "no valid signature by the log's trusted key\n",
+                ))
+            }
+            Err(lineage_core::note::NoteError::BadSignature { .. }) => {
+                return Ok(Reply::text(
+                    403,
+                    "a signature line by the log's trusted key does not verify\n",
+                ))
+            }
+            Err(e) => return Ok(Reply::text(400, format!("{e}\n"))),
+        };
+        let note_text = verified.text.clone();
         let checkpoint = match Checkpoint::parse(&note_text) {
             Ok(c) => c,
             Err(e) => return Ok(Reply::text(400, format!("malformed checkpoint: {e}\n"))),
@@ -286,7 +299,9 @@ impl Witness {
             ));
         }
         let cosignature = self.cosigner.cosign(&note_text, now);
-        let mut cosigned = request.note.clone();
+        // Stored and served: the text, the log's lines that verified, our cosignature;
+        // never a line from the request that nobody here checked.
+        let mut cosigned = verified.with_verified_lines();
         cosigned.push_str(&cosignature);
         state.size = checkpoint.size;
         state.root = B64.encode(checkpoint.root);

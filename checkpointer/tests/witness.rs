@@ -307,7 +307,19 @@ async fn every_case_of_the_protocol_and_a_kill_between_requests() {
         (409, "8\n"),
         "the cosigned size survived kill -9"
     );
-    let (status, _, body) = witness.submit(honest).await;
+    // A second line by the trusted key with a bad signature: 403, though the first is
+    // good (tlog-witness; signed_note alone would skip the repeat).
+    let log_line = honest.rsplit_once("\n\n").unwrap().1.to_string();
+    let (line_head, line_b64) = log_line.trim_end().rsplit_once(' ').unwrap();
+    let mut bad_sig = B64.decode(line_b64).unwrap();
+    bad_sig[10] ^= 1;
+    let repeated = format!("{honest}{line_head} {}\n", B64.encode(&bad_sig));
+    let (status, _, body) = witness.submit(repeated).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("does not verify"), "{body}");
+    // A line by a key the witness does not know is ignored, and not kept.
+    let with_stranger = format!("{honest}\u{2014} stranger.test {}\n", B64.encode([7u8; 40]));
+    let (status, _, body) = witness.submit(with_stranger).await;
     assert_eq!(status, 200, "{body}");
 
     // Monitoring: the latest cosigned checkpoint, with both signatures.
@@ -326,6 +338,10 @@ async fn every_case_of_the_protocol_and_a_kill_between_requests() {
         "{monitored}"
     );
     assert!(monitored.contains("\u{2014} witness.test/w1 "));
+    assert!(
+        !monitored.contains("stranger.test"),
+        "the witness served a line it never checked: {monitored}"
+    );
     let unknown = reqwest::get(format!(
         "http://{}/{}/checkpoint",
         witness.listen,

@@ -191,27 +191,22 @@ pub fn verify_witnessed(
 ) -> Result<Witnessed, TransparencyError> {
     let log = signed_note::StandardVerifier::new(log_vkey)
         .map_err(|e| err(format!("bad log key: {e}")))?;
-    let log_name = signed_note::Verifier::name(&log).to_string();
-    let log_id = signed_note::Verifier::key_id(&log);
-    let mut verifiers: Vec<Box<dyn signed_note::Verifier>> = vec![Box::new(log)];
-    for vkey in witness_vkeys {
-        verifiers.push(Box::new(CosignatureVerifier::new(vkey)?));
-    }
-    let parsed = signed_note::Note::from_bytes(note.as_bytes())
-        .map_err(|e| err(format!("malformed note: {e}")))?;
-    let (verified, _unknown) = parsed
-        .verify(&signed_note::VerifierList::new(verifiers))
-        .map_err(|e| err(format!("note does not verify: {e}")))?;
-    if !verified
+    let cosigners = witness_vkeys
         .iter()
-        .any(|s| s.name() == log_name && s.id() == log_id)
-    {
+        .map(|vkey| CosignatureVerifier::new(vkey))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut verifiers: Vec<&dyn signed_note::Verifier> = vec![&log];
+    verifiers.extend(cosigners.iter().map(|c| c as &dyn signed_note::Verifier));
+    let verified = crate::note::verify_note(note, &verifiers)
+        .map_err(|e| err(format!("note does not verify: {e}")))?;
+    if !verified.signed_by(&log) {
         return Err(err("the note is not signed by the log's key"));
     }
-    let mut witnesses: Vec<String> = verified
+    // Distinct witness keys count towards the quorum, not lines.
+    let mut witnesses: Vec<String> = cosigners
         .iter()
-        .filter(|s| !(s.name() == log_name && s.id() == log_id))
-        .map(|s| s.name().to_string())
+        .filter(|c| verified.signed_by(*c))
+        .map(|c| signed_note::Verifier::name(c).to_string())
         .collect();
     witnesses.sort();
     witnesses.dedup();
@@ -221,9 +216,8 @@ pub fn verify_witnessed(
             witnesses.len()
         )));
     }
-    let text = std::str::from_utf8(parsed.text()).map_err(|_| err("note text is not UTF-8"))?;
     Ok(Witnessed {
-        checkpoint: Checkpoint::parse(text)?,
+        checkpoint: Checkpoint::parse(&verified.text)?,
         witnesses,
     })
 }

@@ -12,6 +12,7 @@ pub mod guard;
 pub mod heads;
 pub mod keys;
 pub mod log_file;
+pub mod note;
 pub mod policy;
 pub mod record;
 pub mod token;

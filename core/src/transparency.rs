@@ -201,13 +201,14 @@ impl Checkpoint {
     pub fn verify(note: &str, vkey: &str) -> Result<Checkpoint, TransparencyError> {
         let verifier = signed_note::StandardVerifier::new(vkey)
             .map_err(|e| err(format!("bad verifier key: {e}")))?;
-        let parsed = signed_note::Note::from_bytes(note.as_bytes())
-            .map_err(|e| err(format!("malformed note: {e}")))?;
-        parsed
-            .verify(&signed_note::VerifierList::new(vec![Box::new(verifier)]))
+        let verified = crate::note::verify_note(note, &[&verifier])
             .map_err(|e| err(format!("note signature does not verify: {e}")))?;
-        let text = std::str::from_utf8(parsed.text()).map_err(|_| err("note text is not UTF-8"))?;
-        Checkpoint::parse(text)
+        if !verified.signed_by(&verifier) {
+            return Err(err(
+                "note signature does not verify: no signature by the key",
+            ));
+        }
+        Checkpoint::parse(&verified.text)
     }
 }
 
