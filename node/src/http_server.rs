@@ -285,9 +285,12 @@ impl TaskCount {
         let running = self.running.clone();
         running.0.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
+            // Counted down on drop: a task that panics is done too.
+            let _done = OnDrop(move || {
+                running.0.fetch_sub(1, Ordering::SeqCst);
+                running.1.notify_waiters();
+            });
             task.await;
-            running.0.fetch_sub(1, Ordering::SeqCst);
-            running.1.notify_waiters();
         });
     }
 
@@ -302,6 +305,15 @@ impl TaskCount {
             }
         };
         let _ = tokio::time::timeout(grace, all_done).await;
+    }
+}
+
+/// Runs a closure when dropped: bookkeeping that must happen even if a task panics.
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)();
     }
 }
 
@@ -335,6 +347,17 @@ impl Connection {
                 async move {
                     activity.head_started.store(0, Ordering::Relaxed);
                     activity.in_flight.fetch_add(1, Ordering::Relaxed);
+                    // Counted out even if the handler panics, or the slot would stay
+                    // busy (never evictable) for good.
+                    let _request_done = {
+                        let activity = activity.clone();
+                        OnDrop(move || {
+                            activity.reading_body.store(false, Ordering::Relaxed);
+                            activity.in_flight.fetch_sub(1, Ordering::Relaxed);
+                            activity.served_one.store(true, Ordering::Relaxed);
+                            activity.last_io.store(clock.now_ms(), Ordering::Relaxed);
+                        })
+                    };
                     let has_body = !hyper::body::Body::is_end_stream(request.body());
                     activity.reading_body.store(has_body, Ordering::Relaxed);
                     let request = request.map(|body| {
@@ -343,13 +366,15 @@ impl Connection {
                             activity: activity.clone(),
                         })
                     });
-                    let answer = router.oneshot(request).await;
-                    activity.reading_body.store(false, Ordering::Relaxed);
-                    activity.in_flight.fetch_sub(1, Ordering::Relaxed);
-                    activity.served_one.store(true, Ordering::Relaxed);
-                    activity.last_io.store(clock.now_ms(), Ordering::Relaxed);
-                    answer
+                    router.oneshot(request).await
                 }
+            })
+        };
+        let _registered = {
+            let (registry, metrics, id) = (self.registry.clone(), self.metrics.clone(), self.id);
+            OnDrop(move || {
+                registry.remove(id);
+                metrics.http_connections.set(registry.len() as i64);
             })
         };
         let mut http = hyper::server::conn::http1::Builder::new();
@@ -371,21 +396,24 @@ impl Connection {
                         break Some(reason);
                     }
                 }
-                () = self.activity.evict.notified() => break None,
+                () = self.activity.evict.notified() => {
+                    // Chosen while idle; a request that started since finishes first.
+                    if self.activity.in_flight.load(Ordering::Relaxed) == 0 {
+                        break None;
+                    }
+                    stopping = true;
+                    connection.as_mut().graceful_shutdown();
+                }
                 _ = stop.changed(), if !stopping => {
                     stopping = true;
                     connection.as_mut().graceful_shutdown();
                 }
             }
         };
-        // Dropping the connection closes the socket.
+        // Dropping the connection closes the socket (and `_registered` frees its slot).
         if let Some(reason) = closed {
             self.metrics.http_connection_closed(reason.as_str());
         }
-        self.registry.remove(self.id);
-        self.metrics
-            .http_connections
-            .set(self.registry.len() as i64);
     }
 
     /// The rule this connection breaks now, if any.

@@ -151,7 +151,13 @@ pub fn decide(
             }
             let rule = policy.rule_for(tool);
             let cost = cost.unwrap_or(0).max(rule.map_or(0, |r| r.cost));
-            let action_id = format!("act-{}", state.actions_requested + 1);
+            // `act-N` after the requests so far; a log written elsewhere may have used
+            // that id out of order, so take the next one free (every node picks the same).
+            let mut n = state.actions_requested + 1;
+            while state.action(&format!("act-{n}")).is_some() {
+                n += 1;
+            }
+            let action_id = format!("act-{n}");
             let mut drafts = vec![draft(
                 RecordKind::ActionRequested,
                 json!({"action_id": action_id, "cost": cost, "input": input, "tool": tool}),

@@ -78,8 +78,20 @@ fn asks_for_local_copy(request: &Request) -> bool {
 
 /// How long a forwarded request waits for the leader's answer. A write waits for its
 /// commit there; a leader that cannot commit (no quorum) would otherwise hold this
-/// node's connection, and the client's, indefinitely.
+/// node's connection, and the client's, indefinitely. (A write answered 503 after this
+/// may still commit: its client's retry with the same Idempotency-Key gets the answer.)
 const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Operator calls that legitimately run long on the leader: adding a node waits for it
+/// to catch up (the CLI allows 30 minutes), and verifying a long log takes a while.
+const LONG_FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
+fn forward_timeout(path: &str) -> std::time::Duration {
+    if path.starts_with("/v1/cluster/nodes") || path.ends_with("/verify") {
+        LONG_FORWARD_TIMEOUT
+    } else {
+        FORWARD_TIMEOUT
+    }
+}
 
 async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
@@ -92,7 +104,7 @@ async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, Ap
         .http
         .request(parts.method.clone(), url)
         .header(FORWARDED_HEADER, "1")
-        .timeout(FORWARD_TIMEOUT)
+        .timeout(forward_timeout(parts.uri.path()))
         .body(bytes);
     for name in FORWARDED_REQUEST_HEADERS {
         if let Some(value) = parts.headers.get(name) {

@@ -160,10 +160,18 @@ impl StateMachine {
             }
             Some(dir) => {
                 let path = snapshot_file(dir, meta);
-                let file = std::fs::File::create(&path).map_err(|e| failed(e.to_string()))?;
-                let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-                write_body(txn, &mut out).map_err(failed)?;
-                out.flush().map_err(|e| failed(e.to_string()))?;
+                let written = std::fs::File::create(&path)
+                    .map_err(|e| e.to_string())
+                    .and_then(|file| {
+                        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+                        write_body(txn, &mut out)?;
+                        out.flush().map_err(|e| e.to_string())
+                    });
+                if let Err(e) = written {
+                    // A part-written body would only take disk space (a full disk, say).
+                    let _ = std::fs::remove_file(&path);
+                    return Err(failed(e));
+                }
                 SnapshotBytes::File(path)
             }
         };
@@ -173,18 +181,25 @@ impl StateMachine {
         })
     }
 
-    /// Makes `stored` the snapshot served to followers, and removes the previous one's
-    /// file (after the swap, which waits for a reader: readers hold the lock).
+    /// Makes `stored` the snapshot served to followers, unless a newer one is already
+    /// current (a build runs beside installs: a snapshot received while an older one was
+    /// being written must stay), and removes the file of the one that lost (after the
+    /// swap, which waits for a reader: readers hold the lock).
     pub(super) fn set_current_snapshot(&self, stored: StoredSnapshot) {
-        let previous = self
-            .current_snapshot
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(stored);
+        let loser = {
+            let mut current = self
+                .current_snapshot
+                .write()
+                .unwrap_or_else(|p| p.into_inner());
+            match current.as_ref() {
+                Some(newer) if newer.meta.last_log_id > stored.meta.last_log_id => Some(stored),
+                _ => current.replace(stored),
+            }
+        };
         if let Some(StoredSnapshot {
             body: SnapshotBytes::File(old),
             ..
-        }) = previous
+        }) = loser
         {
             let _ = std::fs::remove_file(old);
         }
