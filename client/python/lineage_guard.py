@@ -356,15 +356,18 @@ class AgentClient(_Client):
     def status(self):
         return self._nodes.call("GET", self._path())
 
-    def tool(self, name, cost=None):
+    def tool(self, name, cost=None, approval_timeout=None):
         """Decorator: each call asks the guard with the call's arguments as input
-        (``{"args": [...], "kwargs": {...}}``), waits for approval if needed, runs the
-        function only if allowed, and reports success, or failure (then re-raises)."""
+        (``{"args": [...], "kwargs": {...}}``), waits for approval if needed (at most
+        ``approval_timeout`` seconds, default as long as it takes), runs the function
+        only if allowed, and reports success, or failure (then re-raises)."""
 
         def wrap(function):
             @functools.wraps(function)
             def guarded(*args, **kwargs):
-                allowed = self.authorize(name, {"args": list(args), "kwargs": kwargs}, cost)
+                allowed = self.authorize(
+                    name, {"args": list(args), "kwargs": kwargs}, cost, approval_timeout
+                )
                 action_id = allowed["action_id"]
                 try:
                     result = function(*args, **kwargs)

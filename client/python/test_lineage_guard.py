@@ -5,6 +5,7 @@ lineage-node in the workspace. `cargo test` runs this through node/tests/python_
     python3 -m unittest -v test_lineage_guard     (from client/python/)
 """
 
+import faulthandler
 import os
 import shutil
 import signal
@@ -17,6 +18,9 @@ import unittest
 import urllib.request
 
 import lineage_guard
+
+# The whole suite's bound (node/tests/python_client.rs gives the process a longer one).
+SUITE_TIMEOUT_SECONDS = 900
 from lineage_guard import ActionDenied, AdminClient, AgentClient, GuardError, SetupError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -190,32 +194,41 @@ class ClientTest(unittest.TestCase):
     def test_approval_waits_for_a_human_and_rejection_denies(self):
         agent_id, agent = self.new_agent()
 
+        operator_errors = []
+
         def operator(verdicts):
-            for _ in range(200):
-                for item in self.admin.pending(agent_id):
-                    action = item["action"]
-                    if verdicts.pop(0) == "approve":
-                        self.admin.approve(agent_id, action["action_id"], "alice", note="ok")
-                    else:
-                        self.admin.reject(agent_id, action["action_id"], "bob", "not today")
-                if not verdicts:
-                    return
-                time.sleep(0.05)
+            # An exception here would otherwise die with the thread, unseen, and leave
+            # the agent below waiting: it is kept and fails the test.
+            try:
+                for _ in range(200):
+                    for item in self.admin.pending(agent_id):
+                        action = item["action"]
+                        if verdicts.pop(0) == "approve":
+                            self.admin.approve(agent_id, action["action_id"], "alice", note="ok")
+                        else:
+                            self.admin.reject(agent_id, action["action_id"], "bob", "not today")
+                    if not verdicts:
+                        return
+                    time.sleep(0.05)
+            except BaseException as e:
+                operator_errors.append(e)
 
         worker = threading.Thread(target=operator, args=(["approve", "reject"],))
         worker.start()
         try:
-            @agent.tool("refund")
+            @agent.tool("refund", approval_timeout=60)
             def refund(order, amount):
                 return f"refunded {amount} on {order}"
 
             self.assertEqual(refund("A-100", 40), "refunded 40 on A-100")
             with self.assertRaises(ActionDenied) as denied:
-                agent.authorize("refund", {"order": "A-101"}, poll=0.05)
+                agent.authorize("refund", {"order": "A-101"}, approval_timeout=60, poll=0.05)
             self.assertEqual(denied.exception.reason, {"code": "rejected"})
             self.assertEqual(denied.exception.action_id, "act-2")
         finally:
             worker.join(timeout=30)
+        self.assertEqual(operator_errors, [])
+        self.assertFalse(worker.is_alive(), "the operator thread did not finish")
         status = agent.status()
         self.assertEqual((status["spent"], status["actions_allowed"], status["actions_denied"]), (5, 1, 1))
         self.assertEqual(self.admin.pending(agent_id), [])
@@ -360,6 +373,15 @@ class FailoverTest(unittest.TestCase):
                 self.assertTrue(AdminClient(url, cluster.admin_token).verify("survivor")["ok"])
         finally:
             cluster.stop()
+
+
+def setUpModule():
+    # A hang prints every thread's stack and ends the run rather than waiting forever.
+    faulthandler.dump_traceback_later(SUITE_TIMEOUT_SECONDS, exit=True)
+
+
+def tearDownModule():
+    faulthandler.cancel_dump_traceback_later()
 
 
 if __name__ == "__main__":

@@ -266,7 +266,7 @@ pub struct BatchVerifier {
     threads: usize,
 }
 
-/// Records a reader gathers into one batch (and at most [`BATCH_BYTES`] of lines).
+/// Records a reader gathers into one batch (and at most 8 MiB of lines).
 pub const BATCH_RECORDS: usize = 2_048;
 const BATCH_BYTES: usize = 8 * 1024 * 1024;
 
