@@ -25,6 +25,7 @@ use lineage_core::heads::{decode_hashes, HeadStatement};
 use lineage_core::transparency::{self, Checkpoint, Frontier, Hash};
 use redb::{Database, TableDefinition};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::checkpointer_metrics::Metrics;
 use crate::cluster_client::{ClusterClient, FetchError};
@@ -83,6 +84,13 @@ struct Accepted {
     frontier: Frontier,
 }
 
+impl Accepted {
+    /// The log's origin: the note's first line.
+    fn origin(&self) -> &str {
+        self.note.split('\n').next().unwrap_or_default()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct AgentHead {
     size: u64,
@@ -121,6 +129,15 @@ pub struct Checkpointer {
     alarmed: Mutex<std::collections::HashSet<String>>,
 }
 
+/// What to do after a witness's 409.
+enum After409 {
+    /// Submit again from the size it named.
+    Resend,
+    /// It is ahead of the checkpoint we accepted (`Checkpointer::witness_ahead`).
+    Ahead,
+    Alarm(Blame, &'static str, String),
+}
+
 /// How a submission to one witness went.
 enum Submission {
     /// Cosigned now: its verified cosignature lines.
@@ -131,10 +148,30 @@ enum Submission {
     NotNow,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Blame {
+    Log,
+    Witness,
+    Checkpointer,
+}
+
+impl Blame {
+    fn as_str(self) -> &'static str {
+        match self {
+            Blame::Log => "log",
+            Blame::Witness => "witness",
+            Blame::Checkpointer => "checkpointer",
+        }
+    }
+}
+
 /// One alarm: which label it counts under (a witness name or `monitor`), what happened,
 /// and the signed material that shows it.
 struct Alarm {
     label: String,
+    /// Whose fault it shows (the metric's `kind`): the log, a witness, or this
+    /// checkpointer's own storage.
+    blame: Blame,
     kind: &'static str,
     detail: String,
     evidence: String,
@@ -188,9 +225,15 @@ impl Checkpointer {
         metrics.witnesses.set(witnesses.len() as i64);
         // Every alarm series exists from the start, at 0: a rule on increase() cannot
         // see a series whose first sample is already 1, so the first alarm would pass.
-        metrics.inconsistencies.with_label_values(&["monitor"]);
+        metrics
+            .inconsistencies
+            .with_label_values(&["monitor", "log"]);
         for witness in &witnesses {
-            metrics.inconsistencies.with_label_values(&[&witness.name]);
+            for blame in [Blame::Witness, Blame::Log] {
+                metrics
+                    .inconsistencies
+                    .with_label_values(&[&witness.name, blame.as_str()]);
+            }
             metrics.witness_errors.with_label_values(&[&witness.name]);
         }
         let http = reqwest::Client::builder()
@@ -364,6 +407,7 @@ impl Checkpointer {
     ) -> Result<(Option<Accepted>, Vec<Alarm>), FetchError> {
         let alarm = |kind, detail: String, evidence: String| Alarm {
             label: "monitor".into(),
+            blame: Blame::Log,
             kind,
             detail,
             evidence,
@@ -582,6 +626,10 @@ impl Checkpointer {
     }
 
     /// Submits the accepted checkpoint to one witness; `Err` is an alarm.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one witness request and every answer the protocol allows, each with its own handling"
+    )]
     async fn submit(
         &self,
         witness: &WitnessTarget,
@@ -589,21 +637,30 @@ impl Checkpointer {
     ) -> Result<Submission, Alarm> {
         let storage_alarm = |e: CheckpointerError| Alarm {
             label: witness.name.clone(),
+            blame: Blame::Checkpointer,
             kind: "checkpointer_storage",
             detail: e.to_string(),
             evidence: String::new(),
         };
-        let mut old = self.witness_size(&witness.name).map_err(storage_alarm)?;
-        // One resync: a 409 tells the witness's size; the second attempt uses it.
-        for _attempt in 0..2 {
-            if old >= accepted.size {
-                return Ok(Submission::AlreadyCosigned);
-            }
-            let proof = match self.cluster.heads_consistency(old, accepted.size).await {
-                Ok(proof) => proof,
-                Err(e) => {
-                    tracing::warn!(witness = %witness.name, error = %e, "no consistency proof");
-                    return Ok(Submission::NotNow);
+        // The size this witness cosigned for us, stored only from a 200 we verified: a
+        // size a 409 names is never stored (add-checkpoint is open to anyone, so the
+        // witness may be ahead for reasons of its own, or wrong).
+        let cosigned = self.witness_size(&witness.name).map_err(storage_alarm)?;
+        if cosigned >= accepted.size {
+            return Ok(Submission::AlreadyCosigned);
+        }
+        let mut old = cosigned;
+        let mut resent_at_our_size = false;
+        for _attempt in 0..3 {
+            let proof = if old == accepted.size {
+                Vec::new()
+            } else {
+                match self.cluster.heads_consistency(old, accepted.size).await {
+                    Ok(proof) => proof,
+                    Err(e) => {
+                        tracing::warn!(witness = %witness.name, error = %e, "no consistency proof");
+                        return Ok(Submission::NotNow);
+                    }
                 }
             };
             let body = format!(
@@ -645,6 +702,7 @@ impl Checkpointer {
                         }
                         Err(e) => Err(Alarm {
                             label: witness.name.clone(),
+                            blame: Blame::Witness,
                             kind: "bad_cosignature",
                             detail: format!("the witness's cosignature does not verify: {e}"),
                             evidence: format!("request:\n{body}\nresponse:\n{text}"),
@@ -654,18 +712,36 @@ impl Checkpointer {
                 409 => {
                     let size = text.trim().parse::<u64>().map_err(|_| Alarm {
                         label: witness.name.clone(),
+                        blame: Blame::Witness,
                         kind: "witness_protocol",
                         detail: "409 without a decimal size".into(),
                         evidence: format!("request:\n{body}\nresponse:\n{text}"),
                     })?;
-                    tracing::info!(witness = %witness.name, from = old, to = size, "witness resync");
-                    self.set_witness_size(&witness.name, size)
-                        .map_err(storage_alarm)?;
+                    let evidence = format!("request:\n{body}\nresponse 409:\n{text}");
+                    let next = self
+                        .after_409(witness, accepted, cosigned, size, &mut resent_at_our_size)
+                        .await;
+                    match next {
+                        After409::Resend => {}
+                        After409::Alarm(blame, kind, detail) => {
+                            return Err(Alarm {
+                                label: witness.name.clone(),
+                                blame,
+                                kind,
+                                detail,
+                                evidence,
+                            })
+                        }
+                        After409::Ahead => {
+                            return self.witness_ahead(witness, accepted, size, evidence).await
+                        }
+                    }
                     old = size;
                 }
                 400 | 403 | 404 | 422 => {
                     return Err(Alarm {
                         label: witness.name.clone(),
+                        blame: Blame::Witness,
                         kind: "witness_refused",
                         detail: format!("the witness refused with {status}: {}", text.trim()),
                         evidence: format!("request:\n{body}\nresponse {status}:\n{text}"),
@@ -684,6 +760,102 @@ impl Checkpointer {
         Ok(Submission::NotNow)
     }
 
+    /// What a witness's 409 naming `size` means, given what it cosigned for us
+    /// (`cosigned`) and the checkpoint we submit (`accepted`).
+    async fn after_409(
+        &self,
+        witness: &WitnessTarget,
+        accepted: &Accepted,
+        cosigned: u64,
+        size: u64,
+        resent_at_our_size: &mut bool,
+    ) -> After409 {
+        if size < cosigned {
+            return After409::Alarm(
+                Blame::Witness,
+                "witness_lost_state",
+                format!("the witness says it holds size {size}, below the {cosigned} it cosigned for us"),
+            );
+        }
+        if size > accepted.size {
+            return After409::Ahead;
+        }
+        if size == accepted.size {
+            // It holds our size but we hold no cosignature of it (another checkpointer's,
+            // or our state was lost): ask once for ours.
+            if *resent_at_our_size {
+                return After409::Alarm(
+                    Blame::Witness,
+                    "witness_fork",
+                    format!("the witness holds size {size} yet refuses our checkpoint of that size: another root at the same size?"),
+                );
+            }
+            *resent_at_our_size = true;
+        }
+        tracing::info!(witness = %witness.name, to = size, "witness resync");
+        After409::Resend
+    }
+
+    /// A witness at size `ahead`, beyond the checkpoint we accepted. Someone submitted a
+    /// larger checkpoint of this log to it: fine if the cluster serves one that large
+    /// now (the next round takes it up), a split view if only the witness has one the
+    /// log signed, and the witness's fault if it cannot show one.
+    async fn witness_ahead(
+        &self,
+        witness: &WitnessTarget,
+        accepted: &Accepted,
+        ahead: u64,
+        evidence: String,
+    ) -> Result<Submission, Alarm> {
+        if let Ok(note) = self.cluster.checkpoint().await {
+            if Checkpoint::verify(&note, &self.log_vkey).is_ok_and(|c| c.size >= ahead) {
+                return Ok(Submission::NotNow);
+            }
+        }
+        let origin_hash = hex::encode(Sha256::digest(accepted.origin().as_bytes()));
+        let monitored = match self
+            .http
+            .get(format!("{}/{origin_hash}/checkpoint", witness.url))
+            .send()
+            .await
+        {
+            Ok(reply) if reply.status().is_success() => reply.text().await.ok(),
+            _ => None,
+        };
+        let signed_by_log = monitored
+            .as_deref()
+            .and_then(|note| Checkpoint::verify(note, &self.log_vkey).ok())
+            .filter(|c| c.size >= ahead);
+        match (signed_by_log, monitored) {
+            (Some(longer), Some(note)) => Err(Alarm {
+                label: witness.name.clone(),
+                blame: Blame::Log,
+                kind: "log_split_view",
+                detail: format!(
+                    "the log signed a checkpoint of size {} that the cluster does not serve (it serves {})",
+                    longer.size, accepted.size
+                ),
+                evidence: format!(
+                    "the cluster's checkpoint:\n{}\nthe witness's checkpoint:\n{note}\n{evidence}",
+                    accepted.note
+                ),
+            }),
+            (_, monitored) => Err(Alarm {
+                label: witness.name.clone(),
+                blame: Blame::Witness,
+                kind: "witness_ahead_unproven",
+                detail: format!(
+                    "the witness says it holds size {ahead}, beyond the log's {}, and shows no checkpoint the log signed at that size",
+                    accepted.size
+                ),
+                evidence: format!(
+                    "{evidence}\nits checkpoint:\n{}",
+                    monitored.unwrap_or_default()
+                ),
+            }),
+        }
+    }
+
     fn raise(&self, alarms: Vec<Alarm>, report: &mut RoundReport) {
         for alarm in alarms {
             let fingerprint = format!("{}\n{}\n{}", alarm.label, alarm.kind, alarm.evidence);
@@ -700,7 +872,7 @@ impl Checkpointer {
             }
             self.metrics
                 .inconsistencies
-                .with_label_values(&[&alarm.label])
+                .with_label_values(&[&alarm.label, alarm.blame.as_str()])
                 .inc();
             let path = self.write_evidence(&alarm);
             tracing::error!(

@@ -39,9 +39,10 @@ impl Metrics {
         let inconsistencies = IntCounterVec::new(
             Opts::new(
                 format!("{p}inconsistencies_total"),
-                "Alarms: inconsistent or refused checkpoints, by witness or monitor",
+                "Alarms: inconsistent or refused checkpoints, by source (a witness, or \
+                 monitor) and by whose fault they show (kind: log, witness, checkpointer)",
             ),
-            &["witness"],
+            &["witness", "kind"],
         )?;
         let rounds = IntCounter::new(format!("{p}rounds_total"), "Rounds run")?;
         let round_duration = Histogram::with_opts(

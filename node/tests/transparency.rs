@@ -218,7 +218,8 @@ fn alarms(metrics: &str) -> u64 {
     metrics
         .lines()
         .filter(|l| {
-            l.starts_with("lineage_checkpointer_inconsistencies_total{witness=\"monitor\"}")
+            l.starts_with("lineage_checkpointer_inconsistencies_total{")
+                && l.contains("witness=\"monitor\"")
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
@@ -325,8 +326,9 @@ async fn truncation_and_rewrite_are_caught_by_checkpointer_and_auditor() {
     // the alert rules (increase over a window) see the first one.
     for series in [
         "lineage_checkpointer_unresolved_evidence 0",
-        "lineage_checkpointer_inconsistencies_total{witness=\"monitor\"} 0",
-        "lineage_checkpointer_inconsistencies_total{witness=\"",
+        "lineage_checkpointer_inconsistencies_total{kind=\"log\",witness=\"monitor\"} 0",
+        "lineage_checkpointer_inconsistencies_total{kind=\"witness\",witness=\"",
+        "lineage_checkpointer_inconsistencies_total{kind=\"log\",witness=\"w1",
         "lineage_checkpointer_witness_errors_total{witness=\"",
     ] {
         assert!(
@@ -339,8 +341,8 @@ async fn truncation_and_rewrite_are_caught_by_checkpointer_and_auditor() {
             .lines()
             .filter(|l| l.starts_with("lineage_checkpointer_inconsistencies_total{"))
             .count(),
-        2,
-        "the monitor and the one witness: {metrics}"
+        3,
+        "the monitor (log), and the one witness (its own faults, and the log's it shows): {metrics}"
     );
 
     // The operator stops every node, edits every copy, restarts.

@@ -1,0 +1,324 @@
+//! How the checkpointer reads a witness's 409 (issue 21), against a real cluster and real
+//! `lineage-witness` processes, with the checkpointer's rounds driven in-process:
+//! - the witness holds our size but we hold no cosignature of it (our state was lost):
+//!   resend once at that size and store the cosignature;
+//! - the witness lost its state (its 409 names a size below what it cosigned for us): a
+//!   witness alarm;
+//! - the witness is ahead with a checkpoint the log signed that the cluster does not
+//!   serve: a log alarm (split view), with both notes as evidence.
+//!
+//! A size a 409 names is never stored, so "already cosigned" counts only cosignatures the
+//! checkpointer holds.
+
+#[path = "cluster/util.rs"]
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lineage_checkpointer::checkpointer::{Checkpointer, RoundReport, WitnessTarget};
+use lineage_checkpointer::checkpointer_metrics::Metrics;
+use lineage_checkpointer::cluster_client::ClusterClient;
+use lineage_core::transparency::Checkpoint;
+use lineage_core::AuditKey;
+use serde_json::json;
+use util::{free_port, Cluster};
+
+const ORIGIN: &str = "lineage.local/cluster";
+
+fn sibling_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build --workspace` (or `cargo test --workspace`) first",
+        path.display()
+    );
+    path
+}
+
+fn run_ok(program: &Path, args: &[&str]) -> String {
+    let out = Command::new(program).args(args).output().expect("run");
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {}",
+        program.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A `lineage-witness` process trusting the cluster's log.
+struct Witness {
+    dir: PathBuf,
+    name: String,
+    addr: String,
+    vkey: String,
+    log_vkey: String,
+    child: Option<Child>,
+}
+
+impl Witness {
+    fn new(dir: PathBuf, name: &str, log_vkey: &str) -> Witness {
+        let bin = sibling_binary("lineage-witness");
+        let d = dir.to_str().expect("utf-8 path").to_string();
+        let vkey = run_ok(&bin, &["--data-dir", &d, "--name", name, "keygen"]);
+        let mut witness = Witness {
+            dir,
+            name: name.into(),
+            addr: format!("127.0.0.1:{}", free_port()),
+            vkey,
+            log_vkey: log_vkey.into(),
+            child: None,
+        };
+        witness.trust_log();
+        witness.start();
+        witness
+    }
+
+    fn trust_log(&self) {
+        let d = self.dir.to_str().expect("utf-8 path");
+        run_ok(
+            &sibling_binary("lineage-witness"),
+            &[
+                "--data-dir",
+                d,
+                "--name",
+                &self.name,
+                "add-log",
+                "--origin",
+                ORIGIN,
+                "--vkey",
+                &self.log_vkey,
+            ],
+        );
+    }
+
+    fn start(&mut self) {
+        let child = Command::new(sibling_binary("lineage-witness"))
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .args(["--name", &self.name, "--listen", &self.addr])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start lineage-witness");
+        self.child = Some(child);
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Loses everything but its key, as a witness restored without its state would.
+    fn lose_state(&mut self) {
+        self.stop();
+        std::fs::remove_file(self.dir.join("witness.redb")).expect("remove the witness db");
+        self.trust_log();
+        self.start();
+    }
+
+    fn target(&self) -> WitnessTarget {
+        WitnessTarget::parse(&format!("http://{}={}", self.addr, self.vkey)).expect("target")
+    }
+
+    async fn wait_up(&self) {
+        let start = Instant::now();
+        while tokio::net::TcpStream::connect(&self.addr).await.is_err() {
+            assert!(start.elapsed() < Duration::from_secs(20), "witness not up");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Witness {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn checkpointer(cluster: &Cluster, dir: &Path, witness: &Witness) -> Checkpointer {
+    let urls = cluster
+        .addrs
+        .iter()
+        .map(|a| format!("http://{a}"))
+        .collect();
+    let client = ClusterClient::new(urls, Some(cluster.admin.clone())).expect("client");
+    Checkpointer::open(
+        dir,
+        client,
+        vec![witness.target()],
+        1,
+        None,
+        Metrics::new(1.0).expect("metrics"),
+    )
+    .await
+    .expect("open checkpointer")
+}
+
+/// Rounds until `done` holds of one (bounded); returns that round's report.
+async fn round_until(
+    checkpointer: &Checkpointer,
+    what: &str,
+    done: impl Fn(&RoundReport) -> bool,
+) -> RoundReport {
+    let start = Instant::now();
+    loop {
+        let report = checkpointer.round().await.expect("round");
+        if done(&report) {
+            return report;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: not within 30 s; last round {report:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn act(cluster: &Cluster, token: &str, tag: &str) {
+    for n in 0..3 {
+        let (status, answer) = cluster
+            .post_until_served(
+                0,
+                "/v1/agents/bot/actions",
+                token,
+                json!({"tool": "search"}),
+                &format!("{tag}-{n}"),
+            )
+            .await;
+        assert_eq!(status, 200, "{answer}");
+    }
+}
+
+async fn setup() -> (Cluster, String, String) {
+    let cluster = Cluster::start_with(1, &["--heads-interval-ms", "100"]).await;
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let token = cluster
+        .create_agent(
+            0,
+            "bot",
+            json!({"budget": 1000, "scar_limit": 10, "tools": {"search": {"cost": 1}}}),
+        )
+        .await;
+    act(&cluster, &token, "first").await;
+    let vkey = text(&cluster, "/v1/transparency/vkey").await;
+    (cluster, token, vkey.trim().to_string())
+}
+
+async fn text(cluster: &Cluster, path: &str) -> String {
+    let reply = cluster
+        .http
+        .get(cluster.url(0, path))
+        .send()
+        .await
+        .expect("GET");
+    assert!(
+        reply.status().is_success(),
+        "GET {path}: {}",
+        reply.status()
+    );
+    reply.text().await.expect("body")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_checkpointer_state_is_resent_once_and_a_witness_that_lost_state_alarms() {
+    let (cluster, token, log_vkey) = setup().await;
+    let dir = cluster.dir.path().to_path_buf();
+    let mut witness = Witness::new(dir.join("w1"), "w1.test", &log_vkey);
+    witness.wait_up().await;
+
+    let first = checkpointer(&cluster, &dir.join("cp1"), &witness).await;
+    let cosigned = round_until(&first, "a first cosignature", |r| {
+        r.size > 0 && r.cosigned_by.len() == 1 && r.stored
+    })
+    .await;
+    drop(first);
+
+    // A checkpointer whose state was lost asks from size 0; the witness answers 409
+    // with our very size. It asks once more at that size and gets its own cosignature.
+    let fresh = checkpointer(&cluster, &dir.join("cp2"), &witness).await;
+    let report = fresh.round().await.expect("round");
+    assert_eq!(
+        report.size, cosigned.size,
+        "the cluster did not move: {report:?}"
+    );
+    assert_eq!(
+        report.cosigned_by,
+        vec!["w1.test".to_string()],
+        "a 409 at our size must be resent, not counted as cosigned: {report:?}"
+    );
+    assert!(report.alarms.is_empty(), "{report:?}");
+
+    // The witness loses its state, the log grows: its 409 names a size below what it
+    // cosigned for us.
+    witness.lose_state();
+    witness.wait_up().await;
+    act(&cluster, &token, "second").await;
+    let alarmed = round_until(&fresh, "the lost-state alarm", |r| !r.alarms.is_empty()).await;
+    assert!(
+        alarmed
+            .alarms
+            .iter()
+            .any(|a| a.starts_with("witness_lost_state")),
+        "{alarmed:?}"
+    );
+    assert!(alarmed.cosigned_by.is_empty(), "{alarmed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_witness_ahead_with_a_longer_log_signed_checkpoint_raises_the_log_alarm() {
+    let (cluster, _token, log_vkey) = setup().await;
+    let dir = cluster.dir.path().to_path_buf();
+    let witness = Witness::new(dir.join("w2"), "w2.test", &log_vkey);
+    witness.wait_up().await;
+
+    // Someone with the log's key signs a longer checkpoint the cluster never served,
+    // and shows it to this witness first.
+    let note = text(&cluster, "/v1/transparency/checkpoint").await;
+    let served = Checkpoint::verify(&note, &log_vkey).expect("the cluster's checkpoint");
+    let key = AuditKey::load(dir.join("keys/audit.key")).expect("audit key");
+    let longer = Checkpoint {
+        origin: ORIGIN.into(),
+        size: served.size + 5,
+        root: [9; 32],
+    };
+    let reply = reqwest::Client::new()
+        .post(format!("http://{}/add-checkpoint", witness.addr))
+        .body(format!("old 0\n\n{}", longer.sign(&key).expect("sign")))
+        .send()
+        .await
+        .expect("submit");
+    assert_eq!(reply.status().as_u16(), 200, "the witness cosigns from 0");
+
+    let checkpointer = checkpointer(&cluster, &dir.join("cp"), &witness).await;
+    let report = round_until(&checkpointer, "the split-view alarm", |r| {
+        !r.alarms.is_empty()
+    })
+    .await;
+    assert!(
+        report
+            .alarms
+            .iter()
+            .any(|a| a.starts_with("log_split_view")),
+        "{report:?}"
+    );
+    assert!(report.cosigned_by.is_empty(), "{report:?}");
+    // The evidence holds both notes.
+    let evidence: Vec<String> = std::fs::read_dir(dir.join("cp/evidence"))
+        .expect("evidence dir")
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .collect();
+    assert!(
+        evidence
+            .iter()
+            .any(|e| e.contains(&format!("{ORIGIN}\n{}\n", longer.size))
+                && e.contains(&format!("{ORIGIN}\n{}\n", served.size))),
+        "{evidence:?}"
+    );
+}
