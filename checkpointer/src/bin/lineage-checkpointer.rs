@@ -43,7 +43,7 @@ struct Cli {
     #[arg(long, env = "LINEAGE_CHECKPOINTER_INTERVAL_MS", default_value_t = 1000)]
     interval_ms: u64,
     /// Cosignatures needed before a checkpoint counts as witnessed (for the age metric)
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "LINEAGE_CHECKPOINTER_QUORUM", default_value_t = 1)]
     quorum: usize,
     /// Where /metrics and /healthz are served
     #[arg(

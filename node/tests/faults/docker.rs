@@ -48,6 +48,7 @@ impl Stack {
             .arg(repo().join("deploy/compose.yaml"))
             .env("LINEAGE_IMAGE", "lineage-node:test")
             .env("LINEAGE_WITNESS_PORT", self.witness_port.to_string())
+            .env("LINEAGE_WITNESS2_PORT", free_port().to_string())
             // Not scraped here; any free port keeps parallel stacks apart.
             .env("LINEAGE_CHECKPOINTER_PORT", free_port().to_string());
         for (i, port) in self.ports.iter().enumerate() {
@@ -150,11 +151,15 @@ impl Stack {
 }
 
 /// Waits (bounded) until the cluster serves a heads checkpoint of at least one statement
-/// cosigned by the stack's witness: the checkpointer fetched it, the witness trusted the
-/// cluster's key and cosigned, and the checkpointer stored the cosigned note back.
+/// cosigned by both of the stack's witnesses (its quorum, 2 of 2): the checkpointer
+/// fetched it, each witness trusted the cluster's key and cosigned, and the checkpointer
+/// stored the cosigned note back. Then the auditor's CLI accepts it with `--quorum 2`.
 async fn assert_witnessed(stack: &Stack, cluster: &Cluster) {
     let log_vkey = stack.env_value("LINEAGE_CLUSTER_VKEY");
-    let witness_vkey = stack.env_value("LINEAGE_WITNESS_VKEY");
+    let witness_vkeys = [
+        stack.env_value("LINEAGE_WITNESS_VKEY"),
+        stack.env_value("LINEAGE_WITNESS2_VKEY"),
+    ];
     let mut last = String::from("nothing fetched");
     for _ in 0..120 {
         for i in 0..3 {
@@ -170,20 +175,50 @@ async fn assert_witnessed(stack: &Stack, cluster: &Cluster) {
                 last = format!("{status}: {note}");
                 continue;
             }
-            match lineage_core::heads::verify_witnessed(
-                &note,
-                &log_vkey,
-                std::slice::from_ref(&witness_vkey),
-                1,
-            ) {
-                Ok(w) if w.checkpoint.size >= 1 => return,
+            match lineage_core::heads::verify_witnessed(&note, &log_vkey, &witness_vkeys, 2) {
+                Ok(w) if w.checkpoint.size >= 1 => {
+                    assert_cli_accepts(cluster, &note, &witness_vkeys).await;
+                    return;
+                }
                 Ok(w) => last = format!("witnessed at size {}", w.checkpoint.size),
                 Err(e) => last = format!("{e}: {note}"),
             }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    panic!("no checkpoint cosigned by the compose witness within 60 s; last: {last}");
+    panic!("no checkpoint cosigned by both compose witnesses within 60 s; last: {last}");
+}
+
+/// `lineage checkpoint verify NOTE --public-key K --witness-key W1 --witness-key W2
+/// --quorum 2` exits 0.
+async fn assert_cli_accepts(cluster: &Cluster, note: &str, witness_vkeys: &[String]) {
+    let lineage = Path::new(env!("CARGO_BIN_EXE_lineage-node")).with_file_name("lineage");
+    assert!(
+        lineage.is_file(),
+        "{} is missing: cargo build --workspace --bins",
+        lineage.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("note.txt");
+    std::fs::write(&path, note).unwrap();
+    let public_key = cluster.public_key().await;
+    let mut command = Command::new(&lineage);
+    command.args(["checkpoint", "verify"]).arg(&path).args([
+        "--public-key",
+        &public_key,
+        "--quorum",
+        "2",
+    ]);
+    for vkey in witness_vkeys {
+        command.args(["--witness-key", vkey]);
+    }
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "lineage checkpoint verify --quorum 2: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 impl Drop for Stack {
