@@ -273,6 +273,24 @@ async fn aics_witness_and_ours_cosign_every_checkpoint_and_verify_each_other() {
     )
     .unwrap_or_else(|e| panic!("our verifier: {e}: {note}"));
     assert_eq!(witnessed.witnesses.len(), 2, "{note}");
+    // With only one of the two cosignatures, the node (quorum 2) refuses the note.
+    let without_ours: String = note
+        .split_inclusive('\n')
+        .filter(|line| !line.starts_with("\u{2014} ours.test/w1 "))
+        .collect();
+    assert_ne!(without_ours, note, "our witness's line was in the note");
+    let reply = cluster
+        .http
+        .post(cluster.url(0, "/v1/transparency/checkpoint/witnessed"))
+        .bearer_auth(cluster.admin.trim())
+        .body(without_ours)
+        .send()
+        .await
+        .expect("post");
+    let status = reply.status().as_u16();
+    let body = reply.text().await.unwrap_or_default();
+    assert_eq!(status, 400, "one cosignature of two was stored: {body}");
+    assert!(body.contains("1 of the required 2"), "{body}");
     let note_file = scratch.path().join("note.txt");
     std::fs::write(&note_file, &note).expect("write note");
     let output = Command::new(&aics_tlog)

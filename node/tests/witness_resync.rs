@@ -139,6 +139,10 @@ async fn a_lost_checkpointer_state_is_resent_once_and_a_witness_that_lost_state_
         "a 409 at our size must be resent, not counted as cosigned: {report:?}"
     );
     assert!(report.alarms.is_empty(), "{report:?}");
+    assert!(
+        report.stored,
+        "the new cosignature was stored in the cluster: {report:?}"
+    );
 
     // The witness loses its state, the log grows: its 409 names a size below what it
     // cosigned for us.
