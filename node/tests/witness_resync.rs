@@ -169,8 +169,21 @@ async fn a_witness_ahead_with_a_longer_log_signed_checkpoint_raises_the_log_alar
 
     // Someone with the log's key signs a longer checkpoint the cluster never served,
     // and shows it to this witness first.
-    let note = text(&cluster, "/v1/transparency/checkpoint").await;
-    let served = Checkpoint::verify(&note, &log_vkey).expect("the cluster's checkpoint");
+    // The cluster's checkpoint once its first heads round holds the agent (the round runs
+    // every 100 ms; no write follows, so it stays this size).
+    let start = Instant::now();
+    let served = loop {
+        let note = text(&cluster, "/v1/transparency/checkpoint").await;
+        let checkpoint = Checkpoint::verify(&note, &log_vkey).expect("the cluster's checkpoint");
+        if checkpoint.size >= 1 {
+            break checkpoint;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no heads round within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let key = AuditKey::load(dir.join("keys/audit.key")).expect("audit key");
     let longer = Checkpoint {
         origin: ORIGIN.into(),
