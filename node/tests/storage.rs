@@ -367,3 +367,57 @@ async fn a_stored_answer_changed_on_disk_is_an_error_not_an_answer() {
     let error = sm.idempotent_answer("bot", "k").unwrap_err();
     assert!(error.contains("checksum"), "{error}");
 }
+
+/// The snapshot body a follower is sent is read back from its file: a flipped, zeroed or
+/// cut byte, or a lost file, is an error (openraft stops; the node restarts and builds a
+/// new one), never a different or smaller snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_snapshot_file_is_an_error_not_a_snapshot() {
+    use openraft::RaftSnapshotBuilder;
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([9; 32]);
+    let (_log, mut sm) = store::open(dir.path()).unwrap();
+    sm.apply(as_entries(&entries_with_requests(&key, 20), 1))
+        .await
+        .unwrap();
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    let good = sm.get_current_snapshot().await.unwrap().unwrap();
+    let good = good.snapshot.into_inner();
+    let files: Vec<_> = std::fs::read_dir(dir.path().join("snapshot"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = &files[0];
+    assert_eq!(std::fs::read(file).unwrap(), good);
+    let mut flipped = good.clone();
+    flipped[good.len() / 2] ^= 0x04;
+    let mut zeroed = good.clone();
+    let end = zeroed.len().min(4096);
+    zeroed[..end].fill(0);
+    let damages: [(&str, Option<Vec<u8>>); 4] = [
+        ("a flipped bit", Some(flipped)),
+        ("a zeroed block", Some(zeroed)),
+        ("the last byte cut", Some(good[..good.len() - 1].to_vec())),
+        ("the file lost", None),
+    ];
+    for (what, bytes) in damages {
+        match bytes {
+            Some(bytes) => std::fs::write(file, bytes).unwrap(),
+            None => std::fs::remove_file(file).unwrap(),
+        }
+        let read = sm.get_current_snapshot().await;
+        assert!(read.is_err(), "{what}: served as a snapshot");
+    }
+    std::fs::write(file, &good).unwrap();
+    let again = sm.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(
+        again.snapshot.into_inner(),
+        good,
+        "restored, it is served again"
+    );
+}

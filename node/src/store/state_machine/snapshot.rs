@@ -9,6 +9,7 @@ use openraft::storage::Snapshot;
 use openraft::{BasicNode, RaftSnapshotBuilder, SnapshotMeta};
 use redb::ReadableTable;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use super::super::heads::{HeadsLog, HeadsSnapshot};
 use super::super::{idempotency_rows, record_rows};
@@ -33,23 +34,62 @@ pub(super) struct StoredSnapshot {
 
 pub(super) enum SnapshotBytes {
     Memory(Vec<u8>),
-    File(PathBuf),
+    /// The file, and the SHA-256 of what was written to it (kept in memory: the file
+    /// never outlives this process, since start-up empties the snapshot directory).
+    File(PathBuf, [u8; 32]),
 }
 
 impl StoredSnapshot {
     /// The body, read back for a follower that needs it (callers hold the snapshot lock,
-    /// so a newer snapshot cannot remove the file meanwhile).
+    /// so a newer snapshot cannot remove the file meanwhile). A file whose bytes are not
+    /// the ones written (flipped, zeroed, cut short) is an error, never a smaller
+    /// snapshot: openraft stops on it, the node restarts and builds a new one.
     pub(super) fn bytes(&self) -> Result<Vec<u8>, StorageError> {
+        let failed = |e: String| {
+            StorageError::from(openraft::StorageIOError::read_snapshot(
+                Some(self.meta.signature()),
+                openraft::AnyError::error(e),
+            ))
+        };
         match &self.body {
             SnapshotBytes::Memory(bytes) => Ok(bytes.clone()),
-            SnapshotBytes::File(path) => std::fs::read(path).map_err(|e| {
-                StorageError::from(openraft::StorageIOError::read_snapshot(
-                    Some(self.meta.signature()),
-                    openraft::AnyError::new(&e),
-                ))
-            }),
+            SnapshotBytes::File(path, digest) => {
+                let bytes =
+                    std::fs::read(path).map_err(|e| failed(format!("{}: {e}", path.display())))?;
+                if <[u8; 32]>::from(Sha256::digest(&bytes)) != *digest {
+                    return Err(failed(format!(
+                        "{}: the snapshot file is not what was written ({} bytes read)",
+                        path.display(),
+                        bytes.len()
+                    )));
+                }
+                Ok(bytes)
+            }
         }
     }
+}
+
+/// A writer that hashes what passes through it.
+struct Hashing<W> {
+    inner: W,
+    hasher: Sha256,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// One value as JSON onto `out`.
+fn json(out: &mut impl Write, value: &impl Serialize) -> Result<(), String> {
+    serde_json::to_writer(out, value).map_err(|e| e.to_string())
 }
 
 /// Writes the snapshot body, the JSON of [`SnapshotBody`] byte for byte, straight from a
@@ -57,7 +97,6 @@ impl StoredSnapshot {
 /// (only the heads log's leaves, which grow with rounds, not records).
 pub(super) fn write_body(txn: &redb::ReadTransaction, out: &mut impl Write) -> Result<(), String> {
     let io = |e: std::io::Error| e.to_string();
-    let json = |out: &mut dyn Write, value: &dyn erased::Json| value.write_json(out);
     let records = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
     out.write_all(b"{\"records\":{").map_err(io)?;
     let mut current: Option<(String, u64)> = None;
@@ -124,19 +163,6 @@ fn snapshot_file(dir: &std::path::Path, meta: &SnapshotMeta<NodeId, BasicNode>) 
     dir.join(format!("snapshot-{}-{n}.json", meta.snapshot_id))
 }
 
-/// `serde_json::to_writer` behind a trait object, so [`write_body`] takes any value.
-mod erased {
-    pub(super) trait Json {
-        fn write_json(&self, out: &mut dyn std::io::Write) -> Result<(), String>;
-    }
-
-    impl<T: serde::Serialize + ?Sized> Json for T {
-        fn write_json(&self, out: &mut dyn std::io::Write) -> Result<(), String> {
-            serde_json::to_writer(out, self).map_err(|e| e.to_string())
-        }
-    }
-}
-
 impl StateMachine {
     /// Writes the state that `txn` sees as the snapshot `meta` names: into a new file in
     /// the snapshot directory (the one before it is removed once this one is current),
@@ -163,16 +189,22 @@ impl StateMachine {
                 let written = std::fs::File::create(&path)
                     .map_err(|e| e.to_string())
                     .and_then(|file| {
-                        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+                        let mut out = Hashing {
+                            inner: std::io::BufWriter::with_capacity(1 << 20, file),
+                            hasher: Sha256::new(),
+                        };
                         write_body(txn, &mut out)?;
-                        out.flush().map_err(|e| e.to_string())
+                        out.flush().map_err(|e| e.to_string())?;
+                        Ok(out.hasher.finalize().into())
                     });
-                if let Err(e) = written {
-                    // A part-written body would only take disk space (a full disk, say).
-                    let _ = std::fs::remove_file(&path);
-                    return Err(failed(e));
+                match written {
+                    Ok(digest) => SnapshotBytes::File(path, digest),
+                    Err(e) => {
+                        // A part-written body would only take disk space (a full disk, say).
+                        let _ = std::fs::remove_file(&path);
+                        return Err(failed(e));
+                    }
                 }
-                SnapshotBytes::File(path)
             }
         };
         Ok(StoredSnapshot {
@@ -197,7 +229,7 @@ impl StateMachine {
             }
         };
         if let Some(StoredSnapshot {
-            body: SnapshotBytes::File(old),
+            body: SnapshotBytes::File(old, _),
             ..
         }) = loser
         {
@@ -222,7 +254,7 @@ impl StateMachine {
                         openraft::AnyError::new(&e),
                     ))
                 })?;
-                SnapshotBytes::File(path)
+                SnapshotBytes::File(path, Sha256::digest(&bytes).into())
             }
         };
         self.set_current_snapshot(StoredSnapshot {
