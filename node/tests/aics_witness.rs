@@ -18,8 +18,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lineage_checkpointer::checkpointer::{Checkpointer, RoundReport, WitnessTarget};
-use lineage_checkpointer::checkpointer_metrics::Metrics;
-use lineage_checkpointer::cluster_client::ClusterClient;
 use serde_json::json;
 use util::{free_port, program_or_skip, Cluster};
 use witness::{Witness, ORIGIN};
@@ -118,21 +116,6 @@ impl Drop for Aics {
     }
 }
 
-async fn text(cluster: &Cluster, path: &str) -> String {
-    let reply = cluster
-        .http
-        .get(cluster.url(0, path))
-        .send()
-        .await
-        .expect("GET");
-    assert!(
-        reply.status().is_success(),
-        "GET {path}: {}",
-        reply.status()
-    );
-    reply.text().await.expect("body")
-}
-
 /// New agents, each acting once: each adds a statement to the next heads round.
 async fn new_agents(cluster: &Cluster, prefix: &str, n: usize) {
     for a in 0..n {
@@ -175,27 +158,25 @@ async fn cosigned_by_both(checkpointer: &Checkpointer, above: u64, what: &str) -
     }
 }
 
-async fn open_checkpointer(
-    cluster: &Cluster,
-    dir: &Path,
-    witnesses: Vec<WitnessTarget>,
-) -> Checkpointer {
-    let urls = cluster
-        .addrs
-        .iter()
-        .map(|a| format!("http://{a}"))
+/// With only one of the two cosignatures, the node (quorum 2) refuses the note.
+async fn assert_refused_with_our_line_removed(cluster: &Cluster, note: &str) {
+    let without_ours: String = note
+        .split_inclusive('\n')
+        .filter(|line| !line.starts_with("\u{2014} ours.test/w1 "))
         .collect();
-    let client = ClusterClient::new(urls, Some(cluster.admin.clone())).expect("client");
-    Checkpointer::open(
-        dir,
-        client,
-        witnesses,
-        2,
-        None,
-        Metrics::new(1.0).expect("metrics"),
-    )
-    .await
-    .expect("open checkpointer")
+    assert_ne!(without_ours, note, "our witness's line was in the note");
+    let reply = cluster
+        .http
+        .post(cluster.url(0, "/v1/transparency/checkpoint/witnessed"))
+        .bearer_auth(cluster.admin.trim())
+        .body(without_ours)
+        .send()
+        .await
+        .expect("post");
+    let status = reply.status().as_u16();
+    let body = reply.text().await.unwrap_or_default();
+    assert_eq!(status, 400, "one cosignature of two was stored: {body}");
+    assert!(body.contains("1 of the required 2"), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,7 +214,8 @@ async fn aics_witness_and_ours_cosign_every_checkpoint_and_verify_each_other() {
     )
     .await;
     cluster.wait_for_leader(Duration::from_secs(20)).await;
-    let log_vkey = text(&cluster, "/v1/transparency/vkey")
+    let log_vkey = cluster
+        .get_text(0, "/v1/transparency/vkey")
         .await
         .trim()
         .to_string();
@@ -246,7 +228,8 @@ async fn aics_witness_and_ours_cosign_every_checkpoint_and_verify_each_other() {
     // The first checkpoint (old 0), growth, and a long proof after a gap.
     new_agents(&cluster, "first", 1).await;
     let dir = cluster.dir.path().to_path_buf();
-    let checkpointer = open_checkpointer(&cluster, &dir.join("cp1"), witnesses.clone()).await;
+    let checkpointer =
+        witness::open_checkpointer(&cluster, &dir.join("cp1"), witnesses.clone(), 2).await;
     let first = cosigned_by_both(&checkpointer, 0, "the first checkpoint").await;
     new_agents(&cluster, "grow", 2).await;
     let grown = cosigned_by_both(&checkpointer, first.size, "growth").await;
@@ -260,11 +243,13 @@ async fn aics_witness_and_ours_cosign_every_checkpoint_and_verify_each_other() {
 
     // A fresh checkpointer asks from 0: aics answers 409 with its size, and it resyncs.
     new_agents(&cluster, "fresh", 1).await;
-    let fresh = open_checkpointer(&cluster, &dir.join("cp2"), witnesses).await;
+    let fresh = witness::open_checkpointer(&cluster, &dir.join("cp2"), witnesses, 2).await;
     cosigned_by_both(&fresh, after_gap.size, "a fresh checkpointer's resync").await;
 
     // What the node stored carries both cosignatures; our verifier and aics's accept it.
-    let note = text(&cluster, "/v1/transparency/checkpoint/witnessed").await;
+    let note = cluster
+        .get_text(0, "/v1/transparency/checkpoint/witnessed")
+        .await;
     let witnessed = lineage_core::heads::verify_witnessed(
         &note,
         &log_vkey,
@@ -273,24 +258,7 @@ async fn aics_witness_and_ours_cosign_every_checkpoint_and_verify_each_other() {
     )
     .unwrap_or_else(|e| panic!("our verifier: {e}: {note}"));
     assert_eq!(witnessed.witnesses.len(), 2, "{note}");
-    // With only one of the two cosignatures, the node (quorum 2) refuses the note.
-    let without_ours: String = note
-        .split_inclusive('\n')
-        .filter(|line| !line.starts_with("\u{2014} ours.test/w1 "))
-        .collect();
-    assert_ne!(without_ours, note, "our witness's line was in the note");
-    let reply = cluster
-        .http
-        .post(cluster.url(0, "/v1/transparency/checkpoint/witnessed"))
-        .bearer_auth(cluster.admin.trim())
-        .body(without_ours)
-        .send()
-        .await
-        .expect("post");
-    let status = reply.status().as_u16();
-    let body = reply.text().await.unwrap_or_default();
-    assert_eq!(status, 400, "one cosignature of two was stored: {body}");
-    assert!(body.contains("1 of the required 2"), "{body}");
+    assert_refused_with_our_line_removed(&cluster, &note).await;
     let note_file = scratch.path().join("note.txt");
     std::fs::write(&note_file, &note).expect("write note");
     let output = Command::new(&aics_tlog)

@@ -9,8 +9,10 @@
 
 #[path = "cluster/util.rs"]
 mod util;
+#[path = "cluster/witness.rs"]
+mod witness;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -25,23 +27,10 @@ use lineage_core::AuditKey;
 use redb::{ReadableTable, TableDefinition};
 use serde_json::{json, Value};
 use util::{free_port, Cluster};
+use witness::{run_ok, sibling_binary, ORIGIN};
 
 const RECORDS: TableDefinition<(&str, u64), &str> = TableDefinition::new("records");
 const AGENT_CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("agent_checkpoints");
-const ORIGIN: &str = "lineage.local/cluster";
-
-/// A binary built beside this test (same target dir and profile).
-fn sibling_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let path = dir.join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo build --workspace` (or `cargo test --workspace`) first",
-        path.display()
-    );
-    path
-}
 
 struct Process(Child);
 
@@ -50,17 +39,6 @@ impl Drop for Process {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn run_ok(program: &Path, args: &[&str]) -> String {
-    let output = Command::new(program).args(args).output().expect("run");
-    assert!(
-        output.status.success(),
-        "{} {args:?}: {}",
-        program.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_string()
 }
 
 async fn text(url: &str) -> (u16, String) {

@@ -19,8 +19,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lineage_checkpointer::checkpointer::{Checkpointer, RoundReport};
-use lineage_checkpointer::checkpointer_metrics::Metrics;
-use lineage_checkpointer::cluster_client::ClusterClient;
 use lineage_core::transparency::Checkpoint;
 use lineage_core::AuditKey;
 use serde_json::json;
@@ -28,22 +26,7 @@ use util::Cluster;
 use witness::{Witness, ORIGIN};
 
 async fn checkpointer(cluster: &Cluster, dir: &Path, witness: &Witness) -> Checkpointer {
-    let urls = cluster
-        .addrs
-        .iter()
-        .map(|a| format!("http://{a}"))
-        .collect();
-    let client = ClusterClient::new(urls, Some(cluster.admin.clone())).expect("client");
-    Checkpointer::open(
-        dir,
-        client,
-        vec![witness.target()],
-        1,
-        None,
-        Metrics::new(1.0).expect("metrics"),
-    )
-    .await
-    .expect("open checkpointer")
+    witness::open_checkpointer(cluster, dir, vec![witness.target()], 1).await
 }
 
 /// Rounds until `done` holds of one (bounded); returns that round's report.
@@ -92,23 +75,8 @@ async fn setup() -> (Cluster, String, String) {
         )
         .await;
     act(&cluster, &token, "first").await;
-    let vkey = text(&cluster, "/v1/transparency/vkey").await;
+    let vkey = cluster.get_text(0, "/v1/transparency/vkey").await;
     (cluster, token, vkey.trim().to_string())
-}
-
-async fn text(cluster: &Cluster, path: &str) -> String {
-    let reply = cluster
-        .http
-        .get(cluster.url(0, path))
-        .send()
-        .await
-        .expect("GET");
-    assert!(
-        reply.status().is_success(),
-        "GET {path}: {}",
-        reply.status()
-    );
-    reply.text().await.expect("body")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,7 +141,7 @@ async fn a_witness_ahead_with_a_longer_log_signed_checkpoint_raises_the_log_alar
     // every 100 ms; no write follows, so it stays this size).
     let start = Instant::now();
     let served = loop {
-        let note = text(&cluster, "/v1/transparency/checkpoint").await;
+        let note = cluster.get_text(0, "/v1/transparency/checkpoint").await;
         let checkpoint = Checkpoint::verify(&note, &log_vkey).expect("the cluster's checkpoint");
         if checkpoint.size >= 1 {
             break checkpoint;

@@ -556,6 +556,17 @@ impl Cluster {
         }
     }
 
+    /// The body of a GET on node `i` that must succeed (no token).
+    pub async fn get_text(&self, i: usize, path: &str) -> String {
+        let reply = self.http.get(self.url(i, path)).send().await.expect("GET");
+        assert!(
+            reply.status().is_success(),
+            "GET {path}: {}",
+            reply.status()
+        );
+        reply.text().await.expect("body")
+    }
+
     pub async fn public_key(&self) -> String {
         let (_, body) = self.get(0, "/v1/public-key", "").await;
         body["public_key"].as_str().expect("public key").to_string()

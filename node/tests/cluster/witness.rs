@@ -6,9 +6,36 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lineage_checkpointer::checkpointer::WitnessTarget;
+use lineage_checkpointer::checkpointer::{Checkpointer, WitnessTarget};
+use lineage_checkpointer::checkpointer_metrics::Metrics;
+use lineage_checkpointer::cluster_client::ClusterClient;
 
-use super::util::free_port;
+use super::util::{free_port, Cluster};
+
+/// A checkpointer with its state in `dir`, driven by the test's own `round()` calls.
+pub async fn open_checkpointer(
+    cluster: &Cluster,
+    dir: &Path,
+    witnesses: Vec<WitnessTarget>,
+    quorum: usize,
+) -> Checkpointer {
+    let urls = cluster
+        .addrs
+        .iter()
+        .map(|a| format!("http://{a}"))
+        .collect();
+    let client = ClusterClient::new(urls, Some(cluster.admin.clone())).expect("client");
+    Checkpointer::open(
+        dir,
+        client,
+        witnesses,
+        quorum,
+        None,
+        Metrics::new(1.0).expect("metrics"),
+    )
+    .await
+    .expect("open checkpointer")
+}
 
 /// The origin of a test cluster's heads log (`--cluster-name` default).
 pub const ORIGIN: &str = "lineage.local/cluster";
