@@ -1,11 +1,12 @@
 //! Shared node state and the leader's decision path.
 //!
-//! Per agent, decisions are serialised by an async mutex: decide on the applied state,
-//! seal, propose through Raft, wait until the entry is applied on this node, answer.
-//! Different agents proceed in parallel and openraft batches their entries.
+//! Per agent, decisions are taken one at a time in the agent's lane (`agent_lanes`):
+//! decide on the pending state (or the applied one), seal, queue for Raft, then wait
+//! until the entry is applied on this node and answer; with pipelining on, the agent's
+//! next request is decided meanwhile. Different agents proceed in parallel, and the
+//! batcher puts concurrent writes into one Raft entry.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use lineage_core::guard::{
     decide, seal, Action, ActionView, AgentState, Command, GuardError, Status,
@@ -14,6 +15,7 @@ use lineage_core::record::timestamp;
 use openraft::error::{CheckIsLeaderError, RaftError};
 use serde_json::Value;
 
+use crate::agent_lanes::{Lanes, Turn};
 use crate::batcher::{Batcher, WriteError};
 use crate::disk_reserve::DiskReserve;
 use crate::idempotency_key::IdempotencyKey;
@@ -51,20 +53,9 @@ pub struct App {
     /// Free space the leader keeps before it seals anything (`disk_reserve`).
     disk: Option<DiskReserve>,
     batcher: Batcher,
-    agent_locks: Mutex<AgentLocks>,
+    lanes: Lanes,
     request_rate: crate::request_rate::RequestRate,
 }
-
-/// Per-agent write locks (`App::agent_lock`).
-#[derive(Default)]
-struct AgentLocks {
-    map: HashMap<String, Arc<tokio::sync::Mutex<()>>>,
-    /// Sweep unused locks when the map reaches this size.
-    sweep_at: usize,
-}
-
-/// The agent lock map is never swept below this size.
-const AGENT_LOCKS_SWEEP_MIN: usize = 1024;
 
 /// Whole-log reads at once (`App::whole_log_reads`).
 const WHOLE_LOG_READS: usize = 2;
@@ -181,10 +172,7 @@ impl App {
             keys,
             http,
             request_rate: crate::request_rate::RequestRate::default(),
-            agent_locks: Mutex::new(AgentLocks {
-                map: HashMap::new(),
-                sweep_at: AGENT_LOCKS_SWEEP_MIN,
-            }),
+            lanes: Lanes::new(true),
             heads_origin: String::new(),
             witnesses: WitnessPolicy::default(),
             log: None,
@@ -192,6 +180,12 @@ impl App {
             disk: None,
             whole_log_reads: tokio::sync::Semaphore::new(WHOLE_LOG_READS),
         }
+    }
+
+    /// Turns pipelining of one agent's writes on or off (`agent_lanes`; on by default).
+    pub fn with_pipelining(mut self, on: bool) -> Self {
+        self.lanes = Lanes::new(on);
+        self
     }
 
     /// Sets the witnesses a stored witnessed checkpoint must be cosigned by.
@@ -291,18 +285,6 @@ impl App {
         }
     }
 
-    /// The lock that orders one agent's writes on the leader. Locks nobody holds or waits
-    /// for are dropped once the map has doubled since the last sweep, so the map stays
-    /// about the size of the agents being written at once, not of every agent ever seen.
-    fn agent_lock(&self, agent_id: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.agent_locks.lock().unwrap_or_else(|p| p.into_inner());
-        if locks.map.len() >= locks.sweep_at {
-            locks.map.retain(|_, lock| Arc::strong_count(lock) > 1);
-            locks.sweep_at = (locks.map.len() * 2).max(AGENT_LOCKS_SWEEP_MIN);
-        }
-        locks.map.entry(agent_id.to_string()).or_default().clone()
-    }
-
     /// Runs `f` on the agent's applied state, or says why it cannot be served here.
     pub fn with_agent<T>(
         &self,
@@ -348,29 +330,37 @@ impl App {
         idempotency: Option<IdempotencyKey>,
         respond: Respond,
     ) -> Result<Answer, AppError> {
-        let lock = self.agent_lock(agent_id);
-        let _serialised = lock.lock().await;
-        match self
-            .decide_and_write(agent_id, &command, &idempotency, &respond)
+        let lane = self.lanes.lane(agent_id);
+        let key = idempotency.as_ref().map(|key| key.scoped.as_str());
+        let turn = lane.turn(key).await;
+        let reason = match self
+            .decide_and_write(turn, agent_id, &command, &idempotency, &respond)
             .await
         {
-            // The state this node decided on was behind (it has just become leader):
-            // catch up with everything committed and decide once more.
-            Err(AppError::Stale(_)) => {
-                self.raft
-                    .ensure_linearizable()
-                    .await
-                    .map_err(|_| AppError::NoLeader)?;
-                match self
-                    .decide_and_write(agent_id, &command, &idempotency, &respond)
-                    .await
-                {
-                    Err(AppError::Stale(reason)) => Err(AppError::Unavailable(format!(
-                        "the write was not applied ({reason}); retry"
-                    ))),
-                    other => other,
-                }
-            }
+            Err(AppError::Stale(reason)) => reason,
+            other => return other,
+        };
+        // The write was decided on a state the log does not hold: this node has just
+        // become leader and is behind, or (pipelining) a write queued before it was not
+        // applied. Catch up with everything committed and decide once more, on the
+        // applied state (a broken lane is drained before the next turn).
+        tracing::debug!(
+            agent_id,
+            reason,
+            "write decided on stale state; deciding again"
+        );
+        self.raft
+            .ensure_linearizable()
+            .await
+            .map_err(|_| AppError::NoLeader)?;
+        let turn = lane.turn(key).await;
+        match self
+            .decide_and_write(turn, agent_id, &command, &idempotency, &respond)
+            .await
+        {
+            Err(AppError::Stale(reason)) => Err(AppError::Unavailable(format!(
+                "the write was not applied ({reason}); retry"
+            ))),
             other => other,
         }
     }
@@ -421,8 +411,12 @@ impl App {
         }))
     }
 
+    /// Decides one write on the agent's pending state (or its applied state), queues it
+    /// while `turn` is held, and waits for its outcome: with pipelining on, after giving
+    /// the turn to the agent's next write.
     async fn decide_and_write(
         &self,
+        mut turn: Turn<'_>,
         agent_id: &str,
         command: &Command,
         idempotency: &Option<IdempotencyKey>,
@@ -436,18 +430,77 @@ impl App {
         // A full disk refuses before anything is decided or sealed: the request leaves no
         // trace, and its retry is decided afresh once space returns.
         self.check_disk()?;
+        let (entry, answer) =
+            self.decide_locked(&mut turn, agent_id, command, idempotency, respond)?;
+        let proposed = match self.batcher.propose(entry).await {
+            Ok(proposed) => proposed,
+            Err(error) => {
+                // Not queued: the pending state holds records that never will be.
+                turn.take_pending();
+                return Err(write_error(error));
+            }
+        };
+        let in_flight = turn.in_flight(idempotency.as_ref().map(|key| key.scoped.clone()));
+        // The outcome is awaited on a task of its own, so that the write counts as in
+        // flight (and its key as taken) until it is answered, even when this request's
+        // caller goes away.
+        let (outcome_tx, outcome_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let outcome = proposed.outcome().await;
+            if matches!(outcome, Ok(ApplyOutcome::Applied)) {
+                in_flight.applied();
+            } else {
+                drop(in_flight);
+            }
+            let _ = outcome_tx.send(outcome);
+        });
+        if self.lanes.pipelining() {
+            // The next write of this agent may be decided now, on the pending state.
+            drop(turn);
+        }
+        let outcome = outcome_rx.await;
+        match outcome.map_err(|_| AppError::Unavailable("the write was dropped".into()))? {
+            Ok(ApplyOutcome::Applied) => Ok(answer),
+            Ok(ApplyOutcome::Rejected(reason)) => {
+                self.metrics.writes_rejected_at_apply.inc();
+                Err(AppError::Stale(reason))
+            }
+            Err(error) => Err(write_error(error)),
+        }
+    }
+
+    /// Decides `command`, seals its records and makes the entry to queue, with the
+    /// answer it will get once applied. With pipelining on, the turn's pending state
+    /// moves past the new records.
+    fn decide_locked(
+        &self,
+        turn: &mut Turn<'_>,
+        agent_id: &str,
+        command: &Command,
+        idempotency: &Option<IdempotencyKey>,
+        respond: &Respond,
+    ) -> Result<(AppendRecords, Answer), AppError> {
         let now = timestamp::now_micros();
-        let (records, answer) = {
-            let data = self.sm.read_data();
-            let empty = AgentState::new();
-            let state: &AgentState = match (data.agents.get(agent_id), command) {
-                (Some(AgentSlot::Quarantined(reason)), _) => {
-                    return Err(AppError::Quarantined(reason.clone()))
-                }
-                (Some(AgentSlot::Active(_)), Command::Create { .. }) => {
-                    return Err(AppError::AgentExists)
-                }
-                (Some(AgentSlot::Active(state)), _) => state,
+        let data = self.sm.read_data();
+        let applied = match data.agents.get(agent_id) {
+            Some(AgentSlot::Quarantined(reason)) => {
+                return Err(AppError::Quarantined(reason.clone()))
+            }
+            Some(AgentSlot::Active(state)) => Some(&**state),
+            None => None,
+        };
+        let applied_head = applied
+            .and_then(|s| s.head.as_ref())
+            .map(|h| h.hash.as_str());
+        let empty = AgentState::new();
+        let (lines, decision, from_pending, pipelined) = {
+            let in_flight = turn.writes_in_flight();
+            let pending = turn.pending_state(applied_head);
+            let from_pending = pending.is_some();
+            let pipelined = from_pending && in_flight > 0;
+            let state: &AgentState = match (pending.or(applied), command) {
+                (Some(_), Command::Create { .. }) => return Err(AppError::AgentExists),
+                (Some(state), _) => state,
                 (None, Command::Create { .. }) => &empty,
                 (None, _) => return Err(AppError::AgentNotFound),
             };
@@ -462,26 +515,43 @@ impl App {
             }
             let decided = decide(state, command, now, self.keys.audit.public_key_hex())?;
             let records = seal(state, decided.drafts, &self.keys.audit, now);
-            let answer = match respond {
-                Respond::Decision => Answer {
-                    status: 200,
-                    body: serde_json::to_value(&decided.decision)
-                        .map_err(|e| AppError::Internal(e.to_string()))?,
-                },
-                Respond::Status(shape) => {
-                    // The status after these records, for the answer (and its idempotent
-                    // copy). Only operator writes and outcomes need it, so the clone stays
-                    // off the agents' request path.
-                    let mut after = state.clone();
-                    for record in &records {
-                        after.apply(record).map_err(|e| {
-                            AppError::Internal(format!("guard refused its own record: {e}"))
-                        })?;
-                    }
-                    shape(after.status())
-                }
+            // The lines are made here, on the request's own task, so that nothing on the
+            // way to the store encodes a record again; one that would not read back as
+            // the same record is refused before it is proposed.
+            let lines = records
+                .into_iter()
+                .map(RecordLine::new)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| AppError::NotRepresentable(e.to_string()))?;
+            (lines, decided.decision, from_pending, pipelined)
+        };
+        // The state after these records: the next pending state, and the status some
+        // answers show. Folded from what each line reads back as, as every node will.
+        let after = if self.lanes.pipelining() || matches!(respond, Respond::Status(_)) {
+            let base = if from_pending {
+                turn.take_pending()
+            } else {
+                applied.cloned()
             };
-            (records, answer)
+            let mut after = base.unwrap_or_else(AgentState::new);
+            for line in &lines {
+                let record = line.record().map_err(AppError::Internal)?;
+                after.apply(&record).map_err(|e| {
+                    AppError::Internal(format!("guard refused its own record: {e}"))
+                })?;
+            }
+            Some(after)
+        } else {
+            None
+        };
+        drop(data);
+        let answer = match (respond, &after) {
+            (Respond::Status(shape), Some(after)) => shape(after.status()),
+            _ => Answer {
+                status: 200,
+                body: serde_json::to_value(&decision)
+                    .map_err(|e| AppError::Internal(e.to_string()))?,
+            },
         };
         let idempotency = match idempotency {
             Some(key) => Some(IdempotentAnswer {
@@ -493,26 +563,29 @@ impl App {
             }),
             None => None,
         };
-        // The lines are made here, on the request's own task, so that nothing on the
-        // way to the store encodes a record again; one that would not read back as the
-        // same record is refused before it is proposed.
-        let records = records
-            .into_iter()
-            .map(RecordLine::new)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| AppError::NotRepresentable(e.to_string()))?;
         let entry = AppendRecords {
             agent_id: agent_id.to_string(),
-            records,
+            records: lines,
             idempotency,
         };
-        match self.batcher.write(entry).await {
-            Ok(ApplyOutcome::Applied) => Ok(answer),
-            Ok(ApplyOutcome::Rejected(reason)) => Err(AppError::Stale(reason)),
-            Err(WriteError::NotLeader) => Err(AppError::Unavailable(
-                "leadership changed before the write committed; retry with the same Idempotency-Key".into(),
-            )),
-            Err(WriteError::Failed(e)) => Err(AppError::Unavailable(e)),
+        // Last, once nothing can fail: the pending state moves only with a write to queue.
+        if let (true, Some(after)) = (self.lanes.pipelining(), after) {
+            turn.set_pending(after);
         }
+        if pipelined {
+            self.metrics.writes_pipelined.inc();
+        }
+        Ok((entry, answer))
+    }
+}
+
+/// What the caller of a write that failed in the batcher is told.
+fn write_error(error: WriteError) -> AppError {
+    match error {
+        WriteError::NotLeader => AppError::Unavailable(
+            "leadership changed before the write committed; retry with the same Idempotency-Key"
+                .into(),
+        ),
+        WriteError::Failed(e) => AppError::Unavailable(e),
     }
 }

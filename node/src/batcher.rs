@@ -57,17 +57,31 @@ struct Pending {
 }
 
 /// Counts one write as pending for as long as it lives (also when its caller gives up).
-struct PendingWrite<'a>(&'a Pending);
+struct PendingWrite(Arc<Pending>);
 
-impl<'a> PendingWrite<'a> {
-    fn new(pending: &'a Pending) -> Self {
+impl PendingWrite {
+    fn new(pending: &Arc<Pending>) -> Self {
         let now = pending.now.fetch_add(1, Ordering::Relaxed) + 1;
         pending.peak.fetch_max(now, Ordering::Relaxed);
-        PendingWrite(pending)
+        PendingWrite(pending.clone())
     }
 }
 
-impl Drop for PendingWrite<'_> {
+/// A write in the queue: its outcome arrives once it is applied on this node (or fails).
+pub struct Proposed {
+    answer: oneshot::Receiver<Result<ApplyOutcome, WriteError>>,
+    _pending: PendingWrite,
+}
+
+impl Proposed {
+    pub async fn outcome(self) -> Result<ApplyOutcome, WriteError> {
+        self.answer
+            .await
+            .map_err(|_| WriteError::Failed("the write was dropped".into()))?
+    }
+}
+
+impl Drop for PendingWrite {
     fn drop(&mut self) {
         self.0.now.fetch_sub(1, Ordering::Relaxed);
     }
@@ -81,17 +95,20 @@ impl Batcher {
         Batcher { queue, pending }
     }
 
-    /// Proposes one write and waits until it is applied on this node.
-    pub async fn write(&self, append: AppendRecords) -> Result<ApplyOutcome, WriteError> {
-        let _pending = PendingWrite::new(&self.pending);
+    /// Queues one write. Writes are proposed in the order they were queued: a caller
+    /// that queues while it holds an agent's turn (`agent_lanes`) keeps that agent's
+    /// writes in its order. Cancelling this leaves nothing queued.
+    pub async fn propose(&self, append: AppendRecords) -> Result<Proposed, WriteError> {
+        let pending = PendingWrite::new(&self.pending);
         let (reply, answer) = oneshot::channel();
         self.queue
             .send((append, reply))
             .await
             .map_err(|_| WriteError::Failed("the node is shutting down".into()))?;
-        answer
-            .await
-            .map_err(|_| WriteError::Failed("the write was dropped".into()))?
+        Ok(Proposed {
+            answer,
+            _pending: pending,
+        })
     }
 }
 

@@ -9,13 +9,14 @@
 //!    unless this node leads.
 //! 2. [`api::agents::request_action`] checks the token, parses the body and binds its
 //!    Idempotency-Key to the request ([`api::idempotency::WriteBody`]).
-//! 3. [`app::App::execute`] takes the agent's lock; a stored answer for the key is
-//!    replayed, a full disk refuses ([`disk_reserve`]), then
+//! 3. [`app::App::execute`] takes the agent's turn ([`agent_lanes::Lane::turn`]); a
+//!    stored answer for the key is replayed, a full disk refuses ([`disk_reserve`]), then
 //!    [`lineage_core::guard::decide`] and [`lineage_core::guard::seal`] make the signed
-//!    records, each turned into the line every node will store
-//!    ([`raft_types::RecordLine::new`]).
-//! 4. [`batcher::Batcher::write`] joins concurrent writes into one Raft entry
-//!    ([`raft_types::Proposal::Writes`]).
+//!    records on the agent's pending state, each turned into the line every node will
+//!    store ([`raft_types::RecordLine::new`]).
+//! 4. [`batcher::Batcher::propose`] queues the write in the turn's order and joins
+//!    concurrent writes into one Raft entry ([`raft_types::Proposal::Writes`]); with
+//!    pipelining the turn passes to the agent's next request now.
 //! 5. openraft appends it to [`store::log_store::LogStore`]: one write and fdatasync per
 //!    group, then the [`store::watermark`]; followers get it through
 //!    [`network::raft_client`] and [`network::raft_routes`].
@@ -28,6 +29,7 @@
 // every storage signature; boxing them would fight the trait definitions.
 #![allow(clippy::result_large_err)]
 
+pub mod agent_lanes;
 pub mod api;
 pub mod app;
 pub mod batcher;
@@ -85,6 +87,8 @@ pub struct NodeConfig {
     pub state_fsync_interval: Duration,
     /// The leader counts its own appends as flushed at once (`log_store`).
     pub leader_early_ack: bool,
+    /// One agent's next write is decided while its previous one replicates (`agent_lanes`).
+    pub pipelining: bool,
     /// Witnesses whose cosignatures a stored witnessed checkpoint must carry.
     pub witnesses: app::WitnessPolicy,
     /// Free bytes the data directory's disk keeps; below it writes are refused (507).
@@ -268,6 +272,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         )
         .with_heads_origin(config.cluster_name.clone())
         .with_witnesses(config.witnesses.clone())
+        .with_pipelining(config.pipelining)
         .with_log(log_handle)
         .with_disk_reserve(disk)
         .with_peer_contacts(peer_contacts),

@@ -101,6 +101,11 @@ enum Command {
         /// wait for the fsync (see docs/ARCHITECTURE.md). `false`: every append waits
         #[arg(long, env = "LINEAGE_LEADER_EARLY_ACK", default_value_t = true, action = clap::ArgAction::Set)]
         leader_early_ack: bool,
+        /// Decide an agent's next request on its pending state while the previous one
+        /// replicates; the apply-time head check rejects any that a failed write leaves
+        /// behind. `false`: each of an agent's writes waits for the one before
+        #[arg(long, env = "LINEAGE_PIPELINING", default_value_t = true, action = clap::ArgAction::Set)]
+        pipelining: bool,
         /// A witness's cosignature verifier key (name+id+key); repeat for several. A
         /// witnessed checkpoint is stored only when enough of them cosigned it
         #[arg(
@@ -292,6 +297,7 @@ fn main() -> ExitCode {
             heads_interval_ms,
             state_fsync_interval_ms,
             leader_early_ack,
+            pipelining,
             witness_keys,
             witness_quorum,
             disk_reserve_mb,
@@ -312,6 +318,7 @@ fn main() -> ExitCode {
                 heads_interval: std::time::Duration::from_millis(heads_interval_ms.max(10)),
                 state_fsync_interval: std::time::Duration::from_millis(state_fsync_interval_ms),
                 leader_early_ack,
+                pipelining,
                 witnesses,
                 disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
                 max_connections: connections.max_connections,
@@ -442,6 +449,7 @@ fn reference_mode() -> Result<(), String> {
         ),
         state_fsync_interval: std::time::Duration::from_millis(state_fsync_ms),
         leader_early_ack: false,
+        pipelining: true,
         witnesses: WitnessPolicy::default(),
         disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
         max_connections: connections.max_connections,

@@ -53,6 +53,10 @@ pub struct Metrics {
     process_registry: Registry,
     pub scrub_quarantined: prometheus::IntCounter,
     pub scrub_last_run: IntGauge,
+    /// Writes decided on an agent's pending state while earlier ones were in flight.
+    pub writes_pipelined: prometheus::IntCounter,
+    /// Writes the state machine rejected because they did not extend the agent's head.
+    pub writes_rejected_at_apply: prometheus::IntCounter,
     /// Open client connections (`http_server`).
     pub http_connections: IntGauge,
     http_connections_closed: IntCounterVec,
@@ -171,6 +175,19 @@ impl Metrics {
             "Agents the integrity scrub quarantined on this node.",
         ));
         must(registry.register(Box::new(scrub_quarantined.clone())));
+        let writes_pipelined = must(prometheus::IntCounter::new(
+            "writes_pipelined_total",
+            "Writes this leader decided on an agent's pending state while the agent's \
+             earlier writes were still replicating.",
+        ));
+        must(registry.register(Box::new(writes_pipelined.clone())));
+        let writes_rejected_at_apply = must(prometheus::IntCounter::new(
+            "writes_rejected_at_apply_total",
+            "Writes this leader proposed that were rejected at apply because they did not \
+             extend the agent's head (decided on a stale or pending state that the log \
+             does not hold); each is decided once more or answered with an error.",
+        ));
+        must(registry.register(Box::new(writes_rejected_at_apply.clone())));
         let http_connections_closed = counter(
             "http_connections_closed_total",
             "Client connections the server closed, by reason (header_timeout, body_timeout, \
@@ -219,6 +236,8 @@ impl Metrics {
             raft_peer_last_contact,
             process_registry,
             scrub_quarantined,
+            writes_pipelined,
+            writes_rejected_at_apply,
             exported: Mutex::new(BTreeMap::new()),
         }
     }

@@ -6,7 +6,6 @@
 #[path = "cluster/util.rs"]
 mod util;
 
-use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -23,29 +22,6 @@ const CLOSE_BOUND: Duration = Duration::from_millis(20 * IDLE_TIMEOUT_MS);
 
 fn policy() -> serde_json::Value {
     json!({"budget": 1_000_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}})
-}
-
-/// `name{labels}` → value from node `i`'s /metrics, without the `node` label.
-async fn metrics(cluster: &Cluster, i: usize) -> BTreeMap<String, f64> {
-    let text = cluster
-        .http
-        .get(cluster.url(i, "/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics body");
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (name, value) = l.rsplit_once(' ')?;
-            let name = name.replace(&format!("node=\"{}\",", i + 1), "");
-            let name = name.replace(&format!(",node=\"{}\"", i + 1), "");
-            let name = name.replace(&format!("{{node=\"{}\"}}", i + 1), "");
-            Some((name, value.parse().ok()?))
-        })
-        .collect()
 }
 
 /// Reads until the server closes the connection (EOF or reset); how long that took from
@@ -240,7 +216,7 @@ async fn silent_slow_and_idle_connections_are_closed_and_a_busy_one_is_not() {
     let served = busy.await.expect("join").expect("the busy connection");
     assert!(served >= 5, "the busy connection was served {served} times");
 
-    let m = metrics(&cluster, 0).await;
+    let m = cluster.metrics(0).await;
     let closed = |reason: &str| {
         m.get(&format!(
             "lineage_http_connections_closed_total{{reason=\"{reason}\"}}"
@@ -396,7 +372,7 @@ async fn a_follower_flooded_past_its_open_file_limit_stays_reachable() {
         .converged_log("flooded", Duration::from_secs(20))
         .await;
     assert!(log.len() >= 42, "{} records", log.len());
-    let m = metrics(&cluster, follower).await;
+    let m = cluster.metrics(follower).await;
     let evicted = m
         .get("lineage_http_connections_closed_total{reason=\"evicted\"}")
         .copied()

@@ -40,6 +40,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("disk_reserve", Layer::Service),
     ("idempotency_key", Layer::Service),
     ("request_rate", Layer::Service),
+    ("agent_lanes", Layer::Service),
     ("store", Layer::Storage),
     ("raft_types", Layer::Storage),
     ("keys", Layer::Storage),

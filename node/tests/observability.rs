@@ -12,38 +12,6 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use util::{free_port, program_or_skip, Cluster};
 
-/// `name{labels} value` lines of the exposition format, keyed by `name{labels}` without
-/// the `node` label.
-fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let series = series
-                .replace(",node=\"1\"", "")
-                .replace(",node=\"2\"", "")
-                .replace(",node=\"3\"", "")
-                .replace("{node=\"1\"}", "")
-                .replace("{node=\"2\"}", "")
-                .replace("{node=\"3\"}", "");
-            Some((series, value.parse().ok()?))
-        })
-        .collect()
-}
-
-async fn metrics(cluster: &Cluster, i: usize) -> BTreeMap<String, f64> {
-    let text = cluster
-        .http
-        .get(cluster.url(i, "/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    parse_metrics(&text)
-}
-
 /// What the audit logs say, counted record by record.
 #[derive(Debug, Default, PartialEq)]
 struct LogCounts {
@@ -174,7 +142,7 @@ async fn metric_values_match_the_audit_logs_on_every_node() {
     let expected = count(&[alpha, beta]);
     assert_eq!(expected.allowed, 3, "{expected:?}");
     for i in 0..3 {
-        let m = metrics(&cluster, i).await;
+        let m = cluster.metrics(i).await;
         assert_eq!(counts_from_metrics(&m), expected, "node {}", i + 1);
         assert_eq!(
             m["lineage_agents{state=\"terminated\"}"], 2.0,
@@ -182,7 +150,7 @@ async fn metric_values_match_the_audit_logs_on_every_node() {
         );
         assert_eq!(m["lineage_pending_approvals"], 1.0);
     }
-    let m = metrics(&cluster, 0).await;
+    let m = cluster.metrics(0).await;
     // alpha spent its last credit; beta's severe scar reached its limit before the
     // operator's terminate (which was then refused as already terminated).
     assert_eq!(m["lineage_terminations_total{cause=\"budget\"}"], 1.0);

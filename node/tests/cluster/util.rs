@@ -4,6 +4,7 @@
 //! Shared by several test binaries; not each uses every helper.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -567,6 +568,11 @@ impl Cluster {
         reply.text().await.expect("body")
     }
 
+    /// Node `i`'s /metrics as `name{labels}` → value, without the `node` label.
+    pub async fn metrics(&self, i: usize) -> BTreeMap<String, f64> {
+        parse_metrics(&self.get_text(i, "/metrics").await)
+    }
+
     pub async fn public_key(&self) -> String {
         let (_, body) = self.get(0, "/v1/public-key", "").await;
         body["public_key"].as_str().expect("public key").to_string()
@@ -582,6 +588,33 @@ impl Drop for Cluster {
             self.kill(i);
         }
     }
+}
+
+/// `name{labels} value` lines of the exposition format, keyed by `name{labels}` without
+/// the `node` label (every series of a node carries it).
+pub fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let series = match series.split_once('{') {
+                Some((name, labels)) => {
+                    let labels: Vec<&str> = labels
+                        .trim_end_matches('}')
+                        .split(',')
+                        .filter(|label| !label.starts_with("node=\""))
+                        .collect();
+                    if labels.is_empty() {
+                        name.to_string()
+                    } else {
+                        format!("{name}{{{}}}", labels.join(","))
+                    }
+                }
+                None => series.to_string(),
+            };
+            Some((series, value.parse().ok()?))
+        })
+        .collect()
 }
 
 /// Asserts that `log` (records as the API returns them) verifies with `public_key`.

@@ -20,7 +20,25 @@ use serde_json::{json, Value};
 use util::Cluster;
 
 const AGENTS: usize = 3;
-const CLIENTS_PER_AGENT: usize = 3;
+
+/// How the load's clients call: how many per agent, and the pause after each answer.
+#[derive(Clone, Copy)]
+struct Shape {
+    clients_per_agent: usize,
+    pause: Duration,
+}
+
+/// Three clients per agent with a pause: calls of one agent overlap now and then.
+const STEADY: Shape = Shape {
+    clients_per_agent: 3,
+    pause: Duration::from_millis(20),
+};
+/// Eight clients per agent without pauses: the leader decides each agent's next writes
+/// while earlier ones replicate (pipelining), all the time.
+const PIPELINED: Shape = Shape {
+    clients_per_agent: 8,
+    pause: Duration::ZERO,
+};
 /// Small enough that agents run out under load, so budget exhaustion races are exercised.
 const BUDGET: u64 = 60;
 /// How long one logical call keeps retrying (same key) before it counts as unanswered.
@@ -72,16 +90,16 @@ struct Load {
     history: Arc<History>,
 }
 
-fn start_load(cluster: &Arc<Cluster>, tokens: &[String], scenario: &str) -> Load {
+fn start_load(cluster: &Arc<Cluster>, tokens: &[String], scenario: &str, shape: Shape) -> Load {
     let stop = Arc::new(AtomicBool::new(false));
     let history = Arc::new(History::default());
     let mut tasks = Vec::new();
     for (a, agent_token) in tokens.iter().enumerate() {
-        for c in 0..CLIENTS_PER_AGENT {
+        for c in 0..shape.clients_per_agent {
             let (cluster, stop, history) = (cluster.clone(), stop.clone(), history.clone());
             let token = agent_token.clone();
             let agent = format!("agent-{a}");
-            let base_id = (a * CLIENTS_PER_AGENT + c) * 1_000;
+            let base_id = (a * shape.clients_per_agent + c) * 1_000;
             let scenario = scenario.to_string();
             tasks.push(tokio::spawn(async move {
                 // A client whose call went unanswered continues as a new "thread": its old
@@ -104,7 +122,7 @@ fn start_load(cluster: &Arc<Cluster>, tokens: &[String], scenario: &str) -> Load
                         }),
                         None => thread += 1,
                     }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    tokio::time::sleep(shape.pause).await;
                 }
             }));
         }
@@ -186,15 +204,24 @@ async fn run_scenario(name: &str, fault: impl AsyncFnOnce(&Cluster) -> ()) {
     run_scenario_on(name, Arc::new(Cluster::start(3).await), fault).await;
 }
 
-/// Load, fault, heal, check: the same for processes on loopback and for containers.
 async fn run_scenario_on(
     name: &str,
     cluster: Arc<Cluster>,
     fault: impl AsyncFnOnce(&Cluster) -> (),
 ) {
+    run_shaped_scenario(name, cluster, STEADY, fault).await;
+}
+
+/// Load, fault, heal, check: the same for processes on loopback and for containers.
+async fn run_shaped_scenario(
+    name: &str,
+    cluster: Arc<Cluster>,
+    shape: Shape,
+    fault: impl AsyncFnOnce(&Cluster) -> (),
+) {
     let public_key = cluster.public_key().await;
     let tokens = setup(&cluster).await;
-    let load = start_load(&cluster, &tokens, name);
+    let load = start_load(&cluster, &tokens, name, shape);
     tokio::time::sleep(Duration::from_secs(2)).await;
     fault(&cluster).await;
     let recovery = time_to_serve(&cluster, &cluster.admin.clone()).await;
@@ -254,6 +281,29 @@ async fn leader_killed_and_restarted_under_load_without_early_ack() {
         "leader-kill-plain",
         Arc::new(cluster),
         kill_and_restart_leader,
+    )
+    .await;
+}
+
+/// kill -9 of a leader that is pipelining: writes decided on pending states are in
+/// flight when it dies, some committed, some not. None may be acknowledged and lost, and
+/// no later write may be applied on top of one that was not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_while_pipelining() {
+    let cluster = Arc::new(Cluster::start(3).await);
+    run_shaped_scenario(
+        "leader-kill-pipelined",
+        cluster,
+        PIPELINED,
+        async |cluster: &Cluster| {
+            let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+            let pipelined = cluster.metrics(leader).await["lineage_writes_pipelined_total"];
+            assert!(
+                pipelined > 0.0,
+                "the leader pipelined nothing before the kill: the scenario tests nothing"
+            );
+            kill_and_restart_leader(cluster).await;
+        },
     )
     .await;
 }

@@ -1,0 +1,230 @@
+//! One lane per agent on the leader: the agent's writes are decided one at a time, and
+//! queued for Raft in the order they were decided.
+//!
+//! With pipelining on, a write is decided on the agent's *pending* state: the applied
+//! state plus every write already queued. The next request need not wait for the
+//! previous batch to replicate, so one agent's concurrent requests share a batch
+//! instead of taking one Raft round each. The state machine's check that every write
+//! extends the agent's head (`store::state_machine::check_extends`) stays the safety
+//! net: when a write is not applied, every later write of the lane was decided on
+//! records the log does not hold, so it no longer extends the head and is rejected at
+//! apply too. Its caller gets an error, never a decision made on a history that does not
+//! exist. The lane is then *broken*: nobody decides until every write in flight has been
+//! answered, and the pending state is dropped.
+//!
+//! With pipelining off, a turn is held until the write is applied, as the decision path
+//! did before lanes: each write is decided on the applied state.
+//!
+//! A repeated Idempotency-Key waits while a write with that key is in flight, so the
+//! repeat finds the stored answer instead of being decided again on a state that
+//! already holds the first.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use lineage_core::guard::AgentState;
+use tokio::sync::{watch, MutexGuard};
+
+/// The lane map is never swept below this size.
+const LANES_SWEEP_MIN: usize = 1024;
+
+/// Every agent's lane. Lanes nobody holds are dropped when the map has doubled since the
+/// last sweep, so memory follows the agents being written now (each keeps one pending
+/// state), not every agent ever written.
+pub struct Lanes {
+    pipelining: bool,
+    map: Mutex<LaneMap>,
+}
+
+struct LaneMap {
+    lanes: HashMap<String, Arc<Lane>>,
+    sweep_at: usize,
+}
+
+pub struct Lane {
+    /// Held while a write is decided and queued. The pending state lives here: `None`
+    /// when there is none (pipelining off, or dropped after a failure).
+    turn: tokio::sync::Mutex<Option<AgentState>>,
+    flight: watch::Sender<Flight>,
+}
+
+/// The lane's writes that are queued and not yet answered.
+#[derive(Default)]
+struct Flight {
+    writes: usize,
+    /// A write ended without being applied: the pending state may hold records the log
+    /// never will.
+    broken: bool,
+    /// Idempotency keys of the writes in flight.
+    keys: HashSet<String>,
+}
+
+impl Flight {
+    /// Whether a turn for `key` has to wait.
+    fn blocks(&self, key: Option<&str>) -> bool {
+        (self.broken && self.writes > 0) || key.is_some_and(|key| self.keys.contains(key))
+    }
+}
+
+impl Lanes {
+    pub fn new(pipelining: bool) -> Self {
+        Lanes {
+            pipelining,
+            map: Mutex::new(LaneMap {
+                lanes: HashMap::new(),
+                sweep_at: LANES_SWEEP_MIN,
+            }),
+        }
+    }
+
+    pub fn pipelining(&self) -> bool {
+        self.pipelining
+    }
+
+    /// The agent's lane.
+    pub fn lane(&self, agent_id: &str) -> Arc<Lane> {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if map.lanes.len() >= map.sweep_at {
+            // Held by nobody: no turn taken or awaited, no write in flight (each holds
+            // its lane until answered).
+            map.lanes.retain(|_, lane| Arc::strong_count(lane) > 1);
+            map.sweep_at = (map.lanes.len() * 2).max(LANES_SWEEP_MIN);
+        }
+        map.lanes
+            .entry(agent_id.to_string())
+            .or_insert_with(|| {
+                Arc::new(Lane {
+                    turn: tokio::sync::Mutex::new(None),
+                    flight: watch::Sender::new(Flight::default()),
+                })
+            })
+            .clone()
+    }
+
+    /// Lanes held now (for the bounds table in ARCHITECTURE.md and its test).
+    pub fn len(&self) -> usize {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .lanes
+            .len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Lane {
+    /// Waits for the turn to decide this agent's next write: after the writes decided
+    /// before (the lock is fair), after a broken lane has drained, and, with `key`, until
+    /// no write with that key is in flight.
+    pub async fn turn(self: &Arc<Self>, key: Option<&str>) -> Turn<'_> {
+        loop {
+            let mut pending = self.turn.lock().await;
+            if !self.flight.borrow().blocks(key) {
+                let mut reset = false;
+                self.flight.send_if_modified(|flight| {
+                    reset = flight.broken;
+                    flight.broken = false;
+                    reset
+                });
+                if reset {
+                    *pending = None;
+                }
+                return Turn {
+                    lane: self,
+                    pending,
+                };
+            }
+            let mut changes = self.flight.subscribe();
+            drop(pending);
+            // `wait_for` looks at the current value first, so no change is missed. The
+            // sender lives as long as the lane, which `self` holds.
+            let _ = changes.wait_for(|flight| !flight.blocks(key)).await;
+        }
+    }
+}
+
+/// One agent's turn to decide and queue a write.
+pub struct Turn<'a> {
+    lane: &'a Arc<Lane>,
+    pending: MutexGuard<'a, Option<AgentState>>,
+}
+
+impl Turn<'_> {
+    /// The pending state to decide on, if it is still what the log will hold: with
+    /// writes in flight it is ahead of the applied state; with none it must have the
+    /// applied head (`applied_head`), or it is dropped (another leader wrote meanwhile,
+    /// or a write of a caller that went away was not applied).
+    pub fn pending_state(&mut self, applied_head: Option<&str>) -> Option<&AgentState> {
+        let in_flight = self.lane.flight.borrow().writes > 0;
+        let current = self.pending.as_ref().is_some_and(|state| {
+            in_flight || state.head.as_ref().map(|h| h.hash.as_str()) == applied_head
+        });
+        if !current {
+            *self.pending = None;
+        }
+        self.pending.as_ref()
+    }
+
+    /// Writes of this agent queued and not yet answered.
+    pub fn writes_in_flight(&self) -> usize {
+        self.lane.flight.borrow().writes
+    }
+
+    /// Takes the pending state out, to extend it with the next write's records.
+    pub fn take_pending(&mut self) -> Option<AgentState> {
+        self.pending.take()
+    }
+
+    /// The state after the write about to be queued (pipelining on).
+    pub fn set_pending(&mut self, state: AgentState) {
+        *self.pending = Some(state);
+    }
+
+    /// Counts a queued write as in flight until the returned value is finished or
+    /// dropped, which marks the lane broken unless the write was applied.
+    pub fn in_flight(&self, key: Option<String>) -> InFlight {
+        self.lane.flight.send_modify(|flight| {
+            flight.writes += 1;
+            if let Some(key) = &key {
+                flight.keys.insert(key.clone());
+            }
+        });
+        InFlight {
+            lane: self.lane.clone(),
+            key,
+            applied: false,
+        }
+    }
+}
+
+/// A queued write, until it is answered.
+pub struct InFlight {
+    lane: Arc<Lane>,
+    key: Option<String>,
+    applied: bool,
+}
+
+impl InFlight {
+    /// The write was applied.
+    pub fn applied(mut self) {
+        self.applied = true;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let (applied, key) = (self.applied, self.key.take());
+        self.lane.flight.send_modify(|flight| {
+            flight.writes = flight.writes.saturating_sub(1);
+            if let Some(key) = &key {
+                flight.keys.remove(key);
+            }
+            if !applied {
+                flight.broken = true;
+            }
+        });
+    }
+}
