@@ -10,6 +10,8 @@
 //!     [--baseline-node PATH]   (alternating rounds against another build, with ratios)
 //!     [--no-early-ack]   (nodes run with --leader-early-ack false)
 //!     [--reqwest]        (clients use reqwest, as before: about twice the generator's CPU)
+//!     [--wrk]            (the load comes from wrk, an external generator, instead:
+//!                         `apt-get install wrk`; --clients connections, 2 threads)
 //!
 //! Each node's line gives its CPU time per decision (user + system): on a shared machine
 //! that varies far less than decisions/s, so compare builds by it. The `machine` line
@@ -36,6 +38,8 @@ struct Args {
     no_early_ack: bool,
     /// Clients send through reqwest (the generator before its clients went lean).
     reqwest: bool,
+    /// The load comes from `wrk` (its connections spread over the agents request by request).
+    wrk: bool,
     /// Another `lineage-node` build to measure against, in alternating rounds.
     baseline: Option<std::path::PathBuf>,
 }
@@ -48,6 +52,7 @@ fn parse_args() -> Result<Args, String> {
         nodes: None,
         no_early_ack: false,
         reqwest: false,
+        wrk: false,
         baseline: None,
     };
     let mut it = std::env::args().skip(1);
@@ -59,6 +64,10 @@ fn parse_args() -> Result<Args, String> {
             }
             "--reqwest" => {
                 args.reqwest = true;
+                continue;
+            }
+            "--wrk" => {
+                args.wrk = true;
                 continue;
             }
             "--baseline-node" => {
@@ -276,6 +285,11 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
     let cpu_before = cluster.cpu_times();
     let own_before = process_cpu("self");
     let machine_before = machine_ticks();
+    if args.wrk {
+        let result = run_wrk(&url, &tokens, args)?;
+        print_machine(machine_before, own_before, &result);
+        return finish(&http, cluster, args, cpu_before, result).await;
+    }
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -302,21 +316,6 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
         errors += e;
     }
     let elapsed = started.elapsed();
-    let own_used = own_before.and_then(|before| Some(process_cpu("self")?.saturating_sub(before)));
-    let machine_used = machine_before.and_then(|before| {
-        let after = machine_ticks()?;
-        Some(MachineTicks {
-            busy: after.busy.saturating_sub(before.busy),
-            steal: after.steal.saturating_sub(before.steal),
-            total: after.total.saturating_sub(before.total).max(1),
-        })
-    });
-    let cpu_used: Vec<Option<Duration>> = cluster
-        .cpu_times()
-        .iter()
-        .zip(&cpu_before)
-        .map(|(after, before)| Some(after.as_ref()?.saturating_sub(*before.as_ref()?)))
-        .collect();
     latencies.sort();
     let pick = |q: f64| {
         latencies
@@ -331,8 +330,26 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
         p50: pick(0.50),
         p99: pick(0.99),
     };
-    // Whether the machine itself was the limit: every node and this load generator
-    // share its CPUs.
+    print_machine(machine_before, own_before, &result);
+    finish(&http, cluster, args, cpu_before, result).await
+}
+
+/// Whether the machine itself was the limit: every node and the load generator share its
+/// CPUs. (With wrk the generator's own CPU is not in this process's figure.)
+fn print_machine(
+    machine_before: Option<MachineTicks>,
+    own_before: Option<Duration>,
+    result: &LoadResult,
+) {
+    let own_used = own_before.and_then(|before| Some(process_cpu("self")?.saturating_sub(before)));
+    let machine_used = machine_before.and_then(|before| {
+        let after = machine_ticks()?;
+        Some(MachineTicks {
+            busy: after.busy.saturating_sub(before.busy),
+            steal: after.steal.saturating_sub(before.steal),
+            total: after.total.saturating_sub(before.total).max(1),
+        })
+    });
     if let (Some(machine), Some(own)) = (machine_used, own_used) {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         println!(
@@ -342,7 +359,23 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
             own.as_secs_f64() * 1e6 / result.decisions.max(1) as f64,
         );
     }
-    check_replicas_agree(&http, cluster, args.agents).await?;
+}
+
+/// After a load: the replicas must agree; each node's CPU per decision and time breakdown.
+async fn finish(
+    http: &reqwest::Client,
+    cluster: &Cluster,
+    args: &Args,
+    cpu_before: Vec<Option<Duration>>,
+    result: LoadResult,
+) -> Result<LoadResult, String> {
+    let cpu_used: Vec<Option<Duration>> = cluster
+        .cpu_times()
+        .iter()
+        .zip(&cpu_before)
+        .map(|(after, before)| Some(after.as_ref()?.saturating_sub(*before.as_ref()?)))
+        .collect();
+    check_replicas_agree(http, cluster, args.agents).await?;
     for (i, url) in cluster.urls.iter().enumerate() {
         let cpu = match cpu_used.get(i).copied().flatten() {
             Some(cpu) if result.decisions > 0 => format!(
@@ -354,10 +387,88 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
         println!(
             "  node {}: {cpu}, {}",
             i + 1,
-            time_breakdown(&http, url).await
+            time_breakdown(http, url, result.decisions).await
         );
     }
     Ok(result)
+}
+
+/// The load from `wrk` (2 threads, `--clients` connections, `--seconds`): a Lua script
+/// with every agent's request built once, taken in turn. Reads wrk's own report:
+/// requests, non-2xx answers, requests/s and its latency distribution.
+fn run_wrk(url: &str, tokens: &[String], args: &Args) -> Result<LoadResult, String> {
+    let requests: Vec<String> = tokens
+        .iter()
+        .enumerate()
+        .map(|(a, token)| {
+            format!(
+                "wrk.format(\"POST\", \"/v1/agents/agent-{a}/actions\", {{[\"Authorization\"] = \"Bearer {token}\", [\"Content-Type\"] = \"application/json\"}}, '{{\"tool\":\"work\",\"input\":{{}}}}')"
+            )
+        })
+        .collect();
+    let script = format!(
+        "local requests = {{}}\nlocal n = 0\ninit = function(args)\n  requests = {{ {} }}\nend\nrequest = function()\n  n = n + 1\n  return requests[n % #requests + 1]\nend\n",
+        requests.join(", ")
+    );
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let path = dir.path().join("decide.lua");
+    std::fs::write(&path, script).map_err(|e| e.to_string())?;
+    let output = Command::new("wrk")
+        .args(["-t", "2", "-c", &args.clients.to_string()])
+        .args(["-d", &format!("{}s", args.seconds), "--latency", "-s"])
+        .arg(&path)
+        .arg(url)
+        .output()
+        .map_err(|e| format!("wrk: {e} (apt-get install wrk)"))?;
+    let report = String::from_utf8_lossy(&output.stdout).to_string();
+    if !output.status.success() {
+        return Err(format!(
+            "wrk failed: {report}{}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    parse_wrk(&report).ok_or_else(|| format!("wrk's report was not understood:\n{report}"))
+}
+
+/// wrk's `--latency` report: "N requests in …", "Non-2xx or 3xx responses: E",
+/// "Requests/sec: R", and the "50%"/"99%" lines of its latency distribution.
+fn parse_wrk(report: &str) -> Option<LoadResult> {
+    let duration = |text: &str| -> Option<Duration> {
+        let (number, unit) = text.split_at(text.find(|c: char| c.is_ascii_alphabetic())?);
+        let number: f64 = number.parse().ok()?;
+        let seconds = match unit {
+            "us" => number / 1e6,
+            "ms" => number / 1e3,
+            "s" => number,
+            "m" => number * 60.0,
+            _ => return None,
+        };
+        Some(Duration::from_secs_f64(seconds))
+    };
+    let mut requests = None;
+    let mut errors = 0;
+    let mut per_second = None;
+    let (mut p50, mut p99) = (None, None);
+    for line in report.lines().map(str::trim) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            [n, "requests", "in", ..] => requests = n.parse::<u64>().ok(),
+            ["Non-2xx", "or", "3xx", "responses:", n] => errors = n.parse().ok()?,
+            ["Requests/sec:", r] => per_second = r.parse::<f64>().ok(),
+            ["50%", d] => p50 = duration(d),
+            ["99%", d] => p99 = duration(d),
+            _ => {}
+        }
+    }
+    let requests = requests?;
+    let decisions = requests.saturating_sub(errors);
+    Some(LoadResult {
+        decisions,
+        errors,
+        per_second: per_second? * decisions as f64 / requests.max(1) as f64,
+        p50: p50?,
+        p99: p99?,
+    })
 }
 
 /// One client of the load, sending the same action again and again with its request
@@ -491,7 +602,7 @@ impl ActionClient {
 
 /// Where a node's time went, from its own histograms: durable log writes (group
 /// commits), Raft appends it served as a follower, and decisions it served.
-async fn time_breakdown(http: &reqwest::Client, url: &str) -> String {
+async fn time_breakdown(http: &reqwest::Client, url: &str, decisions: u64) -> String {
     let Ok(reply) = http.get(format!("{url}/metrics")).send().await else {
         return "metrics unavailable".into();
     };
@@ -512,9 +623,13 @@ async fn time_breakdown(http: &reqwest::Client, url: &str) -> String {
             "none".into()
         }
     };
+    let log_writes = sum_count("raft_log_append_duration_seconds", "");
+    // Each log write is two fdatasyncs: the frames, then the watermark (`store::watermark`).
+    // The count covers the node's whole life; the agents' creation adds a few writes.
+    let fsyncs = 2.0 * log_writes.1 / decisions.max(1) as f64;
     format!(
-        "log writes {}, raft appends served {}, decisions served {}",
-        mean(sum_count("raft_log_append_duration_seconds", "")),
+        "log writes {} ({fsyncs:.3} fsyncs per decision), raft appends served {}, decisions served {}",
+        mean(log_writes),
         mean(sum_count("http_request_duration_seconds", "/raft/append")),
         mean(sum_count("http_request_duration_seconds", "/actions")),
     )
