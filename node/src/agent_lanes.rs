@@ -52,6 +52,9 @@ pub struct Lane {
 #[derive(Default)]
 struct Flight {
     writes: usize,
+    /// Writes ever queued, and ever answered (`Lane::answered`).
+    queued: u64,
+    answered: u64,
     /// A write ended without being applied: the pending state may hold records the log
     /// never will.
     broken: bool,
@@ -116,6 +119,13 @@ impl Lanes {
 }
 
 impl Lane {
+    /// Waits until at least `queued` writes of this lane have been answered: the writes
+    /// queued before a decision that was refused on the pending state.
+    pub async fn answered(&self, queued: u64) {
+        let mut changes = self.flight.subscribe();
+        let _ = changes.wait_for(|flight| flight.answered >= queued).await;
+    }
+
     /// Waits for the turn to decide this agent's next write: after the writes decided
     /// before (the lock is fair), after a broken lane has drained, and, with `key`, until
     /// no write with that key is in flight.
@@ -173,6 +183,27 @@ impl Turn<'_> {
         self.lane.flight.borrow().writes
     }
 
+    /// Writes of this agent ever queued (for `Lane::answered`).
+    pub fn writes_queued(&self) -> u64 {
+        self.lane.flight.borrow().queued
+    }
+
+    /// Marks the lane broken: the pending state was taken for a write that will not be
+    /// queued, so writes in flight are drained before anyone decides again.
+    pub fn break_lane(&mut self) {
+        *self.pending = None;
+        self.lane.flight.send_modify(|flight| flight.broken = true);
+    }
+
+    /// Breaks the lane when dropped, unless the write it stands for was queued first
+    /// (`Unqueued::queued`). Held across the await that queues a write, so a caller that
+    /// goes away while the queue is full leaves no pending state the log will not hold.
+    pub fn unqueued(&self) -> Unqueued {
+        Unqueued {
+            lane: Some(self.lane.clone()),
+        }
+    }
+
     /// Takes the pending state out, to extend it with the next write's records.
     pub fn take_pending(&mut self) -> Option<AgentState> {
         self.pending.take()
@@ -188,6 +219,7 @@ impl Turn<'_> {
     pub fn in_flight(&self, key: Option<String>) -> InFlight {
         self.lane.flight.send_modify(|flight| {
             flight.writes += 1;
+            flight.queued += 1;
             if let Some(key) = &key {
                 flight.keys.insert(key.clone());
             }
@@ -196,6 +228,25 @@ impl Turn<'_> {
             lane: self.lane.clone(),
             key,
             applied: false,
+        }
+    }
+}
+
+/// A write decided on the pending state, until it is queued (`Turn::unqueued`).
+pub struct Unqueued {
+    lane: Option<Arc<Lane>>,
+}
+
+impl Unqueued {
+    pub fn queued(mut self) {
+        self.lane = None;
+    }
+}
+
+impl Drop for Unqueued {
+    fn drop(&mut self) {
+        if let Some(lane) = self.lane.take() {
+            lane.flight.send_modify(|flight| flight.broken = true);
         }
     }
 }
@@ -219,6 +270,7 @@ impl Drop for InFlight {
         let (applied, key) = (self.applied, self.key.take());
         self.lane.flight.send_modify(|flight| {
             flight.writes = flight.writes.saturating_sub(1);
+            flight.answered += 1;
             if let Some(key) = &key {
                 flight.keys.remove(key);
             }
@@ -226,5 +278,127 @@ impl Drop for InFlight {
                 flight.broken = true;
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Whether `future` is still waiting after the runtime has had a chance to run it.
+    async fn still_waiting<F: std::future::Future>(future: F) -> bool {
+        tokio::time::timeout(Duration::from_millis(50), future)
+            .await
+            .is_err()
+    }
+
+    #[tokio::test]
+    async fn a_write_not_applied_holds_every_turn_until_the_lane_drains() {
+        let lanes = Lanes::new(true);
+        let lane = lanes.lane("a");
+        let (first, second) = {
+            let mut turn = lane.turn(None).await;
+            turn.set_pending(AgentState::new());
+            (turn.in_flight(None), turn.in_flight(None))
+        };
+        drop(first); // answered without being applied: the lane breaks
+        assert!(
+            still_waiting(lane.turn(None)).await,
+            "a turn on a broken lane"
+        );
+        second.applied();
+        let mut turn = lane.turn(None).await;
+        assert!(
+            turn.pending_state(None).is_none(),
+            "a drained broken lane keeps its pending state"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_key_in_flight_holds_its_repeat_but_not_other_keys() {
+        let lanes = Lanes::new(true);
+        let lane = lanes.lane("a");
+        let write = lane.turn(Some("k")).await.in_flight(Some("k".into()));
+        assert!(still_waiting(lane.turn(Some("k"))).await, "the same key");
+        drop(lane.turn(Some("other")).await);
+        drop(lane.turn(None).await);
+        write.applied();
+        drop(lane.turn(Some("k")).await);
+    }
+
+    #[tokio::test]
+    async fn a_pending_state_is_kept_while_ahead_and_dropped_when_the_head_moved() {
+        let lanes = Lanes::new(true);
+        let lane = lanes.lane("a");
+        let mut turn = lane.turn(None).await;
+        turn.set_pending(AgentState::new()); // no head
+        let write = turn.in_flight(None);
+        assert!(
+            turn.pending_state(Some("applied-elsewhere")).is_some(),
+            "ahead of the applied state while a write is in flight"
+        );
+        drop(turn);
+        write.applied();
+        let mut turn = lane.turn(None).await;
+        assert!(
+            turn.pending_state(None).is_some(),
+            "the same head as applied"
+        );
+        assert!(
+            turn.pending_state(Some("another-leader-wrote")).is_none(),
+            "nothing in flight and another head: dropped"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_that_never_reached_the_queue_breaks_the_lane() {
+        let lanes = Lanes::new(true);
+        let lane = lanes.lane("a");
+        let earlier = {
+            let mut turn = lane.turn(None).await;
+            turn.set_pending(AgentState::new());
+            turn.in_flight(None)
+        };
+        {
+            let mut turn = lane.turn(None).await;
+            assert!(turn.take_pending().is_some());
+            let unqueued = turn.unqueued();
+            drop(unqueued); // the caller went away before the write was queued
+        }
+        assert!(
+            still_waiting(lane.turn(None)).await,
+            "a turn on a broken lane"
+        );
+        earlier.applied();
+        drop(lane.turn(None).await);
+    }
+
+    #[tokio::test]
+    async fn answered_waits_for_the_writes_queued_before() {
+        let lanes = Lanes::new(true);
+        let lane = lanes.lane("a");
+        let turn = lane.turn(None).await;
+        let write = turn.in_flight(None);
+        let queued = turn.writes_queued();
+        drop(turn);
+        assert!(still_waiting(lane.answered(queued)).await);
+        write.applied();
+        lane.answered(queued).await;
+    }
+
+    #[test]
+    fn lanes_nobody_holds_are_swept() {
+        let lanes = Lanes::new(true);
+        let held = lanes.lane("held");
+        for i in 0..LANES_SWEEP_MIN {
+            drop(lanes.lane(&format!("idle-{i}")));
+        }
+        drop(lanes.lane("one-more"));
+        assert!(lanes.len() < 10, "{} lanes after the sweep", lanes.len());
+        assert!(
+            Arc::ptr_eq(&held, &lanes.lane("held")),
+            "a held lane was swept"
+        );
     }
 }

@@ -26,6 +26,11 @@ use crate::store::agent_slot::AgentSlot;
 use crate::store::log_store::DurableLog;
 use crate::store::StateMachine;
 
+/// Longest wait for an agent's turn, or for the writes ahead of a refusal (`execute`):
+/// writes of a deposed leader may stay unanswered until the new leader's log reaches
+/// them.
+const TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long a read waits for this leader to apply its whole log before answering 503.
 const READ_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(3);
 
@@ -332,36 +337,56 @@ impl App {
     ) -> Result<Answer, AppError> {
         let lane = self.lanes.lane(agent_id);
         let key = idempotency.as_ref().map(|key| key.scoped.as_str());
-        let turn = lane.turn(key).await;
-        let reason = match self
-            .decide_and_write(turn, agent_id, &command, &idempotency, &respond)
-            .await
-        {
-            Err(AppError::Stale(reason)) => reason,
-            other => return other,
-        };
-        // The write was decided on a state the log does not hold: this node has just
-        // become leader and is behind, or (pipelining) a write queued before it was not
-        // applied. Catch up with everything committed and decide once more, on the
-        // applied state (a broken lane is drained before the next turn).
-        tracing::debug!(
-            agent_id,
-            reason,
-            "write decided on stale state; deciding again"
-        );
-        self.raft
-            .ensure_linearizable()
-            .await
-            .map_err(|_| AppError::NoLeader)?;
-        let turn = lane.turn(key).await;
-        match self
-            .decide_and_write(turn, agent_id, &command, &idempotency, &respond)
-            .await
-        {
-            Err(AppError::Stale(reason)) => Err(AppError::Unavailable(format!(
-                "the write was not applied ({reason}); retry"
-            ))),
-            other => other,
+        let (mut caught_up, mut waited_for_writes_ahead) = (false, false);
+        // At most three rounds: each way round ends the loop the second time.
+        loop {
+            let turn = tokio::time::timeout(TURN_WAIT, lane.turn(key))
+                .await
+                .map_err(|_| {
+                    AppError::Unavailable(
+                        "this agent's earlier writes are not answered yet; retry".into(),
+                    )
+                })?;
+            match self
+                .decide_and_write(turn, agent_id, &command, &idempotency, &respond)
+                .await
+            {
+                Ok(answer) => return Ok(answer),
+                // Refused on a pending state: the writes ahead of it may yet fail, and the
+                // refusal with them. Once they are answered, decide once more.
+                Err(NotDone::RefusedAhead { error, queued }) => {
+                    if waited_for_writes_ahead
+                        || tokio::time::timeout(TURN_WAIT, lane.answered(queued))
+                            .await
+                            .is_err()
+                    {
+                        return Err(error);
+                    }
+                    waited_for_writes_ahead = true;
+                }
+                // Decided on a state the log does not hold: this node has just become
+                // leader and is behind, or (pipelining) a write queued before it was not
+                // applied. Catch up with everything committed and decide once more (a
+                // broken lane drains before the next turn).
+                Err(NotDone::Failed(AppError::Stale(reason))) => {
+                    if caught_up {
+                        return Err(AppError::Unavailable(format!(
+                            "the write was not applied ({reason}); retry"
+                        )));
+                    }
+                    caught_up = true;
+                    tracing::debug!(
+                        agent_id,
+                        reason,
+                        "write decided on stale state; deciding again"
+                    );
+                    self.raft
+                        .ensure_linearizable()
+                        .await
+                        .map_err(|_| AppError::NoLeader)?;
+                }
+                Err(NotDone::Failed(error)) => return Err(error),
+            }
         }
     }
 
@@ -421,7 +446,7 @@ impl App {
         command: &Command,
         idempotency: &Option<IdempotencyKey>,
         respond: &Respond,
-    ) -> Result<Answer, AppError> {
+    ) -> Result<Answer, NotDone> {
         if let Some(key) = idempotency {
             if let Some(answer) = self.stored_answer(agent_id, key)? {
                 return Ok(answer);
@@ -430,17 +455,23 @@ impl App {
         // A full disk refuses before anything is decided or sealed: the request leaves no
         // trace, and its retry is decided afresh once space returns.
         self.check_disk()?;
-        let (entry, answer) =
-            self.decide_locked(&mut turn, agent_id, command, idempotency, respond)?;
-        let proposed = match self.batcher.propose(entry).await {
-            Ok(proposed) => proposed,
-            Err(error) => {
-                // Not queued: the pending state holds records that never will be.
-                turn.take_pending();
-                return Err(write_error(error));
-            }
-        };
+        let sealed = self.decide_locked(&mut turn, agent_id, command, idempotency, respond)?;
+        // Until the write is queued, the lane has no pending state (it was taken to make
+        // `after`): going away here breaks the lane.
+        let unqueued = turn.unqueued();
+        let proposed = self
+            .batcher
+            .propose(sealed.entry)
+            .await
+            .map_err(write_error)?;
         let in_flight = turn.in_flight(idempotency.as_ref().map(|key| key.scoped.clone()));
+        unqueued.queued();
+        if let Some(after) = sealed.after.filter(|_| self.lanes.pipelining()) {
+            turn.set_pending(after);
+        }
+        if sealed.pipelined {
+            self.metrics.writes_pipelined.inc();
+        }
         // The outcome is awaited on a task of its own, so that the write counts as in
         // flight (and its key as taken) until it is answered, even when this request's
         // caller goes away.
@@ -458,20 +489,23 @@ impl App {
             // The next write of this agent may be decided now, on the pending state.
             drop(turn);
         }
-        let outcome = outcome_rx.await;
-        match outcome.map_err(|_| AppError::Unavailable("the write was dropped".into()))? {
-            Ok(ApplyOutcome::Applied) => Ok(answer),
+        let outcome = outcome_rx
+            .await
+            .map_err(|_| AppError::Unavailable("the write was dropped".into()))?;
+        match outcome {
+            Ok(ApplyOutcome::Applied) => Ok(sealed.answer),
             Ok(ApplyOutcome::Rejected(reason)) => {
                 self.metrics.writes_rejected_at_apply.inc();
-                Err(AppError::Stale(reason))
+                Err(AppError::Stale(reason).into())
             }
-            Err(error) => Err(write_error(error)),
+            Err(error) => Err(write_error(error).into()),
         }
     }
 
     /// Decides `command`, seals its records and makes the entry to queue, with the
-    /// answer it will get once applied. With pipelining on, the turn's pending state
-    /// moves past the new records.
+    /// answer it will get once applied and the agent's state after it. A pending state
+    /// it decided on is taken out of the turn (`decide_and_write` puts `after` back once
+    /// the entry is queued).
     fn decide_locked(
         &self,
         turn: &mut Turn<'_>,
@@ -479,12 +513,12 @@ impl App {
         command: &Command,
         idempotency: &Option<IdempotencyKey>,
         respond: &Respond,
-    ) -> Result<(AppendRecords, Answer), AppError> {
+    ) -> Result<Sealed, NotDone> {
         let now = timestamp::now_micros();
         let data = self.sm.read_data();
         let applied = match data.agents.get(agent_id) {
             Some(AgentSlot::Quarantined(reason)) => {
-                return Err(AppError::Quarantined(reason.clone()))
+                return Err(AppError::Quarantined(reason.clone()).into())
             }
             Some(AgentSlot::Active(state)) => Some(&**state),
             None => None,
@@ -493,89 +527,146 @@ impl App {
             .and_then(|s| s.head.as_ref())
             .map(|h| h.hash.as_str());
         let empty = AgentState::new();
-        let (lines, decision, from_pending, pipelined) = {
-            let in_flight = turn.writes_in_flight();
-            let pending = turn.pending_state(applied_head);
-            let from_pending = pending.is_some();
-            let pipelined = from_pending && in_flight > 0;
-            let state: &AgentState = match (pending.or(applied), command) {
-                (Some(_), Command::Create { .. }) => return Err(AppError::AgentExists),
-                (Some(state), _) => state,
-                (None, Command::Create { .. }) => &empty,
-                (None, _) => return Err(AppError::AgentNotFound),
-            };
-            if let (Command::Request { .. }, Some(policy)) = (command, &state.policy) {
-                self.request_rate
-                    .admit(
-                        agent_id,
-                        policy.max_requests_per_minute(),
-                        std::time::Instant::now(),
-                    )
-                    .map_err(|retry_after_secs| AppError::TooManyRequests { retry_after_secs })?;
-            }
-            let decided = decide(state, command, now, self.keys.audit.public_key_hex())?;
-            let records = seal(state, decided.drafts, &self.keys.audit, now);
-            // The lines are made here, on the request's own task, so that nothing on the
-            // way to the store encodes a record again; one that would not read back as
-            // the same record is refused before it is proposed.
-            let lines = records
-                .into_iter()
-                .map(RecordLine::new)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| AppError::NotRepresentable(e.to_string()))?;
-            (lines, decided.decision, from_pending, pipelined)
+        let in_flight = turn.writes_in_flight();
+        let queued = turn.writes_queued();
+        let pending = turn.pending_state(applied_head);
+        let from_pending = pending.is_some();
+        let pipelined = from_pending && in_flight > 0;
+        // A refusal decided on writes that are not applied yet may not hold once they are.
+        let refused = |error: AppError| match pipelined {
+            true => NotDone::RefusedAhead { error, queued },
+            false => NotDone::Failed(error),
         };
+        let state: &AgentState = match (pending.or(applied), command) {
+            (Some(_), Command::Create { .. }) => return Err(refused(AppError::AgentExists)),
+            (Some(state), _) => state,
+            (None, Command::Create { .. }) => &empty,
+            (None, _) => return Err(AppError::AgentNotFound.into()),
+        };
+        if let (Command::Request { .. }, Some(policy)) = (command, &state.policy) {
+            self.request_rate
+                .admit(
+                    agent_id,
+                    policy.max_requests_per_minute(),
+                    std::time::Instant::now(),
+                )
+                .map_err(|retry_after_secs| AppError::TooManyRequests { retry_after_secs })?;
+        }
+        let decided = decide(state, command, now, self.keys.audit.public_key_hex())
+            .map_err(|e| refused(AppError::Guard(e)))?;
+        let records = seal(state, decided.drafts, &self.keys.audit, now);
+        // The lines are made here, on the request's own task, so that nothing on the way
+        // to the store encodes a record again; one that would not read back as the same
+        // record is refused before it is proposed.
+        let lines = records
+            .into_iter()
+            .map(RecordLine::new)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| AppError::NotRepresentable(e.to_string()))?;
         // The state after these records: the next pending state, and the status some
-        // answers show. Folded from what each line reads back as, as every node will.
-        let after = if self.lanes.pipelining() || matches!(respond, Respond::Status(_)) {
-            let base = if from_pending {
-                turn.take_pending()
-            } else {
-                applied.cloned()
-            };
-            let mut after = base.unwrap_or_else(AgentState::new);
-            for line in &lines {
-                let record = line.record().map_err(AppError::Internal)?;
-                after.apply(&record).map_err(|e| {
-                    AppError::Internal(format!("guard refused its own record: {e}"))
-                })?;
-            }
-            Some(after)
-        } else {
+        // answers show. The applied state is copied under the data lock, folded after it.
+        let base = if !(self.lanes.pipelining() || matches!(respond, Respond::Status(_))) {
             None
+        } else if from_pending {
+            turn.take_pending()
+        } else {
+            Some(applied.cloned().unwrap_or_else(AgentState::new))
         };
         drop(data);
-        let answer = match (respond, &after) {
-            (Respond::Status(shape), Some(after)) => shape(after.status()),
-            _ => Answer {
-                status: 200,
-                body: serde_json::to_value(&decision)
-                    .map_err(|e| AppError::Internal(e.to_string()))?,
-            },
-        };
-        let idempotency = match idempotency {
-            Some(key) => Some(IdempotentAnswer {
-                key: key.scoped.clone(),
-                status: answer.status,
-                body: serde_json::to_string(&answer.body)
-                    .map_err(|e| AppError::Internal(e.to_string()))?,
-                request: key.request.clone(),
-            }),
+        let after = match base {
+            Some(mut after) => {
+                // Folded from what each line reads back as, as every node will.
+                for line in &lines {
+                    let folded = line.record().and_then(|record| {
+                        after
+                            .apply(&record)
+                            .map_err(|e| format!("guard refused its own record: {e}"))
+                    });
+                    if let Err(e) = folded {
+                        turn.break_lane();
+                        return Err(AppError::Internal(e).into());
+                    }
+                }
+                Some(after)
+            }
             None => None,
+        };
+        let answered = answer_and_copy(respond, &after, &decided.decision, idempotency);
+        let (answer, idempotency) = match answered {
+            Ok(answered) => answered,
+            Err(error) => {
+                if from_pending {
+                    turn.break_lane();
+                }
+                return Err(error.into());
+            }
         };
         let entry = AppendRecords {
             agent_id: agent_id.to_string(),
             records: lines,
             idempotency,
         };
-        // Last, once nothing can fail: the pending state moves only with a write to queue.
-        if let (true, Some(after)) = (self.lanes.pipelining(), after) {
-            turn.set_pending(after);
-        }
-        if pipelined {
-            self.metrics.writes_pipelined.inc();
-        }
-        Ok((entry, answer))
+        Ok(Sealed {
+            entry,
+            answer,
+            after,
+            pipelined,
+        })
+    }
+}
+
+/// The answer a write gets once applied, and its copy stored under the request's
+/// Idempotency-Key.
+fn answer_and_copy(
+    respond: &Respond,
+    after: &Option<AgentState>,
+    decision: &Option<lineage_core::guard::Decision>,
+    idempotency: &Option<IdempotencyKey>,
+) -> Result<(Answer, Option<IdempotentAnswer>), AppError> {
+    let answer = match (respond, after) {
+        (Respond::Status(shape), Some(after)) => shape(after.status()),
+        _ => Answer {
+            status: 200,
+            body: serde_json::to_value(decision).map_err(|e| AppError::Internal(e.to_string()))?,
+        },
+    };
+    let copy = match idempotency {
+        Some(key) => Some(IdempotentAnswer {
+            key: key.scoped.clone(),
+            status: answer.status,
+            body: serde_json::to_string(&answer.body)
+                .map_err(|e| AppError::Internal(e.to_string()))?,
+            request: key.request.clone(),
+        }),
+        None => None,
+    };
+    Ok((answer, copy))
+}
+
+/// A write decided and sealed, not yet queued.
+struct Sealed {
+    entry: AppendRecords,
+    answer: Answer,
+    /// The agent's state after the write (pipelining on, or an answer that shows it).
+    after: Option<AgentState>,
+    /// Decided on a pending state while earlier writes were in flight.
+    pipelined: bool,
+}
+
+/// Why `decide_and_write` gave no answer.
+enum NotDone {
+    /// Refused on a pending state, with `queued` writes of the lane queued before it:
+    /// the refusal may not hold once they are answered (one of them may fail).
+    RefusedAhead {
+        error: AppError,
+        queued: u64,
+    },
+    Failed(AppError),
+}
+
+impl From<AppError> for NotDone {
+    fn from(error: AppError) -> Self {
+        NotDone::Failed(error)
     }
 }
 

@@ -30,6 +30,11 @@ const MAX_BATCH_BYTES: usize = 128 * 1024;
 const MAX_QUEUED_WRITES: usize = 8192;
 /// Batches being committed at once.
 const MAX_BATCHES_IN_FLIGHT: usize = 1;
+// Each batch's `client_write` runs on a task of its own; with one in flight, batches reach
+// Raft in the order they were cut, and so one agent's writes in the order its lane queued
+// them (`agent_lanes`). With more, a later batch could overtake an earlier one, and every
+// pipelined write behind the swap would be rejected at apply: order the proposals first.
+const _: () = assert!(MAX_BATCHES_IN_FLIGHT == 1);
 /// Longest wait for writers expected back before a batch is proposed.
 const COHORT_LINGER: Duration = Duration::from_millis(1);
 

@@ -244,10 +244,6 @@ struct LoadResult {
     p99: Duration,
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "one load run: clients, warm-up, measurement and the figures read in the order they are taken"
-)]
 async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.clients)
