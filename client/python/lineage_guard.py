@@ -26,6 +26,7 @@ import json
 import os
 import secrets
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -148,12 +149,16 @@ def _env_urls():
     return urls
 
 
-def connect_admin(url=None, token=None, timeout=10, retry_for=15):
+def connect_admin(url=None, token=None, timeout=10, retry_for=15, ca_file=None):
     """An AdminClient for ``url`` (one URL, a list, or comma-separated URLs; default
     ``$GUARD_URLS``, ``$GUARD_URL`` or http://127.0.0.1:9200), after checking that a
-    node answers and accepts the token. Raises SetupError saying what to fix."""
+    node answers and accepts the token. ``ca_file`` (default ``$LINEAGE_CA``) is the CA
+    bundle an https:// node's certificate must chain to. Raises SetupError saying what
+    to fix."""
     token = token or find_admin_token()
-    admin = AdminClient(url or _env_urls(), token, timeout=timeout, retry_for=retry_for)
+    admin = AdminClient(
+        url or _env_urls(), token, timeout=timeout, retry_for=retry_for, ca_file=ca_file
+    )
     try:
         admin.agents()
     except GuardError as e:
@@ -191,11 +196,24 @@ def _quote(segment):
     return urllib.parse.quote(str(segment), safe="")
 
 
+def _tls_context(ca_file):
+    """Certificates of https:// nodes must chain to ``ca_file`` (PEM), or to ``$LINEAGE_CA``;
+    with neither, to the system's roots."""
+    ca_file = ca_file or os.environ.get("LINEAGE_CA")
+    if not ca_file:
+        return None
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as e:
+        raise SetupError(f"cannot use the CA bundle {ca_file}: {e}") from None
+
+
 class _Nodes:
     """One logical call at a time over a list of nodes, with failover and retries."""
 
-    def __init__(self, urls, token, timeout, retry_for):
+    def __init__(self, urls, token, timeout, retry_for, ca_file=None):
         self.urls = _node_list(urls)
+        self.tls = _tls_context(ca_file)
         self.token = (token or "").strip()
         self.timeout = timeout
         self.retry_for = retry_for
@@ -223,7 +241,9 @@ class _Nodes:
             url = self.urls[index] + path
             request = urllib.request.Request(url, data=data, headers=headers, method=method)
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as reply:
+                with urllib.request.urlopen(
+                    request, timeout=self.timeout, context=self.tls
+                ) as reply:
                     text = reply.read()
                 self.preferred = index
                 return _decode(text, reply.status)
@@ -272,8 +292,8 @@ def _api_error(status, text):
 class _Client:
     """What both clients share: the nodes, and which of them answered last."""
 
-    def __init__(self, url, token, timeout, retry_for):
-        self._nodes = _Nodes(url, token, timeout, retry_for)
+    def __init__(self, url, token, timeout, retry_for, ca_file=None):
+        self._nodes = _Nodes(url, token, timeout, retry_for, ca_file)
 
     @property
     def url(self):
@@ -302,8 +322,8 @@ def _outcome_body(status, detail):
 class AgentClient(_Client):
     """Used by the agent itself, with its own token (``agt_<id>.<mac>``)."""
 
-    def __init__(self, url, agent_id, token, timeout=30, retry_for=15):
-        super().__init__(url, token, timeout, retry_for)
+    def __init__(self, url, agent_id, token, timeout=30, retry_for=15, ca_file=None):
+        super().__init__(url, token, timeout, retry_for, ca_file)
         self.agent_id = agent_id
 
     def _path(self, *parts):
@@ -385,8 +405,8 @@ class AgentClient(_Client):
 class AdminClient(_Client):
     """Used by operators, dashboards, monitors and tool backends, with the admin token."""
 
-    def __init__(self, url, token, timeout=30, retry_for=15):
-        super().__init__(url, token, timeout, retry_for)
+    def __init__(self, url, token, timeout=30, retry_for=15, ca_file=None):
+        super().__init__(url, token, timeout, retry_for, ca_file)
 
     def _call(self, method, agent_id, *parts, body=None, query=None):
         path = "/v1/agents/" + "/".join(_quote(p) for p in (agent_id,) + parts)

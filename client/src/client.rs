@@ -44,6 +44,39 @@ pub struct Client {
     /// Index of the node that answered last: the likely leader.
     preferred: AtomicUsize,
     retry_for: Duration,
+    /// The CA bundle (PEM) an `https://` node's certificate must chain to; `None`: the
+    /// client trusts no certificate, so it speaks plain HTTP only.
+    ca: Option<Vec<u8>>,
+    connect_timeout: Duration,
+    answer_timeout: Duration,
+}
+
+/// An HTTP client with these waits, trusting only the certificates in `ca` (PEM).
+fn http_client(
+    connect: Duration,
+    answer: Duration,
+    ca: Option<&[u8]>,
+) -> Result<reqwest::Client, ClientError> {
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(connect)
+        .timeout(answer)
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false);
+    if let Some(pem) = ca {
+        let certificates = reqwest::Certificate::from_pem_bundle(pem)
+            .map_err(|e| ClientError::Config(format!("CA bundle: {e}")))?;
+        if certificates.is_empty() {
+            return Err(ClientError::Config(
+                "CA bundle: no certificate in it".into(),
+            ));
+        }
+        for certificate in certificates {
+            builder = builder.add_root_certificate(certificate);
+        }
+    }
+    builder
+        .build()
+        .map_err(|e| ClientError::Config(e.to_string()))
 }
 
 /// A fresh idempotency key: 128 random bits in hex.
@@ -67,18 +100,29 @@ impl Client {
                 "at least one node URL is needed".into(),
             ));
         }
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| ClientError::Config(e.to_string()))?;
+        let (connect_timeout, answer_timeout) = (Duration::from_secs(2), Duration::from_secs(10));
         Ok(Client {
             nodes,
             token: token.trim().to_string(),
-            http,
+            http: http_client(connect_timeout, answer_timeout, None)?,
             preferred: AtomicUsize::new(0),
             retry_for: Duration::from_secs(15),
+            ca: None,
+            connect_timeout,
+            answer_timeout,
         })
+    }
+
+    /// Trusts the CA bundle in `path` (PEM) for `https://` nodes; `None` changes nothing.
+    pub fn with_ca_file(mut self, path: Option<&std::path::Path>) -> Result<Self, ClientError> {
+        let Some(path) = path else {
+            return Ok(self);
+        };
+        let pem = std::fs::read(path)
+            .map_err(|e| ClientError::Config(format!("CA bundle {}: {e}", path.display())))?;
+        self.http = http_client(self.connect_timeout, self.answer_timeout, Some(&pem))?;
+        self.ca = Some(pem);
+        Ok(self)
     }
 
     /// How long one logical call keeps retrying across nodes (default 15 s).
@@ -97,11 +141,8 @@ impl Client {
         answer: Duration,
     ) -> Result<Self, ClientError> {
         let answer = answer.max(connect);
-        self.http = reqwest::Client::builder()
-            .connect_timeout(connect)
-            .timeout(answer)
-            .build()
-            .map_err(|e| ClientError::Config(e.to_string()))?;
+        self.http = http_client(connect, answer, self.ca.as_deref())?;
+        (self.connect_timeout, self.answer_timeout) = (connect, answer);
         self.retry_for = answer * u32::try_from(self.nodes.len()).unwrap_or(u32::MAX);
         Ok(self)
     }

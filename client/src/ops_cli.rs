@@ -79,6 +79,8 @@ impl From<ClientError> for Failure {
 pub struct Target {
     pub urls: Vec<String>,
     pub token_file: Option<PathBuf>,
+    /// CA bundle for `https://` nodes (`--ca`).
+    pub ca: Option<PathBuf>,
     pub timeout: Duration,
     pub json: bool,
 }
@@ -106,7 +108,9 @@ impl Target {
     /// `--timeout`).
     fn admin_client_waiting(&self, answer: Duration) -> Result<Client, Failure> {
         let token = find_admin_token(self.token_file.as_deref())?;
-        Ok(Client::new(&self.urls, &token)?.with_timeouts(self.timeout, answer)?)
+        Ok(Client::new(&self.urls, &token)?
+            .with_ca_file(self.ca.as_deref())?
+            .with_timeouts(self.timeout, answer)?)
     }
 }
 
@@ -575,7 +579,9 @@ pub fn checkpoint_fetch(
     dest: Option<&Path>,
     out: &mut dyn Write,
 ) -> Result<(), Failure> {
-    let client = Client::new(&target.urls, "")?.with_timeouts(target.timeout, target.timeout)?;
+    let client = Client::new(&target.urls, "")?
+        .with_ca_file(target.ca.as_deref())?
+        .with_timeouts(target.timeout, target.timeout)?;
     let note = runtime()?.block_on(client.witnessed_checkpoint())?;
     match dest {
         None => out

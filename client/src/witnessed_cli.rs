@@ -200,11 +200,14 @@ pub fn verify_verified_log(
 /// `MAX_EARLIER_STATEMENTS` earlier statements, newest first, from any node in `urls`.
 pub async fn fetch_head_proofs(
     urls: &[String],
+    ca: Option<&std::path::Path>,
     agent_id: &str,
     tree_size: u64,
 ) -> Result<Vec<HeadProof>, String> {
     // The transparency endpoints are public: no token.
-    let client = Client::new(urls, "").map_err(|e| e.to_string())?;
+    let client = Client::new(urls, "")
+        .and_then(|c| c.with_ca_file(ca))
+        .map_err(|e| e.to_string())?;
     let mut proofs: Vec<HeadProof> = Vec::new();
     let mut before = tree_size;
     while proofs.len() <= MAX_EARLIER_STATEMENTS {
@@ -226,8 +229,13 @@ pub async fn fetch_head_proofs(
 }
 
 /// `checkpoint fetch`: the cluster's latest witnessed heads checkpoint.
-pub async fn fetch_witnessed(urls: &[String]) -> Result<String, String> {
-    let client = Client::new(urls, "").map_err(|e| e.to_string())?;
+pub async fn fetch_witnessed(
+    urls: &[String],
+    ca: Option<&std::path::Path>,
+) -> Result<String, String> {
+    let client = Client::new(urls, "")
+        .and_then(|c| c.with_ca_file(ca))
+        .map_err(|e| e.to_string())?;
     client
         .witnessed_checkpoint()
         .await

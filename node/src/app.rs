@@ -41,6 +41,10 @@ pub struct App {
     pub keys: ClusterKeys,
     /// One HTTP client for forwarding (and Raft), reused for its connection pool.
     pub http: reqwest::Client,
+    /// `http` or `https`: how this node reaches its peers (forwarding).
+    pub scheme: &'static str,
+    /// With TLS, `/raft/*` requires a peer certificate naming a node of this cluster.
+    pub tls: bool,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The committed Raft index, as this node last learned it.
     pub committed_index: Arc<std::sync::atomic::AtomicU64>,
@@ -176,6 +180,8 @@ impl App {
             sm,
             keys,
             http,
+            scheme: "http",
+            tls: false,
             request_rate: crate::request_rate::RequestRate::default(),
             lanes: Lanes::new(true),
             heads_origin: String::new(),
@@ -185,6 +191,13 @@ impl App {
             disk: None,
             whole_log_reads: tokio::sync::Semaphore::new(WHOLE_LOG_READS),
         }
+    }
+
+    /// Peers are reached over TLS, and only nodes' certificates may speak Raft.
+    pub fn with_tls(mut self, on: bool) -> Self {
+        self.scheme = if on { "https" } else { "http" };
+        self.tls = on;
+        self
     }
 
     /// Turns pipelining of one agent's writes on or off (`agent_lanes`; on by default).

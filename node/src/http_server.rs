@@ -14,6 +14,13 @@
 //!   a flood of silent connections evicts itself, while a peer's busy Raft connection and
 //!   a fresh `/healthz` get in. With nothing to evict, the new connection is closed.
 //!
+//! - **With TLS, the handshake runs in the connection's own task** (a stalled client
+//!   cannot hold up the accept loop) and must finish within the header timeout. A
+//!   connection whose first byte does not start a TLS handshake (plain HTTP to the TLS
+//!   port) gets `400 this port requires HTTPS` and is closed. The peer's certificate
+//!   identity, if it sent one, goes into each request's extensions
+//!   (`tls::PeerCertificate`).
+//!
 //! hyper's own header timer also starts while a keep-alive connection waits for its next
 //! request, so it would cut idle connections at the header timeout; it is off, and the
 //! rules above are kept by one watcher per connection (`watch_connection`) from what the
@@ -37,6 +44,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
 use crate::metrics::Metrics;
+use crate::tls::{PeerCertificate, TlsServer};
 
 /// Default [`Limits::header_timeout`].
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -107,6 +115,10 @@ enum Closed {
     Idle,
     Evicted,
     Refused,
+    /// Plain HTTP on the TLS port.
+    Plaintext,
+    TlsHandshakeTimeout,
+    TlsHandshakeFailed,
 }
 
 impl Closed {
@@ -117,6 +129,9 @@ impl Closed {
             Closed::Idle => "idle",
             Closed::Evicted => "evicted",
             Closed::Refused => "refused",
+            Closed::Plaintext => "plaintext_on_tls",
+            Closed::TlsHandshakeTimeout => "tls_handshake_timeout",
+            Closed::TlsHandshakeFailed => "tls_handshake_failed",
         }
     }
 }
@@ -197,13 +212,14 @@ impl Registry {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, then lets open requests
-/// finish for up to 10 s.
+/// Serves `router` on `listener` (over TLS with `tls`) until `shutdown` resolves, then
+/// lets open requests finish for up to 10 s.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: Limits,
     metrics: Arc<Metrics>,
+    tls: Option<TlsServer>,
     shutdown: impl Future<Output = ()>,
 ) {
     let clock = Clock(Instant::now());
@@ -264,7 +280,7 @@ pub async fn serve(
         };
         let router = router.clone();
         let stop = stop_rx.clone();
-        tasks.spawn(connection.run(stream, router, stop));
+        tasks.spawn(connection.run(stream, router, tls.clone(), stop));
     }
     let _ = stop_tx.send(true);
     let open = registry.len();
@@ -331,19 +347,85 @@ impl Connection {
         self,
         stream: TcpStream,
         router: Router,
-        mut stop: tokio::sync::watch::Receiver<bool>,
+        tls: Option<TlsServer>,
+        stop: tokio::sync::watch::Receiver<bool>,
     ) {
-        let io = TokioIo::new(Tracked {
+        let _registered = {
+            let (registry, metrics, id) = (self.registry.clone(), self.metrics.clone(), self.id);
+            OnDrop(move || {
+                registry.remove(id);
+                metrics.http_connections.set(registry.len() as i64);
+            })
+        };
+        let tracked = Tracked {
             inner: stream,
             activity: self.activity.clone(),
             clock: self.clock,
-        });
+        };
+        let Some(tls) = tls else {
+            return self.serve_http(tracked, router, None, stop).await;
+        };
+        match self.handshake(tracked, &tls).await {
+            Ok((stream, peer)) => self.serve_http(stream, router, peer, stop).await,
+            Err(reason) => self.metrics.http_connection_closed(reason.as_str()),
+        }
+    }
+
+    /// The TLS handshake, within the header timeout; plain HTTP gets its 400 here.
+    async fn handshake(
+        &self,
+        mut tracked: Tracked,
+        tls: &TlsServer,
+    ) -> Result<
+        (
+            tokio_rustls::server::TlsStream<Tracked>,
+            Option<PeerCertificate>,
+        ),
+        Closed,
+    > {
+        let deadline = tokio::time::Instant::now() + self.limits.header_timeout;
+        let mut first = [0u8; 1];
+        match tokio::time::timeout_at(deadline, tracked.inner.peek(&mut first)).await {
+            Err(_) => return Err(Closed::TlsHandshakeTimeout),
+            Ok(Ok(0) | Err(_)) => return Err(Closed::TlsHandshakeFailed),
+            Ok(Ok(_)) => {}
+        }
+        // Every TLS connection opens with a handshake record (content type 22).
+        if first[0] != 0x16 {
+            refuse_plaintext(&mut tracked.inner).await;
+            return Err(Closed::Plaintext);
+        }
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+        match tokio::time::timeout_at(deadline, acceptor.accept(tracked)).await {
+            Err(_) => Err(Closed::TlsHandshakeTimeout),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "TLS handshake failed");
+                Err(Closed::TlsHandshakeFailed)
+            }
+            Ok(Ok(stream)) => {
+                let peer = crate::tls::peer_certificate(stream.get_ref().1.peer_certificates());
+                Ok((stream, peer))
+            }
+        }
+    }
+
+    async fn serve_http<S>(
+        self,
+        stream: S,
+        router: Router,
+        peer: Option<PeerCertificate>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let io = TokioIo::new(stream);
         let service = {
             let activity = self.activity.clone();
             let clock = self.clock;
             hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
                 let activity = activity.clone();
                 let router = router.clone();
+                let peer = peer.clone();
                 async move {
                     activity.head_started.store(0, Ordering::Relaxed);
                     activity.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -360,21 +442,17 @@ impl Connection {
                     };
                     let has_body = !hyper::body::Body::is_end_stream(request.body());
                     activity.reading_body.store(has_body, Ordering::Relaxed);
-                    let request = request.map(|body| {
+                    let mut request = request.map(|body| {
                         Body::new(TrackedBody {
                             inner: body,
                             activity: activity.clone(),
                         })
                     });
+                    if let Some(peer) = peer {
+                        request.extensions_mut().insert(peer);
+                    }
                     router.oneshot(request).await
                 }
-            })
-        };
-        let _registered = {
-            let (registry, metrics, id) = (self.registry.clone(), self.metrics.clone(), self.id);
-            OnDrop(move || {
-                registry.remove(id);
-                metrics.http_connections.set(registry.len() as i64);
             })
         };
         let mut http = hyper::server::conn::http1::Builder::new();
@@ -441,6 +519,26 @@ impl Connection {
         // Checking at a quarter of the shortest bound closes within 1.25x of it.
         (shortest / 4).max(Duration::from_millis(10))
     }
+}
+
+/// Answers plain HTTP on the TLS port with a 400 and closes: the request is drained
+/// (briefly) after the answer is sent and the write side shut, so the client reads the
+/// answer rather than a reset.
+async fn refuse_plaintext(stream: &mut TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const BODY: &str = r#"{"code":"https_required","error":"this port requires HTTPS"}"#;
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let sent = async {
+        stream.write_all(answer.as_bytes()).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        io::Result::Ok(())
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), sent).await;
 }
 
 /// The socket, recording when bytes move and when a new request head begins.

@@ -34,6 +34,7 @@ pub mod api;
 pub mod app;
 pub mod batcher;
 pub mod console;
+pub mod dev_certs;
 pub mod disk_reserve;
 pub mod heads_rounds;
 pub mod http_server;
@@ -46,6 +47,7 @@ pub mod raft_types;
 pub mod request_rate;
 pub mod scrub;
 pub mod store;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -89,6 +91,8 @@ pub struct NodeConfig {
     pub leader_early_ack: bool,
     /// One agent's next write is decided while its previous one replicates (`agent_lanes`).
     pub pipelining: bool,
+    /// TLS on the node's port and to its peers (`tls`); `None`: plain HTTP.
+    pub tls: Option<tls::TlsFiles>,
     /// Witnesses whose cosignatures a stored witnessed checkpoint must carry.
     pub witnesses: app::WitnessPolicy,
     /// Free bytes the data directory's disk keeps; below it writes are refused (507).
@@ -200,13 +204,20 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         // Never the leader of its old term on a cut log (`demote_own_leadership`).
         log_store.demote_own_leadership(config.id);
     }
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_millis(RAFT_CONNECT_TIMEOUT_MS))
-        .build()
-        .map_err(|e| format!("http client: {e}"))?;
+    let tls_server = config.tls.clone().map(tls::TlsServer::load).transpose()?;
+    let http = tls::peer_client(
+        config.tls.as_ref(),
+        Duration::from_millis(RAFT_CONNECT_TIMEOUT_MS),
+    )?;
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let peer_contacts = Arc::new(network::peer_contacts::PeerContacts::default());
     let network = network::raft_client::RaftHttp {
         client: http.clone(),
+        scheme,
         secret: keys.cluster_secret.clone(),
         durable_log,
         contacts: peer_contacts.clone(),
@@ -273,6 +284,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         .with_heads_origin(config.cluster_name.clone())
         .with_witnesses(config.witnesses.clone())
         .with_pipelining(config.pipelining)
+        .with_tls(config.tls.is_some())
         .with_log(log_handle)
         .with_disk_reserve(disk)
         .with_peer_contacts(peer_contacts),
@@ -285,6 +297,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         router,
         http_limits,
         connection_metrics,
+        tls_server,
         shutdown_signal(),
     )
     .await;

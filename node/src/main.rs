@@ -123,6 +123,8 @@ enum Command {
         disk_reserve_mb: u64,
         #[command(flatten)]
         connections: ConnectionFlags,
+        #[command(flatten)]
+        tls: TlsFlags,
     },
     /// Run a local cluster on 127.0.0.1 (ports P, P+1, …) until Ctrl-C
     Dev {
@@ -135,6 +137,23 @@ enum Command {
     },
     /// Create audit.key, token.key, admin.token and cluster.secret in DIR (0600)
     Keygen { dir: PathBuf },
+    /// Make a development CA and a certificate per node (for --tls-cert/--tls-key/--tls-ca):
+    /// DIR/ca.pem, DIR/ca.key, DIR/node-ID.pem, DIR/node-ID.key (keys 0600). Each node's
+    /// certificate names the hosts given (DNS names or IPs, as in --advertise) and
+    /// lineage://CLUSTER/node/ID; an existing CA in DIR is reused
+    Certs {
+        #[arg(long)]
+        out: PathBuf,
+        /// ID=host[,host…], once per node
+        #[arg(long = "node", required = true)]
+        nodes: Vec<String>,
+        /// The cluster's name, as the nodes are given it (--cluster-name)
+        #[arg(long, env = "LINEAGE_CLUSTER_NAME", default_value = lineage_node::DEFAULT_CLUSTER_NAME)]
+        cluster_name: String,
+        /// Days the node certificates are valid
+        #[arg(long, default_value_t = 365)]
+        days: u32,
+    },
     /// Exit 0 if the node on this machine answers /healthz (or /readyz with --ready):
     /// a container HEALTHCHECK for an image with no curl
     Healthcheck {
@@ -284,6 +303,16 @@ fn main() -> ExitCode {
             keys_dir,
             cluster_name,
         }) => heads_vkey(&keys_dir, &cluster_name).map(|vkey| println!("{vkey}")),
+        Some(Command::Certs {
+            out,
+            nodes,
+            cluster_name,
+            days,
+        }) => lineage_node::dev_certs::make(&out, &nodes, &cluster_name, days).map(|written| {
+            for path in written {
+                println!("{}", path.display());
+            }
+        }),
         Some(Command::Run {
             id,
             listen,
@@ -302,8 +331,10 @@ fn main() -> ExitCode {
             witness_quorum,
             disk_reserve_mb,
             connections,
+            tls,
         }) => parse_peers(&peers).and_then(|peers| {
             let witnesses = WitnessPolicy::new(witness_keys, witness_quorum)?;
+            let tls = tls.files()?;
             serve(NodeConfig {
                 id,
                 listen,
@@ -319,6 +350,7 @@ fn main() -> ExitCode {
                 state_fsync_interval: std::time::Duration::from_millis(state_fsync_interval_ms),
                 leader_early_ack,
                 pipelining,
+                tls,
                 witnesses,
                 disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
                 max_connections: connections.max_connections,
@@ -355,6 +387,32 @@ struct ConnectionFlags {
     /// Milliseconds a connection may sit with no request and no byte moving
     #[arg(long, env = "LINEAGE_HTTP_IDLE_TIMEOUT_MS", default_value_t = millis(lineage_node::http_server::DEFAULT_IDLE_TIMEOUT))]
     http_idle_timeout_ms: u64,
+}
+
+#[derive(clap::Args, Debug)]
+struct TlsFlags {
+    /// This node's certificate chain (PEM): serve HTTPS, and present it to peers. Needs
+    /// --tls-key and --tls-ca; every node of a cluster runs with TLS or none does
+    #[arg(long, env = "LINEAGE_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM)
+    #[arg(long, env = "LINEAGE_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// CA bundle (PEM) that peers' and clients' certificates are checked against
+    #[arg(long, env = "LINEAGE_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+}
+
+impl TlsFlags {
+    fn files(self) -> Result<Option<lineage_node::tls::TlsFiles>, String> {
+        match (self.tls_cert, self.tls_key, self.tls_ca) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(ca)) => {
+                Ok(Some(lineage_node::tls::TlsFiles { cert, key, ca }))
+            }
+            _ => Err("TLS needs all three of --tls-cert, --tls-key and --tls-ca".into()),
+        }
+    }
 }
 
 impl ConnectionFlags {
@@ -450,6 +508,7 @@ fn reference_mode() -> Result<(), String> {
         state_fsync_interval: std::time::Duration::from_millis(state_fsync_ms),
         leader_early_ack: false,
         pipelining: true,
+        tls: None,
         witnesses: WitnessPolicy::default(),
         disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
         max_connections: connections.max_connections,

@@ -191,7 +191,8 @@ impl Metrics {
         let http_connections_closed = counter(
             "http_connections_closed_total",
             "Client connections the server closed, by reason (header_timeout, body_timeout, \
-             idle, evicted at the connection cap, refused with every connection busy).",
+             idle, evicted at the connection cap, refused with every connection busy, \
+             plaintext_on_tls, tls_handshake_timeout, tls_handshake_failed).",
             &["reason"],
         );
         Metrics {

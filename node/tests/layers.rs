@@ -44,11 +44,13 @@ const LAYERS: &[(&str, Layer)] = &[
     ("store", Layer::Storage),
     ("raft_types", Layer::Storage),
     ("keys", Layer::Storage),
+    ("dev_certs", Layer::Storage),
     ("network", Layer::Storage),
     ("network::raft_client", Layer::Storage),
     ("network::peer_contacts", Layer::Storage),
     ("store::agent_slot", Layer::Leaf),
     ("log_noise", Layer::Leaf),
+    ("tls", Layer::Leaf),
 ];
 
 fn layer_of(module: &str) -> Option<Layer> {

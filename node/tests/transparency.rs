@@ -171,7 +171,7 @@ async fn audit(
         .iter()
         .map(|a| format!("http://{a}"))
         .collect();
-    let proofs = fetch_head_proofs(&urls, agent, size)
+    let proofs = fetch_head_proofs(&urls, None, agent, size)
         .await
         .expect("head proofs");
     let (mut out, mut err) = (Vec::new(), Vec::new());
@@ -287,7 +287,7 @@ async fn truncation_and_rewrite_are_caught_by_checkpointer_and_auditor() {
     );
     let note = wait_witnessed(&cluster, &["honest", "cut", "rewritten"]).await;
     // `lineage checkpoint fetch` gets the same note through the client's failover.
-    assert_eq!(fetch_witnessed(&cluster_urls).await.expect("fetch"), note);
+    assert_eq!(fetch_witnessed(&cluster_urls, None).await.expect("fetch"), note);
 
     // Before any tampering every log passes the auditor's check.
     for agent in ["honest", "cut", "rewritten"] {

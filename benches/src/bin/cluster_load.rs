@@ -389,7 +389,7 @@ async fn finish(
     Ok(result)
 }
 
-/// The load from `wrk` (2 threads, `--clients` connections, `--seconds`): a Lua script
+/// The load from `wrk` (2 threads, or 1 for one connection, `--clients` connections, `--seconds`): a Lua script
 /// with every agent's request built once, taken in turn. Reads wrk's own report:
 /// requests, non-2xx answers, requests/s and its latency distribution.
 fn run_wrk(url: &str, tokens: &[String], args: &Args) -> Result<LoadResult, String> {
@@ -410,7 +410,8 @@ fn run_wrk(url: &str, tokens: &[String], args: &Args) -> Result<LoadResult, Stri
     let path = dir.path().join("decide.lua");
     std::fs::write(&path, script).map_err(|e| e.to_string())?;
     let output = Command::new("wrk")
-        .args(["-t", "2", "-c", &args.clients.to_string()])
+        .args(["-t", &args.clients.min(2).to_string()])
+        .args(["-c", &args.clients.to_string()])
         .args(["-d", &format!("{}s", args.seconds), "--latency", "-s"])
         .arg(&path)
         .arg(url)

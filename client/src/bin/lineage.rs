@@ -35,6 +35,9 @@ struct Global {
     /// keys/admin.token under $GUARD_DATA_DIR, ./guard-data or ./lineage-data]
     #[arg(long, global = true, env = "LINEAGE_ADMIN_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// CA bundle (PEM) that https:// nodes' certificates must chain to
+    #[arg(long, global = true, env = "LINEAGE_CA")]
+    ca: Option<PathBuf>,
     /// Seconds to wait for each node before trying the next
     #[arg(long, global = true, default_value_t = 3.0, value_parser = parse_seconds)]
     timeout: f64,
@@ -57,6 +60,7 @@ impl Global {
         Target {
             urls: Target::node_urls(&self.url),
             token_file: self.token_file.clone(),
+            ca: self.ca.clone(),
             timeout: Duration::from_secs_f64(self.timeout),
             json: self.json,
         }
@@ -280,6 +284,7 @@ fn main() -> ExitCode {
                 quorum,
                 head_proof.as_deref(),
                 &cluster,
+                target.ca.as_deref(),
                 &mut out,
                 &mut err,
             ),
@@ -400,6 +405,7 @@ fn witnessed_verify(
     quorum: usize,
     head_proof: Option<&std::path::Path>,
     cluster: &[String],
+    ca: Option<&std::path::Path>,
     out: &mut dyn std::io::Write,
     err: &mut dyn std::io::Write,
 ) -> i32 {
@@ -437,7 +443,9 @@ fn witnessed_verify(
                 }
             };
             runtime().and_then(|rt| {
-                rt.block_on(witnessed_cli::fetch_head_proofs(cluster, &agent_id, size))
+                rt.block_on(witnessed_cli::fetch_head_proofs(
+                    cluster, ca, &agent_id, size,
+                ))
             })
         }
         (None, true) => Err("--witnessed needs --head-proof FILE or --cluster URL".into()),

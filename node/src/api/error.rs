@@ -24,6 +24,9 @@ pub enum ApiError {
     Unauthorized,
     #[error("this token may not access this resource")]
     Forbidden,
+    /// A Raft request over TLS without a member node's certificate.
+    #[error("{0}")]
+    NotANode(String),
     #[error("{0}")]
     NotFound(String),
     /// The cluster refused what was sent, as stated (409).
@@ -62,6 +65,7 @@ impl ApiError {
             ApiError::BodyTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
             ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ApiError::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::NotANode(_) => (StatusCode::FORBIDDEN, "not_a_node"),
             ApiError::ActionNotFound | ApiError::NotFound(_) => {
                 (StatusCode::NOT_FOUND, "not_found")
             }

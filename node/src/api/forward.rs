@@ -96,7 +96,7 @@ fn forward_timeout(path: &str) -> std::time::Duration {
 async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
     let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let url = format!("http://{addr}{path_and_query}");
+    let url = format!("{}://{addr}{path_and_query}", app.scheme);
     let bytes = to_bytes(body, MAX_BODY_BYTES)
         .await
         .map_err(|_| ApiError::BodyTooLarge(MAX_BODY_BYTES))?;

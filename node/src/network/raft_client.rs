@@ -24,6 +24,8 @@ pub const CLUSTER_SECRET_HEADER: &str = "x-lineage-cluster-secret";
 #[derive(Clone)]
 pub struct RaftHttp {
     pub client: reqwest::Client,
+    /// `http` or `https`: the cluster's scheme (a cluster is all TLS or all plain).
+    pub scheme: &'static str,
     pub secret: String,
     /// With the leader's early acknowledgement on, followers hear of commits only up to
     /// what is durable here (`log_store` docs).
@@ -98,7 +100,7 @@ impl Connection {
         Resp: DeserializeOwned,
         Err: std::error::Error + DeserializeOwned,
     {
-        let url = format!("http://{}/raft/{path}", self.addr);
+        let url = format!("{}://{}/raft/{path}", self.http.scheme, self.addr);
         let response = self
             .http
             .client

@@ -1,4 +1,5 @@
-//! Incoming Raft RPCs. Every request must carry the cluster secret.
+//! Incoming Raft RPCs. Every request must carry the cluster secret and, with TLS, come
+//! with a certificate that names a node of this cluster (`tls`).
 
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ use crate::api::route_book::RouteBook;
 use crate::app::App;
 use crate::raft_types::{NodeId, TypeConfig};
 use crate::store::repair_floor::Floor;
+use crate::tls::PeerCertificate;
 
 /// Raft bodies may be larger than the API's: an AppendEntries always carries at least
 /// one whole entry, and a batch may end with one large write. Only nodes holding the
@@ -44,12 +46,20 @@ pub fn router(app: Arc<App>) -> Router<Arc<App>> {
         ))
 }
 
-/// Checked before the body is even read: only nodes holding the secret speak Raft.
+/// Checked before the body is even read: only nodes holding the secret (and, with TLS,
+/// a node's certificate) speak Raft.
 async fn require_cluster_secret(
     State(app): State<Arc<App>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    if app.tls {
+        let peer = request.extensions().get::<PeerCertificate>();
+        if let Err(why) = node_certificate(&app, peer) {
+            tracing::warn!(why, "a Raft request without a member node's certificate");
+            return ApiError::NotANode(why).into_response();
+        }
+    }
     let presented = request
         .headers()
         .get(CLUSTER_SECRET_HEADER)
@@ -60,6 +70,31 @@ async fn require_cluster_secret(
     } else {
         ApiError::Unauthorized.into_response()
     }
+}
+
+/// The peer's certificate must name a node of this cluster that is a member (voter or
+/// learner) of the membership this node knows. A node that knows none yet (it was just
+/// started empty, to be added) accepts any node of this cluster.
+fn node_certificate(app: &App, peer: Option<&PeerCertificate>) -> Result<(), String> {
+    let Some(peer) = peer else {
+        return Err("Raft requires a node certificate; none was presented".into());
+    };
+    let Some((cluster, id)) = &peer.node else {
+        return Err("the certificate names no node (lineage://<cluster>/node/<id>)".into());
+    };
+    if *cluster != app.heads_origin {
+        return Err(format!(
+            "the certificate names a node of another cluster ({cluster})"
+        ));
+    }
+    let metrics = app.raft.metrics();
+    let membership = metrics.borrow();
+    let members = membership.membership_config.membership();
+    let known = members.nodes().next().is_some();
+    if known && members.get_node(id).is_none() {
+        return Err(format!("node {id} is not a member of this cluster"));
+    }
+    Ok(())
 }
 
 async fn append(

@@ -20,8 +20,12 @@ pub struct Cluster {
     children: std::sync::Mutex<Vec<Option<Child>>>,
     pub admin: String,
     pub http: reqwest::Client,
-    /// Extra flags for every node.
+    /// Extra flags for every node; `{id}` in one stands for the node's id.
     pub extra_args: Vec<String>,
+    /// `http`, or `https` for a cluster started with `start_tls`.
+    pub scheme: &'static str,
+    /// With TLS: the directory with `ca.pem` and each node's certificate and key.
+    pub tls_dir: Option<PathBuf>,
     /// Nodes this harness did not start (containers): never killed or restarted here.
     external: bool,
     /// Where each node keeps its data, when not under `dir` (a loop-mounted disk).
@@ -122,13 +126,43 @@ impl Cluster {
         Self::start_on(n, extra_args, None).await
     }
 
-    /// `start_with`, each node keeping its data in the given directory (for example
-    /// its own file system).
-    pub async fn start_on(
-        n: usize,
-        extra_args: &[&str],
-        data_dirs: Option<Vec<PathBuf>>,
-    ) -> Cluster {
+    /// `start_with` over TLS: `lineage-node certs` makes a CA and each node's certificate
+    /// (127.0.0.1, localhost); the nodes serve HTTPS and the harness's client trusts the CA.
+    pub async fn start_tls(n: usize, extra_args: &[&str]) -> Cluster {
+        let mut cluster = Self::prepare(n, extra_args);
+        let tls = cluster.dir.path().join("tls");
+        let mut certs = Command::new(env!("CARGO_BIN_EXE_lineage-node"));
+        certs.arg("certs").arg("--out").arg(&tls);
+        for i in 0..n {
+            certs.args(["--node", &format!("{}=127.0.0.1,localhost", i + 1)]);
+        }
+        let output = certs.output().expect("run lineage-node certs");
+        assert!(
+            output.status.success(),
+            "certs: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let path = |name: &str| tls.join(name).display().to_string();
+        cluster.extra_args.extend([
+            "--tls-cert".into(),
+            path("node-{id}.pem"),
+            "--tls-key".into(),
+            path("node-{id}.key"),
+            "--tls-ca".into(),
+            path("ca.pem"),
+        ]);
+        cluster.http = https_client(&tls.join("ca.pem"));
+        cluster.scheme = "https";
+        cluster.tls_dir = Some(tls);
+        for i in 0..n {
+            cluster.start_node(i);
+        }
+        cluster.wait_for_leader(Duration::from_secs(15)).await;
+        cluster
+    }
+
+    /// A cluster's keys and ports, with no node started yet.
+    fn prepare(n: usize, extra_args: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let keys = dir.path().join("keys");
         let status = Command::new(env!("CARGO_BIN_EXE_lineage-node"))
@@ -142,7 +176,17 @@ impl Cluster {
         let addrs: Vec<String> = (0..n)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
-        let mut cluster = Cluster::new(dir, addrs, admin, extra_args, false);
+        Cluster::new(dir, addrs, admin, extra_args, false)
+    }
+
+    /// `start_with`, each node keeping its data in the given directory (for example
+    /// its own file system).
+    pub async fn start_on(
+        n: usize,
+        extra_args: &[&str],
+        data_dirs: Option<Vec<PathBuf>>,
+    ) -> Cluster {
+        let mut cluster = Self::prepare(n, extra_args);
         cluster.data_dirs = data_dirs;
         for i in 0..n {
             cluster.start_node(i);
@@ -177,6 +221,8 @@ impl Cluster {
                 .build()
                 .expect("client"),
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            scheme: "http",
+            tls_dir: None,
             external,
             data_dirs: None,
         }
@@ -226,7 +272,11 @@ impl Cluster {
             .arg(self.dir.path().join("keys"))
             .arg("--peers")
             .arg(peers.join(","))
-            .args(&self.extra_args)
+            .args(
+                self.extra_args
+                    .iter()
+                    .map(|arg| arg.replace("{id}", &(i + 1).to_string())),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -344,7 +394,7 @@ impl Cluster {
     }
 
     pub fn url(&self, i: usize, path: &str) -> String {
-        format!("http://{}{path}", self.addrs[i])
+        format!("{}://{}{path}", self.scheme, self.addrs[i])
     }
 
     /// The leader's index as reported by node `i`, if it answers and knows one.
@@ -588,6 +638,19 @@ impl Drop for Cluster {
             self.kill(i);
         }
     }
+}
+
+/// A client that trusts only the CA in `ca` (PEM).
+pub fn https_client(ca: &std::path::Path) -> reqwest::Client {
+    let pem = std::fs::read(ca).expect("read the CA");
+    let mut builder = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false);
+    for certificate in reqwest::Certificate::from_pem_bundle(&pem).expect("CA bundle") {
+        builder = builder.add_root_certificate(certificate);
+    }
+    builder.build().expect("https client")
 }
 
 /// `name{labels} value` lines of the exposition format, keyed by `name{labels}` without

@@ -1,0 +1,247 @@
+//! TLS for the node's one port: the server's configuration (rustls, ring), the identity a
+//! peer's certificate carries, and the client the node uses to reach its peers.
+//!
+//! One port serves the API and Raft. A client certificate is asked for but not required
+//! (the API's clients authenticate with bearer tokens); `/raft/*` requires one that names
+//! a node of this cluster (`network::raft_routes`), on top of the cluster secret. A node's
+//! certificate carries a URI SAN `lineage://<cluster>/node/<id>` and the serverAuth and
+//! clientAuth usages: it serves and it calls its peers. Peers are often addressed by IP,
+//! for which clients send no SNI, so nothing here depends on SNI.
+//!
+//! The server's configuration is read anew for each connection from an `ArcSwap`, so a
+//! renewed certificate takes effect without a restart (`reload`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// The URI SAN prefix of a node certificate.
+pub const NODE_URI_SCHEME: &str = "lineage://";
+
+/// Where the node's certificate, key and CA bundle are (`--tls-cert`, `--tls-key`,
+/// `--tls-ca`).
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+/// What a peer's certificate says about it, put in each request's extensions. Absent
+/// when the peer sent no certificate (or TLS is off).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerCertificate {
+    /// The node it names (`lineage://<cluster>/node/<id>`), if it names one.
+    pub node: Option<(String, u64)>,
+}
+
+/// The server side: the current configuration, replaced whole on reload.
+#[derive(Clone)]
+pub struct TlsServer {
+    config: Arc<ArcSwap<rustls::ServerConfig>>,
+    files: TlsFiles,
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read_certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certificates = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("{what} {}: {e}", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    if certificates.is_empty() {
+        return Err(format!(
+            "{what} {}: no PEM certificate in it",
+            path.display()
+        ));
+    }
+    Ok(certificates)
+}
+
+fn read_roots(path: &Path) -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in read_certificates(path, "--tls-ca")? {
+        roots
+            .add(certificate)
+            .map_err(|e| format!("--tls-ca {}: {e}", path.display()))?;
+    }
+    Ok(roots)
+}
+
+/// Builds the server's configuration from the files, checking that the key matches the
+/// certificate and that the certificate is valid now.
+fn server_config(files: &TlsFiles) -> Result<rustls::ServerConfig, String> {
+    let chain = read_certificates(&files.cert, "--tls-cert")?;
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|e| format!("--tls-key {}: {e}", files.key.display()))?;
+    let (not_before, not_after) = validity(&chain[0])?;
+    let now = SystemTime::now();
+    if now < not_before || now > not_after {
+        return Err(format!(
+            "--tls-cert {}: not valid now (valid from {} to {})",
+            files.cert.display(),
+            httpdate(not_before),
+            httpdate(not_after)
+        ));
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(read_roots(&files.ca)?),
+        provider(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| format!("--tls-ca {}: {e}", files.ca.display()))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+impl TlsServer {
+    pub fn load(files: TlsFiles) -> Result<Self, String> {
+        let config = server_config(&files)?;
+        Ok(TlsServer {
+            config: Arc::new(ArcSwap::from_pointee(config)),
+            files,
+        })
+    }
+
+    /// The configuration for a new connection.
+    pub fn current(&self) -> Arc<rustls::ServerConfig> {
+        self.config.load_full()
+    }
+
+    /// Reads the files again and, if they make a valid configuration, serves new
+    /// connections with it; otherwise the old one stays and the error is returned.
+    pub fn reload(&self) -> Result<(), String> {
+        let config = server_config(&self.files)?;
+        self.config.store(Arc::new(config));
+        Ok(())
+    }
+
+    pub fn files(&self) -> &TlsFiles {
+        &self.files
+    }
+}
+
+/// The identity in a peer's certificate chain (its first, end-entity certificate).
+pub fn peer_certificate(chain: Option<&[CertificateDer<'_>]>) -> Option<PeerCertificate> {
+    let end_entity = chain?.first()?;
+    let node = x509_parser::parse_x509_certificate(end_entity.as_ref())
+        .ok()
+        .and_then(|(_, certificate)| {
+            let names = certificate.subject_alternative_name().ok()??;
+            names
+                .value
+                .general_names
+                .iter()
+                .find_map(|name| match name {
+                    x509_parser::extensions::GeneralName::URI(uri) => parse_node_uri(uri),
+                    _ => None,
+                })
+        });
+    Some(PeerCertificate { node })
+}
+
+/// `lineage://<cluster>/node/<id>` → (cluster, id).
+pub fn parse_node_uri(uri: &str) -> Option<(String, u64)> {
+    let rest = uri.strip_prefix(NODE_URI_SCHEME)?;
+    let (cluster, id) = rest.rsplit_once("/node/")?;
+    let id = id.parse().ok()?;
+    (!cluster.is_empty()).then(|| (cluster.to_string(), id))
+}
+
+/// The URI SAN of node `id` of `cluster`.
+pub fn node_uri(cluster: &str, id: u64) -> String {
+    format!("{NODE_URI_SCHEME}{cluster}/node/{id}")
+}
+
+/// A certificate's validity period.
+pub fn validity(certificate: &CertificateDer<'_>) -> Result<(SystemTime, SystemTime), String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(certificate.as_ref())
+        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    let at = |t: x509_parser::time::ASN1Time| {
+        let seconds = t.timestamp();
+        if seconds >= 0 {
+            SystemTime::UNIX_EPOCH + Duration::from_secs(seconds as u64)
+        } else {
+            SystemTime::UNIX_EPOCH
+        }
+    };
+    let v = parsed.validity();
+    Ok((at(v.not_before), at(v.not_after)))
+}
+
+/// When the certificate in `path` (its first) expires, in seconds since the epoch.
+pub fn not_after_seconds(path: &Path) -> Result<i64, String> {
+    let chain = read_certificates(path, "certificate")?;
+    let (_, not_after) = validity(&chain[0])?;
+    Ok(not_after
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64))
+}
+
+fn httpdate(t: SystemTime) -> String {
+    let seconds = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("{seconds} s after the epoch")
+}
+
+/// The node's HTTP client for its peers (Raft and forwarded requests): it trusts only the
+/// CA bundle, presents the node's certificate, and speaks TLS 1.3. Without TLS, plain.
+pub fn peer_client(
+    files: Option<&TlsFiles>,
+    connect_timeout: Duration,
+) -> Result<reqwest::Client, String> {
+    let builder = reqwest::Client::builder().connect_timeout(connect_timeout);
+    let Some(files) = files else {
+        return builder.build().map_err(|e| format!("http client: {e}"));
+    };
+    let ca = std::fs::read(&files.ca).map_err(|e| format!("--tls-ca: {e}"))?;
+    let mut identity = std::fs::read(&files.cert).map_err(|e| format!("--tls-cert: {e}"))?;
+    identity.push(b'\n');
+    identity.extend(std::fs::read(&files.key).map_err(|e| format!("--tls-key: {e}"))?);
+    let mut builder = builder
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .min_tls_version(reqwest::tls::Version::TLS_1_3)
+        .identity(reqwest::Identity::from_pem(&identity).map_err(|e| format!("--tls-key: {e}"))?);
+    for certificate in
+        reqwest::Certificate::from_pem_bundle(&ca).map_err(|e| format!("--tls-ca: {e}"))?
+    {
+        builder = builder.add_root_certificate(certificate);
+    }
+    builder.build().map_err(|e| format!("http client: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_uris_round_trip_and_strangers_do_not_parse() {
+        let uri = node_uri("example.com/guard", 3);
+        assert_eq!(uri, "lineage://example.com/guard/node/3");
+        assert_eq!(parse_node_uri(&uri), Some(("example.com/guard".into(), 3)));
+        for stranger in [
+            "https://example.com/node/3",
+            "lineage:///node/3",
+            "lineage://c/node/x",
+            "lineage://c/nodes/3",
+            "lineage://c/node/-1",
+        ] {
+            assert_eq!(parse_node_uri(stranger), None, "{stranger}");
+        }
+    }
+}
