@@ -39,8 +39,9 @@ pub struct App {
     pub raft: Raft,
     pub sm: StateMachine,
     pub keys: ClusterKeys,
-    /// One HTTP client for forwarding (and Raft), reused for its connection pool.
-    pub http: reqwest::Client,
+    /// One HTTP client for forwarding (and Raft), reused for its connection pool; replaced
+    /// when the node's certificate is reloaded.
+    pub http: crate::tls::PeerClient,
     /// `http` or `https`: how this node reaches its peers (forwarding).
     pub scheme: &'static str,
     /// With TLS, `/raft/*` requires a peer certificate naming a node of this cluster.
@@ -167,7 +168,7 @@ impl App {
         raft: Raft,
         sm: StateMachine,
         keys: ClusterKeys,
-        http: reqwest::Client,
+        http: crate::tls::PeerClient,
         metrics: Arc<crate::metrics::Metrics>,
         committed_index: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {

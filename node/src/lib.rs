@@ -48,6 +48,7 @@ pub mod request_rate;
 pub mod scrub;
 pub mod store;
 pub mod tls;
+pub mod tls_reload;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -93,6 +94,8 @@ pub struct NodeConfig {
     pub pipelining: bool,
     /// TLS on the node's port and to its peers (`tls`); `None`: plain HTTP.
     pub tls: Option<tls::TlsFiles>,
+    /// How often the TLS files' modification times are checked for a reload.
+    pub tls_reload_poll: Duration,
     /// Witnesses whose cosignatures a stored witnessed checkpoint must carry.
     pub witnesses: app::WitnessPolicy,
     /// Free bytes the data directory's disk keeps; below it writes are refused (507).
@@ -205,10 +208,8 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         log_store.demote_own_leadership(config.id);
     }
     let tls_server = config.tls.clone().map(tls::TlsServer::load).transpose()?;
-    let http = tls::peer_client(
-        config.tls.as_ref(),
-        Duration::from_millis(RAFT_CONNECT_TIMEOUT_MS),
-    )?;
+    let connect_timeout = Duration::from_millis(RAFT_CONNECT_TIMEOUT_MS);
+    let http = tls::PeerClient::new(tls::peer_client(config.tls.as_ref(), connect_timeout)?);
     let scheme = if config.tls.is_some() {
         "https"
     } else {
@@ -290,6 +291,15 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         .with_peer_contacts(peer_contacts),
     );
     let connection_metrics = app.metrics.clone();
+    if let Some(server) = &tls_server {
+        tls_reload::spawn(
+            server.clone(),
+            app.http.clone(),
+            connect_timeout,
+            app.metrics.clone(),
+            config.tls_reload_poll,
+        );
+    }
     let router = api::router(app);
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "lineage-node serving");
     http_server::serve(

@@ -334,6 +334,7 @@ fn main() -> ExitCode {
             tls,
         }) => parse_peers(&peers).and_then(|peers| {
             let witnesses = WitnessPolicy::new(witness_keys, witness_quorum)?;
+            let tls_reload_poll = tls.reload_poll();
             let tls = tls.files()?;
             serve(NodeConfig {
                 id,
@@ -351,6 +352,7 @@ fn main() -> ExitCode {
                 leader_early_ack,
                 pipelining,
                 tls,
+                tls_reload_poll,
                 witnesses,
                 disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
                 max_connections: connections.max_connections,
@@ -401,9 +403,16 @@ struct TlsFlags {
     /// CA bundle (PEM) that peers' and clients' certificates are checked against
     #[arg(long, env = "LINEAGE_TLS_CA")]
     tls_ca: Option<PathBuf>,
+    /// Milliseconds between checks of the TLS files for a renewal (SIGHUP reloads at once)
+    #[arg(long, env = "LINEAGE_TLS_RELOAD_POLL_MS", default_value_t = millis(lineage_node::tls_reload::DEFAULT_POLL))]
+    tls_reload_poll_ms: u64,
 }
 
 impl TlsFlags {
+    fn reload_poll(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.tls_reload_poll_ms.max(10))
+    }
+
     fn files(self) -> Result<Option<lineage_node::tls::TlsFiles>, String> {
         match (self.tls_cert, self.tls_key, self.tls_ca) {
             (None, None, None) => Ok(None),
@@ -509,6 +518,7 @@ fn reference_mode() -> Result<(), String> {
         leader_early_ack: false,
         pipelining: true,
         tls: None,
+        tls_reload_poll: lineage_node::tls_reload::DEFAULT_POLL,
         witnesses: WitnessPolicy::default(),
         disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
         max_connections: connections.max_connections,

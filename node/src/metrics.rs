@@ -53,6 +53,10 @@ pub struct Metrics {
     process_registry: Registry,
     pub scrub_quarantined: prometheus::IntCounter,
     pub scrub_last_run: IntGauge,
+    /// When the node's TLS certificate (`node`) and its CA (`ca`) expire.
+    tls_not_after: IntGaugeVec,
+    /// Certificate reloads that failed (the old certificate stayed in use).
+    pub tls_reload_failures: prometheus::IntCounter,
     /// Writes decided on an agent's pending state while earlier ones were in flight.
     pub writes_pipelined: prometheus::IntCounter,
     /// Writes the state machine rejected because they did not extend the agent's head.
@@ -175,6 +179,21 @@ impl Metrics {
             "Agents the integrity scrub quarantined on this node.",
         ));
         must(registry.register(Box::new(scrub_quarantined.clone())));
+        let tls_not_after = IntGaugeVec::new(
+            Opts::new(
+                "tls_cert_not_after_seconds",
+                "When a certificate this node uses expires (Unix seconds): node is its own, \
+                 ca the first of its CA bundle.",
+            ),
+            &["cert"],
+        );
+        let tls_not_after = must(tls_not_after);
+        must(registry.register(Box::new(tls_not_after.clone())));
+        let tls_reload_failures = must(prometheus::IntCounter::new(
+            "tls_reload_failures_total",
+            "TLS certificate reloads that failed; the previous certificate stayed in use.",
+        ));
+        must(registry.register(Box::new(tls_reload_failures.clone())));
         let writes_pipelined = must(prometheus::IntCounter::new(
             "writes_pipelined_total",
             "Writes this leader decided on an agent's pending state while the agent's \
@@ -237,10 +256,19 @@ impl Metrics {
             raft_peer_last_contact,
             process_registry,
             scrub_quarantined,
+            tls_not_after,
+            tls_reload_failures,
             writes_pipelined,
             writes_rejected_at_apply,
             exported: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// When the certificate `cert` (`node` or `ca`) expires.
+    pub fn set_tls_not_after(&self, cert: &str, unix_seconds: i64) {
+        self.tls_not_after
+            .with_label_values(&[cert])
+            .set(unix_seconds);
     }
 
     /// One connection closed by the server, for `reason`.

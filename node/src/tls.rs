@@ -182,6 +182,14 @@ pub fn validity(certificate: &CertificateDer<'_>) -> Result<(SystemTime, SystemT
     Ok((at(v.not_before), at(v.not_after)))
 }
 
+/// When the files last changed (their modification times), to notice a renewal.
+pub fn modified(files: &TlsFiles) -> Vec<Option<SystemTime>> {
+    [&files.cert, &files.key, &files.ca]
+        .iter()
+        .map(|path| std::fs::metadata(path).and_then(|m| m.modified()).ok())
+        .collect()
+}
+
 /// When the certificate in `path` (its first) expires, in seconds since the epoch.
 pub fn not_after_seconds(path: &Path) -> Result<i64, String> {
     let chain = read_certificates(path, "certificate")?;
@@ -198,13 +206,39 @@ fn httpdate(t: SystemTime) -> String {
     format!("{seconds} s after the epoch")
 }
 
+/// The node's client for its peers, replaced whole when the certificate is reloaded:
+/// requests in flight finish on the old one, and its pooled connections close with it.
+#[derive(Clone)]
+pub struct PeerClient(Arc<ArcSwap<reqwest::Client>>);
+
+impl PeerClient {
+    pub fn new(client: reqwest::Client) -> Self {
+        PeerClient(Arc::new(ArcSwap::from_pointee(client)))
+    }
+
+    /// The client for the next request.
+    pub fn current(&self) -> reqwest::Client {
+        reqwest::Client::clone(&self.0.load())
+    }
+
+    pub fn replace(&self, client: reqwest::Client) {
+        self.0.store(Arc::new(client));
+    }
+}
+
+/// Idle pooled connections to peers are closed after this long, so none outlives a
+/// reload by much even while its client is still referenced.
+const PEER_POOL_IDLE: Duration = Duration::from_secs(60);
+
 /// The node's HTTP client for its peers (Raft and forwarded requests): it trusts only the
 /// CA bundle, presents the node's certificate, and speaks TLS 1.3. Without TLS, plain.
 pub fn peer_client(
     files: Option<&TlsFiles>,
     connect_timeout: Duration,
 ) -> Result<reqwest::Client, String> {
-    let builder = reqwest::Client::builder().connect_timeout(connect_timeout);
+    let builder = reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
+        .pool_idle_timeout(PEER_POOL_IDLE);
     let Some(files) = files else {
         return builder.build().map_err(|e| format!("http client: {e}"));
     };

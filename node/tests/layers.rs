@@ -41,6 +41,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("idempotency_key", Layer::Service),
     ("request_rate", Layer::Service),
     ("agent_lanes", Layer::Service),
+    ("tls_reload", Layer::Service),
     ("store", Layer::Storage),
     ("raft_types", Layer::Storage),
     ("keys", Layer::Storage),

@@ -176,3 +176,63 @@ fn the_keys_the_readme_provisions_are_ignored_by_git() {
         assert!(status.success(), "deploy/keys/{file} is not ignored by git");
     }
 }
+
+/// The README's TLS blocks: its setup makes keys and certificates, a node runs with the
+/// flags it names, and `curl --cacert` and `lineage --ca` reach it over HTTPS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_tls_blocks_work_as_written() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .expect("README.md");
+    let port = util::free_port();
+    let ports = |text: String| text.replace("127.0.0.1:9200", &format!("127.0.0.1:{port}"));
+    let setup = ports(block(&readme, "tls-setup"));
+    let clients = ports(block(&readme, "tls-clients"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ok, output) = run_block(&setup, dir.path(), port);
+    assert!(ok, "the TLS setup failed:\n{output}");
+    // The node, with the flags the setup block names.
+    let listen = format!("127.0.0.1:{port}");
+    let log = std::fs::File::create(dir.path().join("node.out")).expect("log file");
+    let node = Dev(Command::new(env!("CARGO_BIN_EXE_lineage-node"))
+        .args(["run", "--id", "1", "--listen", &listen])
+        .args(["--peers", &format!("1={listen}")])
+        .args(["--data-dir", "data", "--keys-dir", "keys"])
+        .args([
+            "--tls-cert",
+            "tls/node-1.pem",
+            "--tls-key",
+            "tls/node-1.key",
+        ])
+        .args(["--tls-ca", "tls/ca.pem"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start the node"));
+    let http = util::https_client(&dir.path().join("tls/ca.pem"));
+    let start = Instant::now();
+    while !http
+        .get(format!("https://{listen}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the TLS node did not get ready:\n{}",
+            std::fs::read_to_string(dir.path().join("node.out")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (ok, output) = run_block(&clients, dir.path(), port);
+    assert!(ok, "the TLS client block failed:\n{output}");
+    for expected in [r#""agents":[]"#, "leader 1"] {
+        assert!(
+            output.contains(expected),
+            "{expected} missing from:\n{output}"
+        );
+    }
+    drop(node);
+}

@@ -209,3 +209,175 @@ async fn raft_answers_only_a_member_nodes_certificate() {
         assert_eq!(reply.status().as_u16(), 401, "{path}: no cluster secret");
     }
 }
+
+/// The certificate node `i` serves now, on a fresh connection.
+async fn served_certificate(cluster: &Cluster, i: usize) -> Vec<u8> {
+    let tls = cluster.tls_dir.as_ref().expect("TLS directory");
+    let ca = std::fs::read(tls.join("ca.pem")).unwrap();
+    let mut builder = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .tls_info(true)
+        .timeout(Duration::from_secs(5));
+    for certificate in reqwest::Certificate::from_pem_bundle(&ca).unwrap() {
+        builder = builder.add_root_certificate(certificate);
+    }
+    let reply = builder
+        .build()
+        .unwrap()
+        .get(cluster.url(i, "/healthz"))
+        .send()
+        .await
+        .expect("HTTPS with the CA");
+    assert!(reply.status().is_success());
+    reply
+        .extensions()
+        .get::<reqwest::tls::TlsInfo>()
+        .and_then(|info| info.peer_certificate())
+        .expect("the served certificate")
+        .to_vec()
+}
+
+fn certificate_der(path: &Path) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_file(path)
+        .expect("a PEM certificate")
+        .to_vec()
+}
+
+/// Replaces `to` with a copy of `from`, atomically (a rename), as a renewal tool would.
+fn replace_file(from: &Path, to: &Path) {
+    let temporary = to.with_extension("new");
+    std::fs::copy(from, &temporary).unwrap();
+    std::fs::rename(&temporary, to).unwrap();
+}
+
+/// A new certificate and key for node 1 from the cluster's CA, put in place of the old
+/// ones; returns the new certificate (DER).
+fn renew_node_certificate(cluster: &Cluster) -> Vec<u8> {
+    let tls = cluster.tls_dir.clone().expect("TLS directory");
+    let renewal = tempfile::tempdir().unwrap();
+    for name in ["ca.pem", "ca.key"] {
+        std::fs::copy(tls.join(name), renewal.path().join(name)).unwrap();
+    }
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_lineage-node"))
+        .args(["certs", "--node", "1=127.0.0.1,localhost", "--out"])
+        .arg(renewal.path())
+        .output()
+        .expect("certs");
+    assert!(output.status.success(), "{output:?}");
+    replace_file(&renewal.path().join("node-1.key"), &tls.join("node-1.key"));
+    replace_file(&renewal.path().join("node-1.pem"), &tls.join("node-1.pem"));
+    certificate_der(&tls.join("node-1.pem"))
+}
+
+async fn wait_until_served(cluster: &Cluster, expected: &[u8]) {
+    let mut served = Vec::new();
+    for _ in 0..100 {
+        served = served_certificate(cluster, 0).await;
+        if served == expected {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(served, expected, "the renewed certificate is not served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_a_renewed_certificate_at_once() {
+    // Polled every 10 minutes: only the signal can make the node notice within the test.
+    let cluster = Cluster::start_tls(1, &["--tls-reload-poll-ms", "600000"]).await;
+    let renewed = renew_node_certificate(&cluster);
+    cluster.hangup(0);
+    wait_until_served(&cluster, &renewed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_certificate_is_served_without_a_restart_and_a_bad_one_is_refused() {
+    let cluster = Cluster::start_tls(1, &["--tls-reload-poll-ms", "100"]).await;
+    let tls = cluster.tls_dir.clone().expect("TLS directory");
+    let first = certificate_der(&tls.join("node-1.pem"));
+    assert_eq!(served_certificate(&cluster, 0).await, first);
+    let expiry = cluster.metrics(0).await["lineage_tls_cert_not_after_seconds{cert=\"node\"}"];
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        expiry > now + 300.0 * 86_400.0,
+        "expiry {expiry}, now {now}"
+    );
+
+    // Renewed by the same CA, files replaced in place: the poll notices.
+    let renewed = renew_node_certificate(&cluster);
+    assert_ne!(renewed, first);
+    wait_until_served(&cluster, &renewed).await;
+
+    // A broken certificate file, then SIGHUP: refused, counted, the renewed one serves on.
+    let failures = |m: &std::collections::BTreeMap<String, f64>| {
+        m.get("lineage_tls_reload_failures_total")
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let before = failures(&cluster.metrics(0).await);
+    std::fs::write(tls.join("node-1.pem"), "not a certificate\n").unwrap();
+    cluster.hangup(0);
+    let mut after = before;
+    for _ in 0..100 {
+        after = failures(&cluster.metrics(0).await);
+        if after > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(after > before, "the bad certificate was not refused");
+    assert_eq!(served_certificate(&cluster, 0).await, renewed);
+    assert!(cluster.is_running(0), "the node died of a bad certificate");
+}
+
+/// The one-file Python client over HTTPS: with `ca_file` it creates an agent and is
+/// allowed an action through a follower; without the CA it gets no answer (the handshake
+/// fails), reported as a GuardError with no status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_speaks_https_with_the_ca() {
+    let cluster = Cluster::start_tls(3, &[]).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let follower = (leader + 1) % 3;
+    let tls = cluster.tls_dir.clone().expect("TLS directory");
+    let script = r#"
+import sys
+from lineage_guard import AdminClient, AgentClient, GuardError
+url, token, ca = sys.argv[1], sys.argv[2], sys.argv[3]
+admin = AdminClient(url, token, ca_file=ca)
+created = admin.create_agent("py-tls", {"budget": 5, "scar_limit": 3, "tools": {"work": {"cost": 1}}})
+agent = AgentClient(url, "py-tls", created["token"], ca_file=ca)
+print("decision", agent.request("work")["decision"])
+try:
+    AdminClient(url, token, retry_for=1).agents()
+    print("without the CA: answered")
+except GuardError as e:
+    print("without the CA: status", e.status, "CERTIFICATE_VERIFY_FAILED" in e.message)
+"#;
+    let python = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/python");
+    let output = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(cluster.url(follower, ""))
+        .arg(cluster.admin.trim())
+        .arg(tls.join("ca.pem"))
+        .env("PYTHONPATH", &python)
+        .env_remove("LINEAGE_CA")
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("decision allowed"), "{stdout}");
+    assert!(
+        stdout.contains("without the CA: status None True"),
+        "{stdout}"
+    );
+}

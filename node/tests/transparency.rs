@@ -287,7 +287,10 @@ async fn truncation_and_rewrite_are_caught_by_checkpointer_and_auditor() {
     );
     let note = wait_witnessed(&cluster, &["honest", "cut", "rewritten"]).await;
     // `lineage checkpoint fetch` gets the same note through the client's failover.
-    assert_eq!(fetch_witnessed(&cluster_urls, None).await.expect("fetch"), note);
+    assert_eq!(
+        fetch_witnessed(&cluster_urls, None).await.expect("fetch"),
+        note
+    );
 
     // Before any tampering every log passes the auditor's check.
     for agent in ["honest", "cut", "rewritten"] {

@@ -102,6 +102,7 @@ async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, Ap
         .map_err(|_| ApiError::BodyTooLarge(MAX_BODY_BYTES))?;
     let mut outgoing = app
         .http
+        .current()
         .request(parts.method.clone(), url)
         .header(FORWARDED_HEADER, "1")
         .timeout(forward_timeout(parts.uri.path()))

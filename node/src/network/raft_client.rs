@@ -23,7 +23,7 @@ pub const CLUSTER_SECRET_HEADER: &str = "x-lineage-cluster-secret";
 
 #[derive(Clone)]
 pub struct RaftHttp {
-    pub client: reqwest::Client,
+    pub client: crate::tls::PeerClient,
     /// `http` or `https`: the cluster's scheme (a cluster is all TLS or all plain).
     pub scheme: &'static str,
     pub secret: String,
@@ -104,6 +104,7 @@ impl Connection {
         let response = self
             .http
             .client
+            .current()
             .post(url)
             .header(CLUSTER_SECRET_HEADER, &self.http.secret)
             .timeout(option.hard_ttl())

@@ -354,6 +354,11 @@ impl Cluster {
         self.signal(i, "-CONT");
     }
 
+    /// SIGHUP: the node reloads its TLS certificate.
+    pub fn hangup(&self, i: usize) {
+        self.signal(i, "-HUP");
+    }
+
     fn signal(&self, i: usize, signal: &str) {
         if let Some(child) = &self.children()[i] {
             let status = Command::new("kill")
