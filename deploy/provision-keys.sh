@@ -3,6 +3,8 @@
 # verifier keys that tie the parts together, for `docker-compose --env-file`:
 #   the cluster's keys (audit.key, token.key, admin.token, cluster.secret),
 #   the two witnesses' signing keys (witness.key, witness2.key),
+#   a development CA (ca.pem, ca.key) and each node's TLS certificate and key
+#   (node-N.pem, node-N.key: node1..3, localhost and 127.0.0.1; lineage://CLUSTER/node/N),
 #   LINEAGE_CLUSTER_VKEY (the heads log's key, which the witnesses trust and the
 #   checkpointer pins) and LINEAGE_WITNESS_VKEY, LINEAGE_WITNESS2_VKEY (whose cosignatures
 #   the checkpointer and the nodes check).
@@ -24,6 +26,9 @@ for b in lineage-node lineage-witness; do
   [ -x "$bin_dir/$b" ] || { echo "no $bin_dir/$b (cargo build --release --bins)" >&2; exit 2; }
 done
 "$bin_dir/lineage-node" keygen "$keys" >/dev/null
+"$bin_dir/lineage-node" certs --out "$keys" --cluster-name "$cluster_name" \
+  --node 1=node1,localhost,127.0.0.1 --node 2=node2,localhost,127.0.0.1 \
+  --node 3=node3,localhost,127.0.0.1 >/dev/null
 witness_vkey=$("$bin_dir/lineage-witness" --name "$witness_name" \
   --key-file "$keys/witness.key" keygen)
 witness2_vkey=$("$bin_dir/lineage-witness" --name "$witness2_name" \

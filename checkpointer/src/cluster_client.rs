@@ -39,13 +39,32 @@ struct LeavesAnswer {
 
 impl ClusterClient {
     pub fn new(urls: Vec<String>, admin_token: Option<String>) -> Result<Self, String> {
+        Self::with_ca(urls, admin_token, None)
+    }
+
+    /// A client for the cluster at `urls`; `https://` nodes' certificates must chain to
+    /// the CA bundle (PEM) in `ca`, and to nothing else.
+    pub fn with_ca(
+        urls: Vec<String>,
+        admin_token: Option<String>,
+        ca: Option<&std::path::Path>,
+    ) -> Result<Self, String> {
         if urls.is_empty() {
             return Err("at least one cluster URL is needed".into());
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(REQUEST_TIMEOUT)
-            .build()
-            .map_err(|e| format!("http client: {e}"))?;
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false);
+        if let Some(ca) = ca {
+            let pem = std::fs::read(ca).map_err(|e| format!("{}: {e}", ca.display()))?;
+            for certificate in reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| format!("{}: {e}", ca.display()))?
+            {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        let http = builder.build().map_err(|e| format!("http client: {e}"))?;
         Ok(ClusterClient {
             urls: urls
                 .into_iter()

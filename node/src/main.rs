@@ -190,16 +190,31 @@ fn healthcheck(port: Option<u16>, ready: bool) -> Result<(), String> {
         })
         .unwrap_or(9200);
     let path = if ready { "/readyz" } else { "/healthz" };
-    let url = format!("http://127.0.0.1:{port}{path}");
+    // A node with TLS (LINEAGE_TLS_CA set, as for `run`) is asked over HTTPS by the name
+    // its certificate gives this machine.
+    let ca = std::env::var_os("LINEAGE_TLS_CA").map(PathBuf::from);
+    let url = match ca {
+        Some(_) => format!("https://localhost:{port}{path}"),
+        None => format!("http://127.0.0.1:{port}{path}"),
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("runtime: {e}"))?;
     runtime.block_on(async {
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(HEALTHCHECK_TIMEOUT)
-            .build()
-            .map_err(|e| format!("http client: {e}"))?;
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false);
+        if let Some(ca) = &ca {
+            let pem = std::fs::read(ca).map_err(|e| format!("{}: {e}", ca.display()))?;
+            for certificate in reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| format!("{}: {e}", ca.display()))?
+            {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        let client = builder.build().map_err(|e| format!("http client: {e}"))?;
         let reply = client
             .get(&url)
             .send()

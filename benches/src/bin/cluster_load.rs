@@ -12,6 +12,8 @@
 //!     [--reqwest]        (clients use reqwest, as before: about twice the generator's CPU)
 //!     [--wrk]            (the load comes from wrk, an external generator, instead:
 //!                         `apt-get install wrk`; --clients connections, 2 threads)
+//!     [--tls]            (with --wrk: this build over plain HTTP, the baseline, against
+//!                         this build with TLS between nodes and to wrk, alternating)
 //!
 //! Each node's line gives its CPU time per decision (user + system): on a shared machine
 //! that varies far less than decisions/s, so compare builds by it. The `machine` line
@@ -40,6 +42,8 @@ struct Args {
     reqwest: bool,
     /// The load comes from `wrk` (its connections spread over the agents request by request).
     wrk: bool,
+    /// Compare this build over plain HTTP with this build over TLS (needs `wrk`).
+    tls: bool,
     /// Another `lineage-node` build to measure against, in alternating rounds.
     baseline: Option<std::path::PathBuf>,
 }
@@ -53,6 +57,7 @@ fn parse_args() -> Result<Args, String> {
         no_early_ack: false,
         reqwest: false,
         wrk: false,
+        tls: false,
         baseline: None,
     };
     let mut it = std::env::args().skip(1);
@@ -68,6 +73,10 @@ fn parse_args() -> Result<Args, String> {
             }
             "--wrk" => {
                 args.wrk = true;
+                continue;
+            }
+            "--tls" => {
+                args.tls = true;
                 continue;
             }
             "--baseline-node" => {
@@ -89,6 +98,9 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown flag {other}")),
         }
     }
+    if args.tls && !args.wrk {
+        return Err("--tls needs --wrk (the built-in clients speak plain HTTP)".into());
+    }
     Ok(args)
 }
 
@@ -96,6 +108,8 @@ struct Cluster {
     children: Vec<Child>,
     urls: Vec<String>,
     admin: String,
+    /// The CA the nodes' certificates chain to, when they speak TLS.
+    ca: Option<std::path::PathBuf>,
     _dir: tempfile::TempDir,
 }
 
@@ -161,7 +175,12 @@ impl Drop for Cluster {
     }
 }
 
-fn start_cluster(binary: &Path, nodes: usize, no_early_ack: bool) -> Result<Cluster, String> {
+fn start_cluster(
+    binary: &Path,
+    nodes: usize,
+    no_early_ack: bool,
+    tls: bool,
+) -> Result<Cluster, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let keys = dir.path().join("keys");
     let ok = Command::new(binary)
@@ -187,6 +206,21 @@ fn start_cluster(binary: &Path, nodes: usize, no_early_ack: bool) -> Result<Clus
         .enumerate()
         .map(|(i, a)| format!("{}={a}", i + 1))
         .collect();
+    let tls_dir = dir.path().join("tls");
+    if tls {
+        let mut certs = Command::new(binary);
+        certs.arg("certs").arg("--out").arg(&tls_dir);
+        for i in 0..nodes {
+            certs.args(["--node", &format!("{}=127.0.0.1", i + 1)]);
+        }
+        let ok = certs
+            .stdout(Stdio::null())
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !ok.success() {
+            return Err("lineage-node certs failed".into());
+        }
+    }
     let mut children = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
         let child = Command::new(binary)
@@ -203,6 +237,21 @@ fn start_cluster(binary: &Path, nodes: usize, no_early_ack: bool) -> Result<Clus
                     .into_iter()
                     .flatten(),
             )
+            .args(
+                tls.then(|| {
+                    let file = |name: String| tls_dir.join(name).display().to_string();
+                    [
+                        "--tls-cert".to_string(),
+                        file(format!("node-{}.pem", i + 1)),
+                        "--tls-key".into(),
+                        file(format!("node-{}.key", i + 1)),
+                        "--tls-ca".into(),
+                        file("ca.pem".into()),
+                    ]
+                })
+                .into_iter()
+                .flatten(),
+            )
             .env("LINEAGE_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -210,10 +259,12 @@ fn start_cluster(binary: &Path, nodes: usize, no_early_ack: bool) -> Result<Clus
             .map_err(|e| e.to_string())?;
         children.push(child);
     }
+    let scheme = if tls { "https" } else { "http" };
     Ok(Cluster {
         children,
-        urls: addrs.iter().map(|a| format!("http://{a}")).collect(),
+        urls: addrs.iter().map(|a| format!("{scheme}://{a}")).collect(),
         admin,
+        ca: tls.then(|| tls_dir.join("ca.pem")),
         _dir: dir,
     })
 }
@@ -245,11 +296,16 @@ struct LoadResult {
 }
 
 async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> {
-    let http = reqwest::Client::builder()
+    let mut http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.clients)
-        .timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| e.to_string())?;
+        .timeout(Duration::from_secs(10));
+    if let Some(ca) = &cluster.ca {
+        let pem = std::fs::read(ca).map_err(|e| e.to_string())?;
+        for certificate in reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| e.to_string())? {
+            http = http.add_root_certificate(certificate);
+        }
+    }
+    let http = http.build().map_err(|e| e.to_string())?;
     wait_ready(&http, cluster).await?;
     let mut tokens = Vec::new();
     for a in 0..args.agents {
@@ -695,27 +751,32 @@ const COMPARE_ROUNDS: usize = 3;
 
 /// Runs the same load against `baseline` and this build in alternating rounds, and prints
 /// each round and the ratios (this build / baseline) of the medians.
+/// One side of a comparison: a build, over plain HTTP or TLS.
+struct Variant<'a> {
+    name: &'static str,
+    binary: &'a Path,
+    tls: bool,
+}
+
 fn compare_with_baseline(
     runtime: &tokio::runtime::Runtime,
-    binary: &Path,
-    baseline: &Path,
+    variants: [Variant<'_>; 2],
     sizes: &[usize],
     args: &Args,
 ) -> Result<(), String> {
-    if !baseline.exists() {
-        return Err(format!(
-            "--baseline-node {}: no such file",
-            baseline.display()
-        ));
+    for variant in &variants {
+        if !variant.binary.exists() {
+            return Err(format!("{}: no such file", variant.binary.display()));
+        }
     }
     for &nodes in sizes {
         let mut results: [Vec<(f64, f64, f64)>; 2] = [Vec::new(), Vec::new()];
         for round in 0..COMPARE_ROUNDS {
-            for (which, path) in [baseline, binary].into_iter().enumerate() {
-                let cluster = start_cluster(path, nodes, args.no_early_ack)?;
+            for (which, variant) in variants.iter().enumerate() {
+                let cluster = start_cluster(variant.binary, nodes, args.no_early_ack, variant.tls)?;
                 let r = runtime.block_on(run_load(&cluster, args))?;
                 drop(cluster);
-                let name = ["baseline", "this build"][which];
+                let name = variant.name;
                 println!(
                     "round {round}, {name}, {nodes} node(s): {:.0} decisions/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",
                     r.per_second,
@@ -735,9 +796,11 @@ fn compare_with_baseline(
             median(&results[1], pick) / median(&results[0], pick)
         };
         println!(
-            "{nodes} node(s), {} clients over {} agents: this build / baseline (medians of {COMPARE_ROUNDS}): decisions/s {:.3}x, p50 {:.3}x, p99 {:.3}x",
+            "{nodes} node(s), {} clients over {} agents: {} / {} (medians of {COMPARE_ROUNDS}): decisions/s {:.3}x, p50 {:.3}x, p99 {:.3}x",
             args.clients,
             args.agents,
+            variants[1].name,
+            variants[0].name,
             ratio(|r| r.0),
             ratio(|r| r.1),
             ratio(|r| r.2),
@@ -771,11 +834,38 @@ fn real_main() -> Result<(), String> {
         Some(n) => vec![n],
         None => vec![1, 3],
     };
+    if args.tls {
+        let variants = [
+            Variant {
+                name: "plain HTTP",
+                binary: &binary,
+                tls: false,
+            },
+            Variant {
+                name: "TLS",
+                binary: &binary,
+                tls: true,
+            },
+        ];
+        return compare_with_baseline(&runtime, variants, &sizes, &args);
+    }
     if let Some(baseline) = &args.baseline {
-        return compare_with_baseline(&runtime, &binary, baseline, &sizes, &args);
+        let variants = [
+            Variant {
+                name: "baseline",
+                binary: baseline,
+                tls: false,
+            },
+            Variant {
+                name: "this build",
+                binary: &binary,
+                tls: false,
+            },
+        ];
+        return compare_with_baseline(&runtime, variants, &sizes, &args);
     }
     for nodes in sizes {
-        let cluster = start_cluster(&binary, nodes, args.no_early_ack)?;
+        let cluster = start_cluster(&binary, nodes, args.no_early_ack, false)?;
         let r = runtime.block_on(run_load(&cluster, &args))?;
         println!(
             "{nodes} node(s), {} clients over {} agents, {} s: {:.0} decisions/s (p50 {:.2} ms, p99 {:.2} ms), {} decisions, {} errors; {:.2}x the fsync ceiling, {:.3}x the signing ceiling (2 records per decision), {:.2}x the reference storage bound",

@@ -22,6 +22,9 @@ struct Cli {
     /// Cluster node URLs, tried in turn (http://host:port,...)
     #[arg(long, env = "LINEAGE_CLUSTER", value_delimiter = ',', required = true)]
     cluster: Vec<String>,
+    /// CA bundle (PEM) the cluster's https:// nodes' certificates must chain to
+    #[arg(long, env = "LINEAGE_CLUSTER_CA")]
+    cluster_ca: Option<PathBuf>,
     /// A witness: its submission URL and cosignature vkey, URL=VKEY (repeatable)
     #[arg(long = "witness", env = "LINEAGE_WITNESSES", value_delimiter = ' ')]
     witnesses: Vec<String>,
@@ -97,7 +100,8 @@ async fn run(cli: Cli) -> Result<(), String> {
     };
     let interval = Duration::from_millis(cli.interval_ms.max(10));
     let metrics = Metrics::new(interval.as_secs_f64()).map_err(|e| e.to_string())?;
-    let cluster = ClusterClient::new(cli.cluster.clone(), admin_token)?;
+    let cluster =
+        ClusterClient::with_ca(cli.cluster.clone(), admin_token, cli.cluster_ca.as_deref())?;
     let checkpointer = Checkpointer::open(
         &cli.data_dir,
         cluster,

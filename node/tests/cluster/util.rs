@@ -195,10 +195,19 @@ impl Cluster {
         cluster
     }
 
-    /// Talks to nodes someone else runs (for example containers) at `addrs`.
-    pub async fn attach(addrs: Vec<String>, admin: String) -> Cluster {
+    /// Talks to nodes someone else runs (for example containers) at `addrs`, over HTTPS
+    /// with the CA bundle `ca` when given.
+    pub async fn attach(
+        addrs: Vec<String>,
+        admin: String,
+        ca: Option<&std::path::Path>,
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
-        let cluster = Cluster::new(dir, addrs, admin, &[], true);
+        let mut cluster = Cluster::new(dir, addrs, admin, &[], true);
+        if let Some(ca) = ca {
+            cluster.http = https_client(ca);
+            cluster.scheme = "https";
+        }
         cluster.wait_for_leader(Duration::from_secs(60)).await;
         cluster
     }

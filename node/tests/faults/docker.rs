@@ -1,4 +1,4 @@
-//! Network partitions between real hosts: the `deploy/compose.yaml` stack (three nodes, a
+//! Network partitions between real hosts: the `deploy/compose.yaml` stack (three nodes over TLS, a
 //! witness, a checkpointer), provisioned by `deploy/provision-keys.sh` and run from an
 //! image built from this build's own binaries, with links cut by
 //! `docker network disconnect`. Needs a Docker engine and docker-compose; says clearly
@@ -99,6 +99,11 @@ impl Stack {
             assert_eq!(health, "healthy", "node {} after `up`", i + 1);
         }
         stack
+    }
+
+    /// The development CA the nodes' certificates chain to (`provision-keys.sh`).
+    fn ca(&self) -> std::path::PathBuf {
+        self.keys.path().join("ca.pem")
     }
 
     fn admin(&self) -> String {
@@ -247,7 +252,7 @@ async fn network_partitions_in_docker() {
 
     // The leader cut off from both followers, then healed.
     let stack = Stack::up("leader-cut");
-    let cluster = Arc::new(Cluster::attach(stack.addrs(), stack.admin()).await);
+    let cluster = Arc::new(Cluster::attach(stack.addrs(), stack.admin(), Some(&stack.ca())).await);
     run_scenario_on(
         "docker-leader-partitioned",
         cluster.clone(),
@@ -264,7 +269,7 @@ async fn network_partitions_in_docker() {
 
     // One follower cut off, then healed.
     let stack = Stack::up("follower-cut");
-    let cluster = Arc::new(Cluster::attach(stack.addrs(), stack.admin()).await);
+    let cluster = Arc::new(Cluster::attach(stack.addrs(), stack.admin(), Some(&stack.ca())).await);
     run_scenario_on(
         "docker-follower-partitioned",
         cluster,
@@ -281,7 +286,7 @@ async fn network_partitions_in_docker() {
 
     // A flapping link: the leader's connection drops and returns, again and again.
     let stack = Stack::up("flapping");
-    let cluster = Arc::new(Cluster::attach(stack.addrs(), stack.admin()).await);
+    let cluster = Arc::new(Cluster::attach(stack.addrs(), stack.admin(), Some(&stack.ca())).await);
     run_scenario_on(
         "docker-flapping-link",
         cluster,
