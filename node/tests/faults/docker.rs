@@ -1,8 +1,10 @@
 //! Network partitions between real hosts: the `deploy/compose.yaml` stack (three nodes over TLS, a
 //! witness, a checkpointer), provisioned by `deploy/provision-keys.sh` and run from an
 //! image built from this build's own binaries, with links cut by
-//! `docker network disconnect`. Needs a Docker engine and docker-compose; says clearly
-//! when it skips (and fails instead when `LINEAGE_REQUIRE_DOCKER` is set).
+//! `docker network disconnect`. Needs a Docker engine and docker-compose, so it is
+//! `#[ignore]`d: `cargo test` reports it as ignored, never as passed, and it runs with
+//! `cargo test -p lineage-node --test faults -- --ignored` (as `.ci/run` does wherever an
+//! engine answers), where a missing engine fails it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -233,15 +235,12 @@ impl Drop for Stack {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine: cargo test -p lineage-node --test faults -- --ignored"]
 async fn network_partitions_in_docker() {
-    if !docker_available() {
-        assert!(
-            std::env::var_os("LINEAGE_REQUIRE_DOCKER").is_none(),
-            "a Docker engine and docker-compose are required here"
-        );
-        eprintln!("SKIPPED: no Docker engine or docker-compose; the partition suite did not run");
-        return;
-    }
+    assert!(
+        docker_available(),
+        "a Docker engine and docker-compose are needed to run this (it was asked for with --ignored)"
+    );
     let script = repo().join("deploy/docker/build-local-image.sh");
     assert!(
         run(Command::new(script)

@@ -3,9 +3,12 @@
 //!
 //! The checker fails on: spent budget above the policy's; an acknowledged allowed decision
 //! missing from the final log or present twice; two different answers for one
-//! idempotency key; replicas whose logs differ or fail verification; a per-agent history
-//! that is not linearizable (stateright's `LinearizabilityTester` against a sequential
-//! model of the guard for this workload).
+//! idempotency key (every 200 is recorded, retries and calls that share a key on purpose
+//! included), or a key whose action is not in the final log exactly once; a 200 whose
+//! body is not a decision; replicas whose logs differ or fail verification; a per-agent
+//! history that is not linearizable (stateright's `LinearizabilityTester` against a
+//! sequential model of the guard for this workload; calls that share a key are one
+//! operation).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -90,6 +93,8 @@ pub enum Event {
     },
     /// Every 200 answer for a key, retries included.
     Reply { key: String, body: Value },
+    /// A 200 whose body is not a decision.
+    Malformed { key: String, body: Value },
 }
 
 #[derive(Default)]
@@ -129,7 +134,7 @@ pub fn summarise(events: &[Event]) -> Summary {
                     s.acknowledged_allowed += 1;
                 }
             }
-            Event::Reply { .. } => {}
+            Event::Reply { .. } | Event::Malformed { .. } => {}
         }
     }
     s.unanswered = s.operations - s.acknowledged;
@@ -179,10 +184,44 @@ pub fn check(
         }
     }
 
+    for e in events {
+        if let Event::Malformed { key, body } = e {
+            violations.push(format!(
+                "idempotency key {key}: a 200 that is not a decision: {body}"
+            ));
+        }
+    }
+
     // Replicas agree and verify.
     let Some(reference) = logs.first() else {
         return vec!["no final logs".into()];
     };
+
+    // Each answered key's action was requested exactly once, however often it was sent.
+    let agent_of: BTreeMap<&str, &str> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Invoke { agent, key, .. } => Some((key.as_str(), agent.as_str())),
+            _ => None,
+        })
+        .collect();
+    for (key, body) in &by_key {
+        let (Some(agent), Some(action_id)) = (agent_of.get(key), body["action_id"].as_str()) else {
+            continue;
+        };
+        let count = reference.get(*agent).map_or(0, |log| {
+            log.iter()
+                .filter(|r| {
+                    r["kind"] == "action_requested" && r["payload"]["action_id"] == action_id
+                })
+                .count()
+        });
+        if count != 1 {
+            violations.push(format!(
+                "idempotency key {key}: its action {action_id} was requested {count} times in the final log"
+            ));
+        }
+    }
     for (n, node_logs) in logs.iter().enumerate() {
         if node_logs != reference {
             violations.push(format!("node {} holds different logs than node 1", n + 1));

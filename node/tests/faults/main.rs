@@ -49,8 +49,16 @@ const BUDGET: u64 = 60;
 /// How long one logical call keeps retrying (same key) before it counts as unanswered.
 const CALL_DEADLINE: Duration = Duration::from_secs(6);
 
+/// Every this many calls a client sends its request twice at once, under one key.
+const TWIN_EVERY: usize = 5;
+/// Every this many calls a client sends its request once more after it was answered, as
+/// a client whose answer arrived just as it gave up would.
+const RESEND_EVERY: usize = 3;
+
 /// One logical call: POST with one idempotency key, retried across nodes on 503 and
-/// transport errors until answered or the deadline passes.
+/// transport errors until answered or the deadline passes. Every 200 is recorded; one
+/// that is not a decision is recorded as malformed (a violation) and ends the call
+/// unanswered.
 async fn call(
     cluster: &Cluster,
     token: &str,
@@ -61,7 +69,6 @@ async fn call(
 ) -> Option<Answer> {
     let started = Instant::now();
     let mut node = start_node;
-    let mut first = None;
     while started.elapsed() < CALL_DEADLINE {
         let (status, body) = cluster
             .post(
@@ -73,20 +80,52 @@ async fn call(
             )
             .await;
         if status == 200 {
+            let Some(answer) = Answer::from_json(&body) else {
+                history.record(Event::Malformed {
+                    key: key.to_string(),
+                    body,
+                });
+                return None;
+            };
             history.record(Event::Reply {
                 key: key.to_string(),
-                body: body.clone(),
+                body,
             });
-            if first.is_none() {
-                first = Answer::from_json(&body);
-            }
-            return first;
+            return Some(answer);
         }
         history.errors.fetch_add(1, Ordering::Relaxed);
         node = (node + 1) % cluster.addrs.len();
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     None
+}
+
+/// Call number `n` of a client: once, twice at once under one key (`TWIN_EVERY`), or
+/// once and then again after its answer (`RESEND_EVERY`). Calls that share a key are one
+/// operation; every answer is recorded for the checker.
+async fn logical_call(
+    cluster: &Cluster,
+    token: &str,
+    agent: &str,
+    key: &str,
+    n: usize,
+    history: &History,
+) -> Option<Answer> {
+    let start = n % cluster.addrs.len();
+    if n.is_multiple_of(TWIN_EVERY) {
+        let other = (start + 1) % cluster.addrs.len();
+        let (a, b) = tokio::join!(
+            call(cluster, token, agent, key, start, history),
+            call(cluster, token, agent, key, other, history)
+        );
+        return a.or(b);
+    }
+    let answer = call(cluster, token, agent, key, start, history).await;
+    if answer.is_some() && n.is_multiple_of(RESEND_EVERY) {
+        let other = (start + 2) % cluster.addrs.len();
+        call(cluster, token, agent, key, other, history).await;
+    }
+    answer
 }
 
 struct Load {
@@ -119,7 +158,7 @@ fn start_load(cluster: &Arc<Cluster>, tokens: &[String], scenario: &str, shape: 
                         agent: agent.clone(),
                         key: key.clone(),
                     });
-                    match call(&cluster, &token, &agent, &key, (c + n) % 3, &history).await {
+                    match logical_call(&cluster, &token, &agent, &key, c + n, &history).await {
                         Some(answer) => history.record(Event::Return {
                             client: thread,
                             agent: agent.clone(),
@@ -235,12 +274,22 @@ async fn run_shaped_scenario(
     let logs = final_logs(&cluster).await;
     let violations = check(&events, &logs, &public_key, shape.budget);
     let summary = summarise(&events);
+    // How much the idempotency check had to hold: keys answered more than once (twins,
+    // resends after an answer, retries).
+    let mut replies_per_key: BTreeMap<&str, usize> = BTreeMap::new();
+    for event in &events {
+        if let Event::Reply { key, .. } = event {
+            *replies_per_key.entry(key.as_str()).or_default() += 1;
+        }
+    }
     let report = json!({
         "scenario": name,
         "operations": summary.operations,
         "acknowledged": summary.acknowledged,
         "acknowledged_allowed": summary.acknowledged_allowed,
         "unanswered": summary.unanswered,
+        "replies": replies_per_key.values().sum::<usize>(),
+        "keys_answered_more_than_once": replies_per_key.values().filter(|n| **n > 1).count(),
         "client_errors_retried": errors,
         "recovery_ms": recovery.as_millis() as u64,
         "violations": violations,
@@ -444,6 +493,38 @@ fn the_checker_catches_broken_histories_and_logs() {
     let found = check(&twice, &logs, key.public_key_hex(), BUDGET);
     assert!(
         found.iter().any(|v| v.contains("two different answers")),
+        "{found:?}"
+    );
+
+    // A 200 whose body is not a decision.
+    let mut malformed = honest.clone();
+    malformed.push(Event::Malformed {
+        key: "k1".into(),
+        body: json!({"status": "ok"}),
+    });
+    let found = check(&malformed, &logs, key.public_key_hex(), BUDGET);
+    assert!(
+        found.iter().any(|v| v.contains("not a decision")),
+        "{found:?}"
+    );
+
+    // An answered key whose action the final log does not hold (the answer was made up,
+    // or the write behind it lost).
+    let mut unlogged = honest.clone();
+    unlogged.push(Event::Invoke {
+        client: 1,
+        agent: "agent-0".into(),
+        key: "k9".into(),
+    });
+    unlogged.push(Event::Reply {
+        key: "k9".into(),
+        body: json!({"action_id": "act-9", "decision": "denied", "reason": {"code": "budget_exceeded"}}),
+    });
+    let found = check(&unlogged, &logs, key.public_key_hex(), BUDGET);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains("act-9 was requested 0 times")),
         "{found:?}"
     );
 
