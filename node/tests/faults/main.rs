@@ -1,7 +1,9 @@
 //! Fault scenarios under steady load, each judged by the history checker: kill -9 of the
 //! leader (with the leader's early acknowledgement, the default, and without), a frozen
-//! leader (SIGSTOP), a follower whose disk is wiped. Each run is bounded
-//! in time, and afterwards the cluster must serve again within 5 s of the fault healing.
+//! leader (SIGSTOP), a follower whose disk is wiped. Each run is bounded in time; from
+//! the fault's start, reads are probed on every node, and the longest stretch without a
+//! served read (reported) must stay under a liveness bound derived from the election
+//! timeouts.
 //! A last test feeds the checker broken histories and logs to show it catches them.
 
 #[path = "../cluster/util.rs"]
@@ -202,24 +204,64 @@ async fn setup(cluster: &Cluster, budget: u64) -> Vec<String> {
     tokens
 }
 
-/// Seconds until a fresh request is served after healing.
-async fn time_to_serve(cluster: &Cluster, token: &str) -> Duration {
-    let start = Instant::now();
-    loop {
-        for i in 0..cluster.addrs.len() {
-            if !cluster.is_running(i) {
-                continue;
+/// The longest the cluster may go without serving a read during a fault: 20 of the
+/// longest election timeout a node draws (`lineage_node::raft_config`: 200 ms + 4 × 100
+/// ms stagger + 100 ms window). A liveness bound, not a timing claim.
+const LIVENESS_BOUND: Duration = Duration::from_millis(20 * 700);
+
+/// Reads `GET /v1/agents/agent-0` on every node at once, every 25 ms, from before the
+/// fault until stopped, and keeps when any node served one: the longest gap between two
+/// served reads is how long the cluster was unavailable.
+struct Prober {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<Instant>>,
+}
+
+impl Prober {
+    fn start(cluster: &Arc<Cluster>) -> Prober {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (cluster, stopped) = (cluster.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut served = Vec::new();
+            // Bounded: at most 10 minutes of probing.
+            for _ in 0..24_000 {
+                if stopped.load(Ordering::Relaxed) {
+                    break;
+                }
+                let reads = (0..cluster.addrs.len()).map(|i| {
+                    cluster
+                        .http
+                        .get(cluster.url(i, "/v1/agents/agent-0"))
+                        .bearer_auth(cluster.admin.trim())
+                        .timeout(Duration::from_secs(1))
+                        .send()
+                });
+                let answers = futures_util::future::join_all(reads).await;
+                if answers
+                    .iter()
+                    .any(|a| a.as_ref().is_ok_and(|r| r.status().is_success()))
+                {
+                    served.push(Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
             }
-            let (status, _) = cluster.get(i, "/v1/agents/agent-0", token).await;
-            if status == 200 {
-                return start.elapsed();
-            }
+            served
+        });
+        Prober { stop, task }
+    }
+
+    /// The longest time without a served read from `from` to now.
+    async fn longest_outage(self, from: Instant) -> Duration {
+        let end = Instant::now();
+        self.stop.store(true, Ordering::Relaxed);
+        let served = self.task.await.expect("prober");
+        let mut last = from;
+        let mut longest = Duration::ZERO;
+        for at in served.into_iter().filter(|at| *at >= from).chain([end]) {
+            longest = longest.max(at - last);
+            last = at;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "not serving 10 s after healing"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        longest
     }
 }
 
@@ -266,10 +308,13 @@ async fn run_shaped_scenario(
     let public_key = cluster.public_key().await;
     let tokens = setup(&cluster, shape.budget).await;
     let load = start_load(&cluster, &tokens, name, shape);
+    let prober = Prober::start(&cluster);
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // The clock starts at the fault, not when it heals.
+    let fault_started = Instant::now();
     fault(&cluster).await;
-    let recovery = time_to_serve(&cluster, &cluster.admin.clone()).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let outage = prober.longest_outage(fault_started).await;
     let (events, errors) = stop_load(load).await;
     let logs = final_logs(&cluster).await;
     let violations = check(&events, &logs, &public_key, shape.budget);
@@ -291,7 +336,7 @@ async fn run_shaped_scenario(
         "replies": replies_per_key.values().sum::<usize>(),
         "keys_answered_more_than_once": replies_per_key.values().filter(|n| **n > 1).count(),
         "client_errors_retried": errors,
-        "recovery_ms": recovery.as_millis() as u64,
+        "longest_outage_ms": outage.as_millis() as u64,
         "violations": violations,
     });
     eprintln!("{report}");
@@ -308,8 +353,8 @@ async fn run_shaped_scenario(
         "{name}: the load did nothing"
     );
     assert!(
-        recovery < Duration::from_secs(5),
-        "{name}: served again only after {recovery:?}"
+        outage < LIVENESS_BOUND,
+        "{name}: no read was served for {outage:?} (bound {LIVENESS_BOUND:?})"
     );
 }
 
