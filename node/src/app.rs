@@ -64,6 +64,9 @@ pub struct App {
     disk: Option<DiskReserve>,
     batcher: Batcher,
     lanes: Lanes,
+    /// Agent ids that may not be created: reference guard logs for them lie in the data
+    /// directory (`reference_logs`).
+    reserved_ids: std::collections::BTreeSet<String>,
     request_rate: crate::request_rate::RequestRate,
 }
 
@@ -132,6 +135,9 @@ pub enum AppError {
     AgentNotFound,
     #[error("agent already exists")]
     AgentExists,
+    /// A reference guard log for this id lies in the data directory, not imported.
+    #[error("agent id {0} is reserved: a reference guard log for it is in this node's data directory and was not imported")]
+    IdReserved(String),
     #[error("agent log failed verification: {0}")]
     Quarantined(String),
     #[error("no leader is available right now; retry")]
@@ -185,6 +191,7 @@ impl App {
             tls: false,
             request_rate: crate::request_rate::RequestRate::default(),
             lanes: Lanes::new(true),
+            reserved_ids: std::collections::BTreeSet::new(),
             heads_origin: String::new(),
             witnesses: WitnessPolicy::default(),
             log: None,
@@ -198,6 +205,12 @@ impl App {
     pub fn with_tls(mut self, on: bool) -> Self {
         self.scheme = if on { "https" } else { "http" };
         self.tls = on;
+        self
+    }
+
+    /// Agent ids that creating is refused for (`reference_logs`).
+    pub fn with_reserved_ids(mut self, ids: std::collections::BTreeSet<String>) -> Self {
+        self.reserved_ids = ids;
         self
     }
 
@@ -554,6 +567,9 @@ impl App {
         let state: &AgentState = match (pending.or(applied), command) {
             (Some(_), Command::Create { .. }) => return Err(refused(AppError::AgentExists)),
             (Some(state), _) => state,
+            (None, Command::Create { .. }) if self.reserved_ids.contains(agent_id) => {
+                return Err(AppError::IdReserved(agent_id.to_string()).into())
+            }
             (None, Command::Create { .. }) => &empty,
             (None, _) => return Err(AppError::AgentNotFound.into()),
         };

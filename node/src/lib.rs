@@ -44,6 +44,7 @@ pub mod log_noise;
 pub mod metrics;
 pub mod network;
 pub mod raft_types;
+pub mod reference_logs;
 pub mod request_rate;
 pub mod scrub;
 pub mod store;
@@ -96,6 +97,9 @@ pub struct NodeConfig {
     pub tls: Option<tls::TlsFiles>,
     /// How often the TLS files' modification times are checked for a reload.
     pub tls_reload_poll: Duration,
+    /// The directory whose `agents/*.jsonl` (reference guard logs) must be held by the
+    /// cluster before this node serves (`reference_logs`); `None`: `data_dir`.
+    pub reference_dir: Option<PathBuf>,
     /// Witnesses whose cosignatures a stored witnessed checkpoint must carry.
     pub witnesses: app::WitnessPolicy,
     /// Free bytes the data directory's disk keeps; below it writes are refused (507).
@@ -112,6 +116,9 @@ pub use store::DEFAULT_STATE_FSYNC_INTERVAL_MS;
 
 /// Default [`NodeConfig::cluster_name`].
 pub const DEFAULT_CLUSTER_NAME: &str = "lineage.local/cluster";
+
+/// Longest wait at start-up for this node to re-apply what its own log says is committed.
+const REPLAY_WAIT: Duration = Duration::from_secs(600);
 
 /// Default seconds between scrub passes.
 pub const DEFAULT_SCRUB_INTERVAL_SECS: u64 = 300;
@@ -185,6 +192,21 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         durable_log = Some(gate);
     }
     let committed_index = log_store.committed_index.clone();
+    // What this node must have applied before its reference-log check: a cluster's only
+    // voter commits its whole log once it leads again (its committed hint may lag the
+    // log by a flush); a member of a larger cluster re-applies, with no peer, what it
+    // knew committed.
+    let replay_to = if configured_alone {
+        use openraft::storage::RaftLogStorage;
+        log_store
+            .get_log_state()
+            .await
+            .map_err(|e| format!("reading the Raft log: {e}"))?
+            .last_log_id
+            .map_or(0, |id| id.index)
+    } else {
+        committed_index.load(std::sync::atomic::Ordering::Relaxed)
+    };
     let log_handle = log_store.durability();
     let repairing = log_handle.repair_floor().is_some();
     if let Some(floor) = log_handle.repair_floor() {
@@ -232,6 +254,20 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     )
     .await
     .map_err(|e| format!("raft: {e}"))?;
+    // Reference guard logs are checked against the state as of `replay_to`, so it is
+    // re-applied first (the state machine's last durable commit may be older). 0: no
+    // entry that holds an agent (a fresh node has applied nothing yet).
+    if replay_to > 0 {
+        raft.wait(Some(REPLAY_WAIT))
+            .applied_index_at_least(Some(replay_to), "replay before the reference-log check")
+            .await
+            .map_err(|e| format!("replaying this node's log: {e}"))?;
+    }
+    let reserved_ids = reference_logs::check(
+        config.reference_dir.as_ref().unwrap_or(&config.data_dir),
+        &state_machine,
+        std::env::var(reference_logs::IGNORE_VAR).is_ok_and(|v| v == "1"),
+    )?;
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -286,6 +322,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         .with_witnesses(config.witnesses.clone())
         .with_pipelining(config.pipelining)
         .with_tls(config.tls.is_some())
+        .with_reserved_ids(reserved_ids)
         .with_log(log_handle)
         .with_disk_reserve(disk)
         .with_peer_contacts(peer_contacts),

@@ -42,6 +42,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("request_rate", Layer::Service),
     ("agent_lanes", Layer::Service),
     ("tls_reload", Layer::Service),
+    ("reference_logs", Layer::Service),
     ("store", Layer::Storage),
     ("raft_types", Layer::Storage),
     ("keys", Layer::Storage),

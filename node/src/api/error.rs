@@ -82,6 +82,7 @@ fn app_status_and_code(error: &AppError) -> (StatusCode, &'static str) {
     match error {
         AppError::AgentNotFound => (StatusCode::NOT_FOUND, "not_found"),
         AppError::AgentExists => (StatusCode::CONFLICT, "agent_exists"),
+        AppError::IdReserved(_) => (StatusCode::CONFLICT, "agent_id_reserved"),
         AppError::Quarantined(_) => (StatusCode::SERVICE_UNAVAILABLE, "quarantined"),
         AppError::NoLeader => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
         AppError::Unavailable(_) | AppError::Stale(_) => {

@@ -1,0 +1,131 @@
+//! Agent logs of the reference guard server (`agents/<id>.jsonl`) found in a node's data
+//! directory are never ignored. A node started on a reference guard's directory used to
+//! serve on, answering `agent not found` for every agent there: creating one again would
+//! have given it a fresh budget and no scars, and its old tokens (an HMAC of the id)
+//! would have worked. That is the refund the guard exists to prevent.
+//!
+//! So at start-up each such file must already be held by the cluster (same genesis, same
+//! head: imported), or the node refuses to start and names the files. With
+//! `LINEAGE_IGNORE_REFERENCE_LOGS=1` it starts anyway, and those ids stay reserved on this
+//! node: creating one is refused (409). The files are only read, never written.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use lineage_core::record::Record;
+
+use crate::store::agent_slot::AgentSlot;
+use crate::store::StateMachine;
+
+/// The environment variable that starts a node despite reference logs it does not hold.
+pub const IGNORE_VAR: &str = "LINEAGE_IGNORE_REFERENCE_LOGS";
+
+/// A reference log the cluster does not hold, and why.
+struct Unheld {
+    path: PathBuf,
+    why: String,
+}
+
+/// The first and last record of a reference log (a last line without its newline that
+/// does not parse is a torn write, as the reference treats it).
+fn genesis_and_head(path: &Path) -> Result<(Record, Record), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let mut lines: Vec<&str> = text.split('\n').collect();
+    let torn = !text.ends_with('\n');
+    let last = lines.pop().unwrap_or_default();
+    if torn && Record::from_line(last).is_ok() {
+        lines.push(last);
+    }
+    let lines: Vec<&str> = lines.into_iter().filter(|l| !l.is_empty()).collect();
+    let (Some(first), Some(last)) = (lines.first(), lines.last()) else {
+        return Err("no record in it".into());
+    };
+    let first = Record::from_line(first).map_err(|e| format!("first line: {e}"))?;
+    let last = Record::from_line(last).map_err(|e| format!("last line: {e}"))?;
+    Ok((first, last))
+}
+
+/// Whether the cluster holds `path`'s log: the agent exists with the same genesis and the
+/// same head.
+fn held(path: &Path, agent_id: &str, sm: &StateMachine) -> Result<(), String> {
+    let (genesis, head) = genesis_and_head(path)?;
+    let applied_head = match sm.read_data().agents.get(agent_id) {
+        None => return Err("the cluster has no such agent".into()),
+        Some(AgentSlot::Quarantined(reason)) => {
+            return Err(format!("the cluster's copy is quarantined: {reason}"))
+        }
+        Some(AgentSlot::Active(state)) => state.head.as_ref().map(|h| h.hash.clone()),
+    };
+    let cluster_genesis = sm
+        .records(agent_id, 0, 1)
+        .map_err(|e| format!("reading the cluster's copy: {e}"))?;
+    if cluster_genesis.first().map(|r| &r.hash) != Some(&genesis.hash) {
+        return Err("the cluster's agent of that id has another genesis".into());
+    }
+    if applied_head.as_ref() != Some(&head.hash) {
+        return Err(format!(
+            "the cluster's copy ends elsewhere (the file's head is seq {})",
+            head.seq
+        ));
+    }
+    Ok(())
+}
+
+/// The ids of the reference logs in `dir/agents/` (file stems of `*.jsonl`).
+fn reference_logs(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
+    let agents = dir.join("agents");
+    let entries = match std::fs::read_dir(&agents) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("{}: {e}", agents.display())),
+    };
+    let mut logs = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(|e| format!("{}: {e}", agents.display()))?
+            .path();
+        if path.extension().and_then(|e| e.to_str()) != Some("jsonl") {
+            continue;
+        }
+        if let Some(id) = path.file_stem().and_then(|s| s.to_str()) {
+            logs.push((id.to_string(), path.clone()));
+        }
+    }
+    logs.sort();
+    Ok(logs)
+}
+
+/// Checks `dir/agents/*.jsonl` against the cluster's state. Returns the ids to keep
+/// reserved (those not held, when `ignore` allows starting anyway), or the refusal.
+pub fn check(dir: &Path, sm: &StateMachine, ignore: bool) -> Result<BTreeSet<String>, String> {
+    let mut unheld = Vec::new();
+    for (id, path) in reference_logs(dir)? {
+        if let Err(why) = held(&path, &id, sm) {
+            unheld.push((id, Unheld { path, why }));
+        }
+    }
+    if unheld.is_empty() {
+        return Ok(BTreeSet::new());
+    }
+    let listing: Vec<String> = unheld
+        .iter()
+        .map(|(_, u)| format!("  {}: {}", u.path.display(), u.why))
+        .collect();
+    if ignore {
+        tracing::warn!(
+            files = %listing.join("; "),
+            "reference guard logs this cluster does not hold: their agent ids stay reserved here ({IGNORE_VAR}=1)"
+        );
+        return Ok(unheld.into_iter().map(|(id, _)| id).collect());
+    }
+    Err(format!(
+        "{} holds agent logs of the reference guard server that this cluster does not:\n{}\n\
+         Serving without them would let those agents be created afresh, with a new budget \
+         and no scars, while their old tokens still work. lineage-node cannot import them \
+         yet: keep running the reference guard for them, or move the files out of {}, or \
+         set {IGNORE_VAR}=1 to start anyway (their ids then stay reserved on this node).",
+        dir.display(),
+        listing.join("\n"),
+        dir.join("agents").display()
+    ))
+}
