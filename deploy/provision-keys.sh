@@ -50,6 +50,9 @@ if [ "$(id -u)" -eq 0 ]; then
   chown -R "10001:$group" "$keys"
   chmod 0750 "$keys"
   find "$keys" -type f -exec chmod 0640 {} +
+  # The CA's key signs node certificates: the operator's alone, never the containers'.
+  chown 0:0 "$keys/ca.key"
+  chmod 0600 "$keys/ca.key"
   echo "keys and $keys/compose.env written: owner uid 10001 (the containers), group $group, mode 0640"
 else
   echo "keys and $keys/compose.env written (mode 0600, yours)."

@@ -111,10 +111,17 @@ pub fn make(
         .iter()
         .map(|spec| parse_node(spec))
         .collect::<Result<Vec<_>, _>>()?;
+    // Every refusal comes before anything is written.
+    let mut ids = std::collections::BTreeSet::new();
     for (id, _) in &nodes {
-        let cert = dir.join(format!("node-{id}.pem"));
-        if cert.exists() {
-            return Err(format!("{} exists; nothing was written", cert.display()));
+        if !ids.insert(*id) {
+            return Err(format!("--node {id} is given twice; nothing was written"));
+        }
+        for file in [format!("node-{id}.pem"), format!("node-{id}.key")] {
+            let path = dir.join(file);
+            if path.symlink_metadata().is_ok() {
+                return Err(format!("{} exists; nothing was written", path.display()));
+            }
         }
     }
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;

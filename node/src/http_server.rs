@@ -365,7 +365,13 @@ impl Connection {
         let Some(tls) = tls else {
             return self.serve_http(tracked, router, None, stop).await;
         };
-        match self.handshake(tracked, &tls).await {
+        // Evicted at the cap while still handshaking: the socket closes now, so silent
+        // connections cannot hold descriptors past the cap for a handshake timeout each.
+        let handshake = tokio::select! {
+            shaken = self.handshake(tracked, &tls) => shaken,
+            () = self.activity.evict.notified() => return,
+        };
+        match handshake {
             Ok((stream, peer)) => self.serve_http(stream, router, peer, stop).await,
             Err(reason) => self.metrics.http_connection_closed(reason.as_str()),
         }

@@ -192,11 +192,16 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         durable_log = Some(gate);
     }
     let committed_index = log_store.committed_index.clone();
-    // What this node must have applied before its reference-log check: a cluster's only
-    // voter commits its whole log once it leads again (its committed hint may lag the
-    // log by a flush); a member of a larger cluster re-applies, with no peer, what it
-    // knew committed.
-    let replay_to = if configured_alone {
+    // What this node must have applied before its reference-log check (only when its data
+    // directory has reference logs at all): the cluster's only voter commits its whole
+    // log once it leads again (its committed hint may lag the log by a flush); a member
+    // of a larger cluster re-applies, with no peer, what it knew committed.
+    let reference_dir = config.reference_dir.as_ref().unwrap_or(&config.data_dir);
+    let has_reference_logs = reference_logs::present(reference_dir)?;
+    let only_voter = store::single_voter(&state_machine, configured_alone);
+    let replay_to = if !has_reference_logs {
+        0
+    } else if only_voter {
         use openraft::storage::RaftLogStorage;
         log_store
             .get_log_state()
@@ -232,6 +237,14 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     let tls_server = config.tls.clone().map(tls::TlsServer::load).transpose()?;
     let connect_timeout = Duration::from_millis(RAFT_CONNECT_TIMEOUT_MS);
     let http = tls::PeerClient::new(tls::peer_client(config.tls.as_ref(), connect_timeout)?);
+    // From here on SIGHUP reloads TLS (or is ignored), never kills the node.
+    tls_reload::spawn(
+        tls_server.clone(),
+        http.clone(),
+        connect_timeout,
+        metrics.clone(),
+        config.tls_reload_poll,
+    );
     let scheme = if config.tls.is_some() {
         "https"
     } else {
@@ -263,11 +276,16 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
             .await
             .map_err(|e| format!("replaying this node's log: {e}"))?;
     }
-    let reserved_ids = reference_logs::check(
-        config.reference_dir.as_ref().unwrap_or(&config.data_dir),
-        &state_machine,
-        std::env::var(reference_logs::IGNORE_VAR).is_ok_and(|v| v == "1"),
-    )?;
+    let reserved_ids = if has_reference_logs {
+        reference_logs::check(
+            reference_dir,
+            &state_machine,
+            std::env::var(reference_logs::IGNORE_VAR).is_ok_and(|v| v == "1"),
+            only_voter,
+        )?
+    } else {
+        Default::default()
+    };
 
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -328,15 +346,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         .with_peer_contacts(peer_contacts),
     );
     let connection_metrics = app.metrics.clone();
-    if let Some(server) = &tls_server {
-        tls_reload::spawn(
-            server.clone(),
-            app.http.clone(),
-            connect_timeout,
-            app.metrics.clone(),
-            config.tls_reload_poll,
-        );
-    }
+
     let router = api::router(app);
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "lineage-node serving");
     http_server::serve(

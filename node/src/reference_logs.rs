@@ -6,8 +6,10 @@
 //!
 //! So at start-up each such file must already be held by the cluster (same genesis, same
 //! head: imported), or the node refuses to start and names the files. With
-//! `LINEAGE_IGNORE_REFERENCE_LOGS=1` it starts anyway, and those ids stay reserved on this
-//! node: creating one is refused (409). The files are only read, never written.
+//! `LINEAGE_IGNORE_REFERENCE_LOGS=1` the cluster's only voter (drop-in mode) starts
+//! anyway, and those ids stay reserved on it: creating one is refused (409). A node of a
+//! larger cluster refuses the override, since the reservation would hold on this node
+//! only. The files are only read, never written.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -45,24 +47,27 @@ fn genesis_and_head(path: &Path) -> Result<(Record, Record), String> {
     Ok((first, last))
 }
 
-/// Whether the cluster holds `path`'s log: the agent exists with the same genesis and the
-/// same head.
+/// Whether the cluster holds `path`'s log: the agent exists with the same genesis, and
+/// the cluster's record at the file's last seq is the file's last record (the cluster
+/// may have gone on from there).
 fn held(path: &Path, agent_id: &str, sm: &StateMachine) -> Result<(), String> {
     let (genesis, head) = genesis_and_head(path)?;
-    let applied_head = match sm.read_data().agents.get(agent_id) {
+    match sm.read_data().agents.get(agent_id) {
         None => return Err("the cluster has no such agent".into()),
         Some(AgentSlot::Quarantined(reason)) => {
             return Err(format!("the cluster's copy is quarantined: {reason}"))
         }
-        Some(AgentSlot::Active(state)) => state.head.as_ref().map(|h| h.hash.clone()),
+        Some(AgentSlot::Active(_)) => {}
+    }
+    let record_at = |seq: u64| {
+        sm.records(agent_id, seq, 1)
+            .map(|records| records.into_iter().next().filter(|r| r.seq == seq))
+            .map_err(|e| format!("reading the cluster's copy: {e}"))
     };
-    let cluster_genesis = sm
-        .records(agent_id, 0, 1)
-        .map_err(|e| format!("reading the cluster's copy: {e}"))?;
-    if cluster_genesis.first().map(|r| &r.hash) != Some(&genesis.hash) {
+    if record_at(0)?.map(|r| r.hash) != Some(genesis.hash) {
         return Err("the cluster's agent of that id has another genesis".into());
     }
-    if applied_head.as_ref() != Some(&head.hash) {
+    if record_at(head.seq)?.map(|r| r.hash) != Some(head.hash) {
         return Err(format!(
             "the cluster's copy ends elsewhere (the file's head is seq {})",
             head.seq
@@ -71,7 +76,14 @@ fn held(path: &Path, agent_id: &str, sm: &StateMachine) -> Result<(), String> {
     Ok(())
 }
 
-/// The ids of the reference logs in `dir/agents/` (file stems of `*.jsonl`).
+/// Whether `dir/agents/` holds any `*.jsonl` (only then is the log replayed and checked
+/// before serving).
+pub fn present(dir: &Path) -> Result<bool, String> {
+    reference_logs(dir).map(|logs| !logs.is_empty())
+}
+
+/// The ids of the reference logs in `dir/agents/` (file stems of `*.jsonl`). A name that
+/// is not UTF-8 is refused, not skipped: it could be an agent's log.
 fn reference_logs(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
     let agents = dir.join("agents");
     let entries = match std::fs::read_dir(&agents) {
@@ -87,9 +99,10 @@ fn reference_logs(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
         if path.extension().and_then(|e| e.to_str()) != Some("jsonl") {
             continue;
         }
-        if let Some(id) = path.file_stem().and_then(|s| s.to_str()) {
-            logs.push((id.to_string(), path.clone()));
-        }
+        let Some(id) = path.file_stem().and_then(|s| s.to_str()) else {
+            return Err(format!("{}: a file name that is not UTF-8", path.display()));
+        };
+        logs.push((id.to_string(), path.clone()));
     }
     logs.sort();
     Ok(logs)
@@ -97,7 +110,12 @@ fn reference_logs(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
 
 /// Checks `dir/agents/*.jsonl` against the cluster's state. Returns the ids to keep
 /// reserved (those not held, when `ignore` allows starting anyway), or the refusal.
-pub fn check(dir: &Path, sm: &StateMachine, ignore: bool) -> Result<BTreeSet<String>, String> {
+pub fn check(
+    dir: &Path,
+    sm: &StateMachine,
+    ignore: bool,
+    only_voter: bool,
+) -> Result<BTreeSet<String>, String> {
     let mut unheld = Vec::new();
     for (id, path) in reference_logs(dir)? {
         if let Err(why) = held(&path, &id, sm) {
@@ -111,6 +129,15 @@ pub fn check(dir: &Path, sm: &StateMachine, ignore: bool) -> Result<BTreeSet<Str
         .iter()
         .map(|(_, u)| format!("  {}: {}", u.path.display(), u.why))
         .collect();
+    if ignore && !only_voter {
+        return Err(format!(
+            "{IGNORE_VAR}=1 reserves the ids of reference logs on this node only, and this \
+             node is one voter of several: another leader would create those agents \
+             afresh. Move these files out of {} instead:\n{}",
+            dir.join("agents").display(),
+            listing.join("\n")
+        ));
+    }
     if ignore {
         tracing::warn!(
             files = %listing.join("; "),

@@ -157,6 +157,13 @@ pub fn peer_certificate(chain: Option<&[CertificateDer<'_>]>) -> Option<PeerCert
 pub fn parse_node_uri(uri: &str) -> Option<(String, u64)> {
     let rest = uri.strip_prefix(NODE_URI_SCHEME)?;
     let (cluster, id) = rest.rsplit_once("/node/")?;
+    // Canonical digits only: `+3` or `03` would name node 3 under another spelling.
+    let canonical = !id.is_empty()
+        && id.bytes().all(|b| b.is_ascii_digit())
+        && (id == "0" || !id.starts_with('0'));
+    if !canonical {
+        return None;
+    }
     let id = id.parse().ok()?;
     (!cluster.is_empty()).then(|| (cluster.to_string(), id))
 }
@@ -274,6 +281,8 @@ mod tests {
             "lineage://c/node/x",
             "lineage://c/nodes/3",
             "lineage://c/node/-1",
+            "lineage://c/node/+3",
+            "lineage://c/node/03",
         ] {
             assert_eq!(parse_node_uri(stranger), None, "{stranger}");
         }

@@ -49,24 +49,37 @@ pub fn reload(
     result
 }
 
-/// Watches for SIGHUP and for changed files, for as long as the node runs.
+/// Watches for SIGHUP and for changed files, for as long as the node runs. Without TLS
+/// (`server` is `None`) SIGHUP is still taken, and ignored with a line in the log: the
+/// systemd unit's `ExecReload` sends it to every node, and its default action would kill
+/// the process.
 pub fn spawn(
-    server: TlsServer,
+    server: Option<TlsServer>,
     client: PeerClient,
     connect_timeout: Duration,
     metrics: Arc<Metrics>,
     poll: Duration,
 ) {
+    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(signal) => Some(signal),
+        Err(e) => {
+            tracing::warn!(error = %e, "no SIGHUP handler; TLS files are still polled");
+            None
+        }
+    };
+    let Some(server) = server else {
+        tokio::spawn(async move {
+            while let Some(signal) = hangups.as_mut() {
+                if signal.recv().await.is_none() {
+                    return;
+                }
+                tracing::info!("SIGHUP: nothing to reload (no TLS)");
+            }
+        });
+        return;
+    };
     publish_expiry(&server, &metrics);
     tokio::spawn(async move {
-        let mut hangups =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-                Ok(signal) => Some(signal),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no SIGHUP reload; the files are still polled");
-                    None
-                }
-            };
         let mut seen = tls::modified(server.files());
         loop {
             let hangup = async {

@@ -643,6 +643,50 @@ async fn every_endpoint_and_error_case() {
         &path,
     )
     .unwrap();
+    // The edges: a tree of one record (its root is that leaf's hash, its proofs empty),
+    // and size 0, which no proof is over.
+    let one = lineage_core::transparency::root(&hashes[..1]);
+    let (status_code, inclusion) = node
+        .get("/v1/agents/bot/proof/inclusion?index=0&size=1", None)
+        .await;
+    assert_eq!(status_code, StatusCode::OK, "{inclusion}");
+    assert_eq!(b64(&inclusion["root"]), one);
+    assert_eq!(inclusion["proof"], serde_json::json!([]), "{inclusion}");
+    lineage_core::transparency::verify_inclusion(&one, 1, 0, &hashes[0], &[]).unwrap();
+    let (status_code, consistency) = node
+        .get("/v1/agents/bot/proof/consistency?old=1&size=1", None)
+        .await;
+    assert_eq!(status_code, StatusCode::OK, "{consistency}");
+    assert_eq!(b64(&consistency["old_root"]), one, "{consistency}");
+    assert_eq!(consistency["proof"], serde_json::json!([]), "{consistency}");
+    let (status_code, consistency) = node
+        .get(
+            &format!("/v1/agents/bot/proof/consistency?old=1&size={size}"),
+            None,
+        )
+        .await;
+    assert_eq!(status_code, StatusCode::OK, "{consistency}");
+    let path: Vec<[u8; 32]> = consistency["proof"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(b64)
+        .collect();
+    lineage_core::transparency::verify_consistency(&one, 1, &root, size, &path).unwrap();
+    assert_error(
+        node.get("/v1/agents/bot/proof/inclusion?index=0&size=0", None)
+            .await,
+        400,
+        "bad_request",
+        &format!("size must be between 1 and {size}"),
+    );
+    assert_error(
+        node.get("/v1/agents/bot/proof/consistency?old=0&size=1", None)
+            .await,
+        400,
+        "bad_request",
+        "old must be between 1 and 1",
+    );
     assert_error(
         node.get("/v1/agents/bot/proof/inclusion?size=3", None)
             .await,

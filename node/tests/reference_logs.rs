@@ -3,7 +3,8 @@
 //! `agents/<id>.jsonl`, here a log the reference server itself wrote), it refuses to
 //! start and names the file; with `LINEAGE_IGNORE_REFERENCE_LOGS=1` it starts, and that
 //! id can never be created afresh (409 `agent_id_reserved`). A log the cluster holds (same
-//! genesis and head) is no obstacle.
+//! genesis, and its head is the cluster's record at that seq) is no obstacle; one that
+//! went on past the cluster's copy is refused.
 
 #[path = "cluster/util.rs"]
 mod util;
@@ -37,7 +38,46 @@ fn drop_in(data: &Path, bind: &str, extra: &[(&str, &str)]) -> Command {
     command
 }
 
+/// Runs `command`, which must refuse to start: exits 1 within 30 s. Returns its stderr.
+fn refused(mut command: Command) -> String {
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the node started instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+    }
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    stderr
+}
+
 struct Running(Child);
+
+/// Starts the node, its stderr to `log`.
+fn start(data: &Path, bind: &str, extra: &[(&str, &str)], log: &Path) -> Running {
+    let stderr = std::fs::File::create(log).expect("log file");
+    Running(
+        drop_in(data, bind, extra)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start"),
+    )
+}
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -85,11 +125,10 @@ async fn a_reference_guards_logs_are_never_ignored() {
     std::fs::copy(fixture("budget.jsonl"), data.join("agents/budget.jsonl")).unwrap();
     let bind = format!("127.0.0.1:{}", util::free_port());
     let base = format!("http://{bind}");
+    let node_log = dir.path().join("node.stderr");
 
     // Refused, with the file named and the way out said.
-    let output = drop_in(&data, &bind, &[]).output().expect("run");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let stderr = refused(drop_in(&data, &bind, &[]));
     assert!(stderr.contains("agents/budget.jsonl"), "{stderr}");
     assert!(
         stderr.contains("LINEAGE_IGNORE_REFERENCE_LOGS=1"),
@@ -104,20 +143,13 @@ async fn a_reference_guards_logs_are_never_ignored() {
 
     // Started anyway: the id is reserved, others are not.
     let http = reqwest::Client::new();
-    let mut node = Running(
-        drop_in(&data, &bind, &[("LINEAGE_IGNORE_REFERENCE_LOGS", "1")])
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(dir.path().join("node.stderr"))
-                    .expect("log")
-                    .try_clone()
-                    .map(Stdio::from)
-                    .expect("log"),
-            )
-            .spawn()
-            .expect("start"),
+    let mut node = start(
+        &data,
+        &bind,
+        &[("LINEAGE_IGNORE_REFERENCE_LOGS", "1")],
+        &node_log,
     );
-    wait_ready(&http, &base, &mut node, &dir.path().join("node.stderr")).await;
+    wait_ready(&http, &base, &mut node, &node_log).await;
     let (status, body) = create(&http, &base, "budget").await;
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["code"], "agent_id_reserved", "{body}");
@@ -126,21 +158,14 @@ async fn a_reference_guards_logs_are_never_ignored() {
     drop(node);
 
     // A log the cluster holds (its own agent's, written out as the reference would) is no
-    // obstacle: the node starts without the override.
-    let mut node = Running(
-        drop_in(&data, &bind, &[("LINEAGE_IGNORE_REFERENCE_LOGS", "1")])
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(dir.path().join("node.stderr"))
-                    .expect("log")
-                    .try_clone()
-                    .map(Stdio::from)
-                    .expect("log"),
-            )
-            .spawn()
-            .expect("start"),
+    // obstacle: the node starts without the override. First, the log to write.
+    let mut node = start(
+        &data,
+        &bind,
+        &[("LINEAGE_IGNORE_REFERENCE_LOGS", "1")],
+        &node_log,
     );
-    wait_ready(&http, &base, &mut node, &dir.path().join("node.stderr")).await;
+    wait_ready(&http, &base, &mut node, &node_log).await;
     let log: Value = http
         .get(format!("{base}/v1/agents/fresh/log"))
         .bearer_auth(ADMIN)
@@ -159,33 +184,27 @@ async fn a_reference_guards_logs_are_never_ignored() {
         .collect();
     std::fs::remove_file(data.join("agents/budget.jsonl")).unwrap();
     std::fs::write(data.join("agents/fresh.jsonl"), &lines).unwrap();
-    let mut node = Running(
-        drop_in(&data, &bind, &[])
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(dir.path().join("node.stderr"))
-                    .expect("log")
-                    .try_clone()
-                    .map(Stdio::from)
-                    .expect("log"),
-            )
-            .spawn()
-            .expect("start"),
-    );
-    wait_ready(&http, &base, &mut node, &dir.path().join("node.stderr")).await;
+    let mut node = start(&data, &bind, &[], &node_log);
+    wait_ready(&http, &base, &mut node, &node_log).await;
 
-    // The same file one record short is not what the cluster holds: refused again.
+    // The file one record short: the cluster went on from its head, so it still holds it.
     drop(node);
     let short: String = lines
         .lines()
         .take(records.len() - 1)
         .map(|l| format!("{l}\n"))
         .collect();
-    if records.len() > 1 {
-        std::fs::write(data.join("agents/fresh.jsonl"), short).unwrap();
-        let output = drop_in(&data, &bind, &[]).output().expect("run");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(1), "{stderr}");
-        assert!(stderr.contains("ends elsewhere"), "{stderr}");
-    }
+    assert!(records.len() > 1, "{log}");
+    std::fs::write(data.join("agents/fresh.jsonl"), short).unwrap();
+    let mut node = start(&data, &bind, &[], &node_log);
+    wait_ready(&http, &base, &mut node, &node_log).await;
+    drop(node);
+
+    // The file went on past the cluster's copy (a record the cluster never had): refused.
+    let mut extra: Value = records.last().cloned().expect("a record");
+    extra["seq"] = json!(records.len());
+    let grown = format!("{lines}{}\n", serde_json::to_string(&extra).unwrap());
+    std::fs::write(data.join("agents/fresh.jsonl"), grown).unwrap();
+    let stderr = refused(drop_in(&data, &bind, &[]));
+    assert!(stderr.contains("ends elsewhere"), "{stderr}");
 }

@@ -208,6 +208,31 @@ async fn raft_answers_only_a_member_nodes_certificate() {
             .expect("member request");
         assert_eq!(reply.status().as_u16(), 401, "{path}: no cluster secret");
     }
+
+    // A member's certificate speaks only for that member: a vote it sends for another
+    // node's candidacy is refused; for its own, it reaches Raft (and is not granted: its
+    // term is old).
+    let member_id = (leader + 1) as u64;
+    let member = client_with_identity(&tls, Some(own(leader + 1)));
+    for (candidate, expected) in [(member_id % 3 + 1, 403), (member_id, 200)] {
+        let request = json!({
+            "vote": {"leader_id": {"term": 1, "node_id": candidate}, "committed": false},
+            "last_log_id": null
+        });
+        let reply = member
+            .post(cluster.url(target, "/raft/vote"))
+            .header(CLUSTER_SECRET_HEADER, secret.trim())
+            .json(&request)
+            .send()
+            .await
+            .expect("vote");
+        let status = reply.status().as_u16();
+        let body = reply.text().await.unwrap_or_default();
+        assert_eq!(
+            status, expected,
+            "node {member_id}'s certificate voting for {candidate}: {body}"
+        );
+    }
 }
 
 /// The certificate node `i` serves now, on a fresh connection.
@@ -332,7 +357,7 @@ async fn a_renewed_certificate_is_served_without_a_restart_and_a_bad_one_is_refu
     }
     assert!(after > before, "the bad certificate was not refused");
     assert_eq!(served_certificate(&cluster, 0).await, renewed);
-    assert!(cluster.is_running(0), "the node died of a bad certificate");
+    assert!(!cluster.has_exited(0), "the node died of a bad certificate");
 }
 
 /// The one-file Python client over HTTPS: with `ca_file` it creates an agent and is
@@ -380,4 +405,16 @@ except GuardError as e:
         stdout.contains("without the CA: status None True"),
         "{stdout}"
     );
+}
+
+/// `systemctl reload` sends SIGHUP to every node (the unit's `ExecReload`): a node without
+/// TLS takes it and serves on, rather than dying of the signal's default action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_does_not_stop_a_node_without_tls() {
+    let cluster = Cluster::start(1).await;
+    cluster.hangup(0);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!cluster.has_exited(0), "SIGHUP stopped the node");
+    let (status, _) = cluster.get(0, "/healthz", "").await;
+    assert_eq!(status, 200);
 }

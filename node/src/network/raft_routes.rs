@@ -97,10 +97,36 @@ fn node_certificate(app: &App, peer: Option<&PeerCertificate>) -> Result<(), Str
     Ok(())
 }
 
+/// With TLS, the node a Raft request speaks for (the leader or candidate in its vote)
+/// must be the node its certificate names: a member's certificate cannot speak for
+/// another member.
+fn sender_is_the_certificate(
+    app: &App,
+    peer: Option<&axum::Extension<PeerCertificate>>,
+    vote: &openraft::Vote<NodeId>,
+) -> Result<(), ApiError> {
+    if !app.tls {
+        return Ok(());
+    }
+    let named = peer.and_then(|p| p.node.as_ref()).map(|(_, id)| *id);
+    let speaks_for = vote.leader_id().voted_for();
+    if named.is_some() && named == speaks_for {
+        Ok(())
+    } else {
+        Err(ApiError::NotANode(format!(
+            "the request speaks for node {speaks_for:?}, the certificate names node {named:?}"
+        )))
+    }
+}
+
 async fn append(
     State(app): State<Arc<App>>,
+    peer: Option<axum::Extension<PeerCertificate>>,
     JsonBody(request): JsonBody<AppendEntriesRequest<TypeConfig>, MAX_RAFT_BODY_BYTES>,
 ) -> Response {
+    if let Err(e) = sender_is_the_certificate(&app, peer.as_ref(), &request.vote) {
+        return e.into_response();
+    }
     // A leader's commit index covers every entry committed before it only once it has
     // committed an entry of its own term; before that it may lag an earlier term's.
     let leader_commit = request
@@ -121,8 +147,12 @@ async fn append(
 /// the candidate backs off.
 async fn vote(
     State(app): State<Arc<App>>,
+    peer: Option<axum::Extension<PeerCertificate>>,
     JsonBody(request): JsonBody<VoteRequest<NodeId>, MAX_RAFT_BODY_BYTES>,
 ) -> Response {
+    if let Err(e) = sender_is_the_certificate(&app, peer.as_ref(), &request.vote) {
+        return e.into_response();
+    }
     let floor = app.log.as_ref().and_then(|log| log.repair_floor());
     if let Some(floor) = floor.filter(|f| !f.floor.allows_candidate(request.last_log_id)) {
         let metrics = app.raft.metrics().borrow().clone();
@@ -143,7 +173,11 @@ async fn vote(
 
 async fn snapshot(
     State(app): State<Arc<App>>,
+    peer: Option<axum::Extension<PeerCertificate>>,
     JsonBody(request): JsonBody<InstallSnapshotRequest<TypeConfig>, MAX_RAFT_BODY_BYTES>,
 ) -> Response {
+    if let Err(e) = sender_is_the_certificate(&app, peer.as_ref(), &request.vote) {
+        return e.into_response();
+    }
     Json(app.raft.install_snapshot(request).await).into_response()
 }

@@ -379,6 +379,13 @@ impl Cluster {
         }
     }
 
+    /// Whether node `i`'s process has ended (by itself, or killed by a signal).
+    pub fn has_exited(&self, i: usize) -> bool {
+        self.children()[i]
+            .as_mut()
+            .is_some_and(|child| child.try_wait().ok().flatten().is_some())
+    }
+
     pub fn is_running(&self, i: usize) -> bool {
         self.external || self.children()[i].is_some()
     }

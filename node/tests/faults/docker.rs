@@ -71,12 +71,24 @@ impl Stack {
             "deploy/provision-keys.sh failed"
         );
         // Secrets are bind-mounted: run as root, the script gives them to the
-        // containers' user (uid 10001) and a host group, 0640, and no one else.
+        // containers' user (uid 10001) and a host group, 0640, and no one else; the CA's
+        // key stays root's, 0600.
         for entry in std::fs::read_dir(keys.path()).unwrap() {
             use std::os::unix::fs::{MetadataExt, PermissionsExt};
-            let meta = entry.unwrap().metadata().unwrap();
-            assert_eq!(meta.uid(), 10001);
-            assert_eq!(meta.permissions().mode() & 0o777, 0o640);
+            let entry = entry.unwrap();
+            let meta = entry.metadata().unwrap();
+            let (uid, mode) = if entry.file_name() == "ca.key" {
+                (0, 0o600)
+            } else {
+                (10001, 0o640)
+            };
+            assert_eq!(meta.uid(), uid, "{:?}", entry.file_name());
+            assert_eq!(
+                meta.permissions().mode() & 0o777,
+                mode,
+                "{:?}",
+                entry.file_name()
+            );
         }
         let ports = (0..3).map(|_| free_port()).collect();
         let stack = Stack {
