@@ -1,7 +1,7 @@
 //! Shared pieces of the benchmarks in `benches/` (see README.md): the machine ceilings
 //! every figure is printed against, and what the benchmark binaries all need.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use lineage_core::{AuditKey, AuditLog};
@@ -76,4 +76,26 @@ pub fn sibling_binary(name: &str, build: &str) -> Result<PathBuf, String> {
             path.display()
         ))
     }
+}
+
+/// `lineage-node keygen` (the build at `binary`) into `keys`; returns the admin token.
+pub fn keygen(binary: &Path, keys: &Path) -> Result<String, String> {
+    let ok = std::process::Command::new(binary)
+        .arg("keygen")
+        .arg(keys)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !ok.success() {
+        return Err("keygen failed".into());
+    }
+    std::fs::read_to_string(keys.join("admin.token")).map_err(|e| e.to_string())
+}
+
+/// A loopback address (`127.0.0.1:PORT`) nothing listens on right now.
+pub fn free_loopback_addr() -> Result<String, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.to_string())
+        .map_err(|e| e.to_string())
 }

@@ -207,12 +207,7 @@ fn healthcheck(port: Option<u16>, ready: bool) -> Result<(), String> {
             .use_rustls_tls()
             .tls_built_in_root_certs(false);
         if let Some(ca) = &ca {
-            let pem = std::fs::read(ca).map_err(|e| format!("{}: {e}", ca.display()))?;
-            for certificate in reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| format!("{}: {e}", ca.display()))?
-            {
-                builder = builder.add_root_certificate(certificate);
-            }
+            builder = lineage_node::tls::trusting_only(builder, ca)?;
         }
         let client = builder.build().map_err(|e| format!("http client: {e}"))?;
         let reply = client

@@ -249,21 +249,32 @@ pub fn peer_client(
     let Some(files) = files else {
         return builder.build().map_err(|e| format!("http client: {e}"));
     };
-    let ca = std::fs::read(&files.ca).map_err(|e| format!("--tls-ca: {e}"))?;
     let mut identity = std::fs::read(&files.cert).map_err(|e| format!("--tls-cert: {e}"))?;
     identity.push(b'\n');
     identity.extend(std::fs::read(&files.key).map_err(|e| format!("--tls-key: {e}"))?);
-    let mut builder = builder
-        .use_rustls_tls()
-        .tls_built_in_root_certs(false)
+    let builder = builder
         .min_tls_version(reqwest::tls::Version::TLS_1_3)
         .identity(reqwest::Identity::from_pem(&identity).map_err(|e| format!("--tls-key: {e}"))?);
+    trusting_only(builder, &files.ca)
+        .map_err(|e| format!("--tls-ca {e}"))?
+        .build()
+        .map_err(|e| format!("http client: {e}"))
+}
+
+/// `builder` trusting the CA bundle in `ca` (PEM) and nothing else: not the roots a
+/// reqwest feature compiles in (the checkpointer's webpki roots unify into every binary).
+pub fn trusting_only(
+    builder: reqwest::ClientBuilder,
+    ca: &Path,
+) -> Result<reqwest::ClientBuilder, String> {
+    let pem = std::fs::read(ca).map_err(|e| format!("{}: {e}", ca.display()))?;
+    let mut builder = builder.use_rustls_tls().tls_built_in_root_certs(false);
     for certificate in
-        reqwest::Certificate::from_pem_bundle(&ca).map_err(|e| format!("--tls-ca: {e}"))?
+        reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| format!("{}: {e}", ca.display()))?
     {
         builder = builder.add_root_certificate(certificate);
     }
-    builder.build().map_err(|e| format!("http client: {e}"))
+    Ok(builder)
 }
 
 #[cfg(test)]

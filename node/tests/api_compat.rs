@@ -608,6 +608,15 @@ async fn every_endpoint_and_error_case() {
             .try_into()
             .unwrap()
     };
+    // A proof's hashes, decoded.
+    let path_of = |answer: &Value| -> Vec<[u8; 32]> {
+        answer["proof"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(b64)
+            .collect()
+    };
     let (status_code, inclusion) = node
         .get(
             &format!("/v1/agents/bot/proof/inclusion?index=2&size={size}"),
@@ -616,12 +625,7 @@ async fn every_endpoint_and_error_case() {
         .await;
     assert_eq!(status_code, StatusCode::OK, "{inclusion}");
     assert_eq!(b64(&inclusion["root"]), root);
-    let path: Vec<[u8; 32]> = inclusion["proof"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(b64)
-        .collect();
+    let path = path_of(&inclusion);
     lineage_core::transparency::verify_inclusion(&root, size, 2, &hashes[2], &path).unwrap();
     let (_, consistency) = node
         .get(
@@ -629,12 +633,7 @@ async fn every_endpoint_and_error_case() {
             None,
         )
         .await;
-    let path: Vec<[u8; 32]> = consistency["proof"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(b64)
-        .collect();
+    let path = path_of(&consistency);
     lineage_core::transparency::verify_consistency(
         &b64(&consistency["old_root"]),
         3,
@@ -666,12 +665,7 @@ async fn every_endpoint_and_error_case() {
         )
         .await;
     assert_eq!(status_code, StatusCode::OK, "{consistency}");
-    let path: Vec<[u8; 32]> = consistency["proof"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(b64)
-        .collect();
+    let path = path_of(&consistency);
     lineage_core::transparency::verify_consistency(&one, 1, &root, size, &path).unwrap();
     assert_error(
         node.get("/v1/agents/bot/proof/inclusion?index=0&size=0", None)

@@ -21,7 +21,6 @@
 //! clients share them. So the clients are lean: each holds one keep-alive HTTP/1.1
 //! connection through hyper, with its request's body and headers built once.
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -183,23 +182,9 @@ fn start_cluster(
 ) -> Result<Cluster, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let keys = dir.path().join("keys");
-    let ok = Command::new(binary)
-        .arg("keygen")
-        .arg(&keys)
-        .stdout(Stdio::null())
-        .status()
-        .map_err(|e| e.to_string())?;
-    if !ok.success() {
-        return Err("keygen failed".into());
-    }
-    let admin = std::fs::read_to_string(keys.join("admin.token")).map_err(|e| e.to_string())?;
+    let admin = lineage_benches::keygen(binary, &keys)?;
     let addrs: Vec<String> = (0..nodes)
-        .map(|_| {
-            TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.to_string())
-                .map_err(|e| e.to_string())
-        })
+        .map(|_| lineage_benches::free_loopback_addr())
         .collect::<Result<_, _>>()?;
     let peers: Vec<String> = addrs
         .iter()

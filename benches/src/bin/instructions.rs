@@ -58,20 +58,8 @@ async fn log_writes(http: &reqwest::Client, url: &str) -> Result<f64, String> {
 async fn run(binary: &Path, decisions: usize) -> Result<Run, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let keys = dir.path().join("keys");
-    let ok = Command::new(binary)
-        .arg("keygen")
-        .arg(&keys)
-        .stdout(Stdio::null())
-        .status()
-        .map_err(|e| e.to_string())?;
-    if !ok.success() {
-        return Err("keygen failed".into());
-    }
-    let admin = std::fs::read_to_string(keys.join("admin.token")).map_err(|e| e.to_string())?;
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .to_string();
+    let admin = lineage_benches::keygen(binary, &keys)?;
+    let addr = lineage_benches::free_loopback_addr()?;
     let out = dir.path().join("callgrind.out");
     let mut child = Command::new("valgrind")
         .arg("--tool=callgrind")

@@ -11,7 +11,6 @@
 //! With `--baseline-node`, another build is measured the same way in the same run (after
 //! ours), and each figure is also printed as a ratio to it.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,20 +33,8 @@ impl Node {
     fn start(binary: &Path) -> Result<Node, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let keys = dir.path().join("keys");
-        let ok = Command::new(binary)
-            .arg("keygen")
-            .arg(&keys)
-            .stdout(Stdio::null())
-            .status()
-            .map_err(|e| e.to_string())?;
-        if !ok.success() {
-            return Err("keygen failed".into());
-        }
-        let admin = std::fs::read_to_string(keys.join("admin.token")).map_err(|e| e.to_string())?;
-        let addr = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .to_string();
+        let admin = lineage_benches::keygen(binary, &keys)?;
+        let addr = lineage_benches::free_loopback_addr()?;
         let mut node = Node {
             binary: binary.to_path_buf(),
             url: format!("http://{addr}"),
