@@ -23,7 +23,7 @@ pub enum FetchError {
 pub struct ClusterClient {
     urls: Vec<String>,
     http: reqwest::Client,
-    admin_token: Option<String>,
+    publish_token: Option<String>,
 }
 
 /// A consistency proof as the node serves it.
@@ -38,15 +38,15 @@ struct LeavesAnswer {
 }
 
 impl ClusterClient {
-    pub fn new(urls: Vec<String>, admin_token: Option<String>) -> Result<Self, String> {
-        Self::with_ca(urls, admin_token, None)
+    pub fn new(urls: Vec<String>, publish_token: Option<String>) -> Result<Self, String> {
+        Self::with_ca(urls, publish_token, None)
     }
 
     /// A client for the cluster at `urls`; `https://` nodes' certificates must chain to
     /// the CA bundle (PEM) in `ca`, and to nothing else.
     pub fn with_ca(
         urls: Vec<String>,
-        admin_token: Option<String>,
+        publish_token: Option<String>,
         ca: Option<&std::path::Path>,
     ) -> Result<Self, String> {
         if urls.is_empty() {
@@ -71,7 +71,7 @@ impl ClusterClient {
                 .map(|u| u.trim_end_matches('/').to_string())
                 .collect(),
             http,
-            admin_token,
+            publish_token,
         })
     }
 
@@ -171,12 +171,12 @@ impl ClusterClient {
         Ok(answer.proof)
     }
 
-    /// Stores a cosigned checkpoint in the cluster (needs the admin token).
+    /// Stores a cosigned checkpoint in the cluster (needs a publisher or admin token).
     pub async fn store_witnessed(&self, note: &str) -> Result<(), FetchError> {
         let token = self
-            .admin_token
+            .publish_token
             .as_deref()
-            .ok_or_else(|| FetchError::Refused("no admin token to store with".into()))?;
+            .ok_or_else(|| FetchError::Refused("no token to store with (--token-file)".into()))?;
         self.send(|base| {
             self.http
                 .post(format!("{base}/v1/transparency/checkpoint/witnessed"))

@@ -100,7 +100,7 @@ impl Target {
     }
 
     /// An admin client that gives each node `--timeout` to answer.
-    fn admin_client(&self) -> Result<Client, Failure> {
+    pub(crate) fn admin_client(&self) -> Result<Client, Failure> {
         self.admin_client_waiting(self.timeout)
     }
 
@@ -182,20 +182,20 @@ fn path_id<'a>(id: &'a str, what: &str) -> Result<&'a str, Failure> {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Failure::Usage(e.to_string()))
 }
 
-fn print_json(out: &mut dyn Write, value: &Value) -> Result<(), Failure> {
+pub(crate) fn print_json(out: &mut dyn Write, value: &Value) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(value).map_err(|e| Failure::Usage(e.to_string()))?;
     writeln!(out, "{text}").map_err(|e| Failure::Usage(e.to_string()))
 }
 
 /// A cell of a table: the value as text, `-` when absent.
-fn cell(value: &Value) -> String {
+pub(crate) fn cell(value: &Value) -> String {
     match value {
         Value::Null => "-".into(),
         Value::String(s) => s.clone(),
@@ -204,7 +204,7 @@ fn cell(value: &Value) -> String {
 }
 
 /// Writes rows as columns padded to their widest cell.
-fn table(out: &mut dyn Write, rows: &[Vec<String>]) -> Result<(), Failure> {
+pub(crate) fn table(out: &mut dyn Write, rows: &[Vec<String>]) -> Result<(), Failure> {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {

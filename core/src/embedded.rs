@@ -136,6 +136,7 @@ impl Guard {
         self.decision(Command::Approve {
             action_id: action_id.to_string(),
             approver: approver.to_string(),
+            claimed_by: None,
             note: note.map(str::to_string),
         })
     }
@@ -150,6 +151,7 @@ impl Guard {
         self.decision(Command::Reject {
             action_id: action_id.to_string(),
             approver: approver.to_string(),
+            claimed_by: None,
             reason: reason.to_string(),
             scar,
         })
@@ -173,6 +175,7 @@ impl Guard {
             severity,
             reason: reason.to_string(),
             action_id: action_id.map(str::to_string),
+            by: None,
         })
         .map(drop)
     }
@@ -181,6 +184,7 @@ impl Guard {
         self.run(&Command::Terminate {
             reason: reason.to_string(),
             by: by.to_string(),
+            claimed_by: None,
         })
         .map(drop)
     }

@@ -13,6 +13,7 @@ pub mod heads;
 pub mod keys;
 pub mod log_file;
 pub mod note;
+pub mod operators;
 pub mod policy;
 pub mod record;
 pub mod token;

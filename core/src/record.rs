@@ -204,6 +204,51 @@ impl Record {
     }
 }
 
+/// Checks that `records` extend a log whose next seq is `next_seq` and whose head hash
+/// is `head_hash` (`ZERO_HASH` when empty): consecutive seq, `prev_hash` equal to the
+/// previous hash, recomputed hash equal to the stored one, and `actor` equal to
+/// `log_id`. Changes nothing; apply runs it before folding anything in.
+pub fn check_chain<R: std::borrow::Borrow<Record>>(
+    next_seq: u64,
+    head_hash: &str,
+    log_id: &str,
+    records: &[R],
+) -> Result<(), String> {
+    if records.is_empty() {
+        return Err("no records".into());
+    }
+    let mut prev = head_hash;
+    for (expected_seq, record) in (next_seq..).zip(records) {
+        let record: &Record = record.borrow();
+        if record.seq != expected_seq {
+            return Err(format!(
+                "record seq {} does not extend head (expected {expected_seq})",
+                record.seq
+            ));
+        }
+        if record.prev_hash != prev {
+            return Err(format!(
+                "record seq {}: prev_hash does not match head",
+                record.seq
+            ));
+        }
+        if hex::encode(record.recompute_hash()) != record.hash {
+            return Err(format!(
+                "record seq {}: hash does not match content",
+                record.seq
+            ));
+        }
+        if record.actor != log_id {
+            return Err(format!(
+                "record seq {}: actor is not the log's id",
+                record.seq
+            ));
+        }
+        prev = &record.hash;
+    }
+    Ok(())
+}
+
 /// Record timestamps: UTC RFC 3339 with exactly six fractional digits and `Z`.
 pub mod timestamp {
     use chrono::{DateTime, SecondsFormat, Utc};

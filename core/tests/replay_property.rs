@@ -26,11 +26,13 @@ fn command_strategy() -> impl Strategy<Value = Command> {
         2 => (action.clone(), prop::option::of("[a-z ]{0,8}")).prop_map(|(action_id, note)| Command::Approve {
             action_id,
             approver: "alice".into(),
+            claimed_by: None,
             note,
         }),
         1 => (action.clone(), prop::option::of(severity.clone())).prop_map(|(action_id, scar)| Command::Reject {
             action_id,
             approver: "bob".into(),
+            claimed_by: None,
             reason: "no".into(),
             scar,
         }),
@@ -46,8 +48,9 @@ fn command_strategy() -> impl Strategy<Value = Command> {
             severity,
             reason: "seen".into(),
             action_id,
+            by: None,
         }),
-        1 => Just(Command::Terminate { reason: "stop".into(), by: "ops".into() }),
+        1 => Just(Command::Terminate { reason: "stop".into(), by: "ops".into(), claimed_by: None }),
     ]
 }
 

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Builds a minimal image from binaries built on this machine (no registry needed):
-# FROM scratch, lineage-node with lineage-witness and lineage-checkpointer from the same
-# directory, the shared libraries they link, an unprivileged user. The entrypoint is
-# lineage-node; deploy/compose.yaml runs the witness and checkpointer from the same image.
+# FROM scratch, lineage-node with lineage-witness, lineage-checkpointer and the lineage
+# CLI from the same directory, the shared libraries they link, an unprivileged user. The
+# entrypoint is lineage-node; deploy/compose.yaml runs the others from the same image.
 # Usage: deploy/docker/build-local-image.sh [BINARY] [TAG]
 #   (cargo build --release --bins first)
 set -euo pipefail
 bin=${1:-target/release/lineage-node}
 tag=${2:-lineage-node:local}
 dir=$(dirname "$bin")
-bins=("$bin" "$dir/lineage-witness" "$dir/lineage-checkpointer")
+bins=("$bin" "$dir/lineage-witness" "$dir/lineage-checkpointer" "$dir/lineage")
 for b in "${bins[@]}"; do
   [ -x "$b" ] || { echo "no executable at $b (cargo build --release --bins)" >&2; exit 2; }
 done
@@ -17,7 +17,7 @@ ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
 mkdir -p "$ctx/rootfs/bin" "$ctx/rootfs/tmp" "$ctx/rootfs/etc" "$ctx/data"
 cp "$bin" "$ctx/rootfs/bin/lineage-node"
-cp "$dir/lineage-witness" "$dir/lineage-checkpointer" "$ctx/rootfs/bin/"
+cp "$dir/lineage-witness" "$dir/lineage-checkpointer" "$dir/lineage" "$ctx/rootfs/bin/"
 # The dynamic loader and every library the binaries link.
 for b in "${bins[@]}"; do
   for lib in $(ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do

@@ -68,6 +68,8 @@ pub struct App {
     /// directory (`reference_logs`).
     reserved_ids: std::collections::BTreeSet<String>,
     request_rate: crate::request_rate::RequestRate,
+    /// Operator changes, one at a time (`operator_changes`).
+    operator_changes: crate::operator_changes::OperatorChanges,
 }
 
 /// Whole-log reads at once (`App::whole_log_reads`).
@@ -164,6 +166,9 @@ pub enum AppError {
     /// The agent's requests per minute are used up (`request_rate`); nothing recorded.
     #[error("this agent sends more requests than its policy's max_requests_per_minute; retry in {retry_after_secs} s")]
     TooManyRequests { retry_after_secs: u64 },
+    /// An operator change the registry refuses (`lineage_core::operators`).
+    #[error(transparent)]
+    Operator(lineage_core::operators::ChangeError),
     #[error("{0}")]
     Internal(String),
 }
@@ -198,6 +203,7 @@ impl App {
             peers: Arc::default(),
             disk: None,
             whole_log_reads: tokio::sync::Semaphore::new(WHOLE_LOG_READS),
+            operator_changes: Default::default(),
         }
     }
 
@@ -315,6 +321,28 @@ impl App {
                 .ok_or(AppError::NoLeader),
             None => Err(AppError::NoLeader),
         }
+    }
+
+    /// Adds or revokes an operator (`operator_changes`) as this node, the confirmed
+    /// leader, with everything committed applied; `by` names who asked.
+    pub async fn change_operators(
+        &self,
+        change: lineage_core::operators::Change,
+        by: &str,
+    ) -> Result<lineage_core::operators::Operator, AppError> {
+        if let Lead::Forward(_) = self.lead().await? {
+            return Err(AppError::NoLeader);
+        }
+        use crate::operator_changes::ChangeFailed;
+        self.operator_changes
+            .apply(&self.raft, &self.sm, &self.keys.audit, change, by)
+            .await
+            .map_err(|failed| match failed {
+                ChangeFailed::Refused(e) => AppError::Operator(e),
+                ChangeFailed::NotCommitted(_) => AppError::Unavailable(failed.to_string()),
+                ChangeFailed::Stale(reason) => AppError::Stale(reason),
+                ChangeFailed::Internal(e) => AppError::Internal(e),
+            })
     }
 
     /// Runs `f` on the agent's applied state, or says why it cannot be served here.

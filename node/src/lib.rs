@@ -43,6 +43,7 @@ pub mod keys;
 pub mod log_noise;
 pub mod metrics;
 pub mod network;
+pub mod operator_changes;
 pub mod raft_types;
 pub mod reference_logs;
 pub mod request_rate;

@@ -1,6 +1,7 @@
-//! The Raft type configuration and its three kinds of application entry
+//! The Raft type configuration and its four kinds of application entry
 //! ([`Proposal`]): a batch of "append these signed records to this agent's log"
-//! (group commit), a heads-log round, and a witnessed checkpoint to store.
+//! (group commit), a heads-log round, a witnessed checkpoint to store, and an operator
+//! change for the system log.
 
 use std::borrow::Cow;
 use std::io::Cursor;
@@ -32,6 +33,9 @@ pub enum Proposal {
     HeadsRound { origin: String },
     /// A cosigned heads checkpoint, kept for auditors to fetch.
     Witnessed { note: String },
+    /// Signed records that extend the system log (operator changes,
+    /// `lineage_core::operators`).
+    System { records: Vec<RecordLine> },
 }
 
 /// One outcome per write of a batch, in order.

@@ -61,6 +61,7 @@ fn history() -> Vec<Proposal> {
         Command::Approve {
             action_id: "act-2".into(),
             approver: "alice".into(),
+            claimed_by: None,
             note: Some("invoice 7".into()),
         },
         Command::Request {

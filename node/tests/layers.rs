@@ -43,6 +43,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("agent_lanes", Layer::Service),
     ("tls_reload", Layer::Service),
     ("reference_logs", Layer::Service),
+    ("operator_changes", Layer::Service),
     ("store", Layer::Storage),
     ("raft_types", Layer::Storage),
     ("keys", Layer::Storage),

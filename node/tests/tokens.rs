@@ -143,3 +143,68 @@ async fn an_agent_token_acts_only_as_its_agent_on_every_route() {
         }
     }
 }
+
+/// Every file under `dir`, read whole (a node's data directory is small here).
+fn files_under(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if let Ok(bytes) = std::fs::read(&path) {
+                found.push((path, bytes));
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_token_is_never_stored_and_a_replayed_create_still_returns_it() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let body = json!({"agent_id": "kept", "policy": {"budget": 5, "scar_limit": 3, "tools": {}}});
+    let (status, first) = cluster
+        .post(
+            leader,
+            "/v1/agents",
+            &cluster.admin,
+            body.clone(),
+            Some("create-kept"),
+        )
+        .await;
+    assert_eq!(status, 200, "{first}");
+    let token = first["token"].as_str().expect("a token").to_string();
+    // The retry gets the stored answer, and the same token with it.
+    let (status, again) = cluster
+        .post(
+            leader,
+            "/v1/agents",
+            &cluster.admin,
+            body,
+            Some("create-kept"),
+        )
+        .await;
+    assert_eq!((status, &again), (200, &first));
+    cluster.converged_log("kept", Duration::from_secs(20)).await;
+    for i in 0..3 {
+        // The state machine's rows reach redb within its commit interval; the Raft
+        // log's at once. Stopping the node flushes everything.
+        cluster.stop_gracefully(i);
+        let files = files_under(&cluster.data_dir(i));
+        assert!(files.len() > 2, "node {i} has its files");
+        let mac = token.rsplit('.').next().expect("a mac").as_bytes();
+        for (path, bytes) in files {
+            assert!(
+                !bytes.windows(mac.len()).any(|w| w == mac),
+                "node {i}: the token is in {}",
+                path.display()
+            );
+        }
+    }
+}

@@ -39,7 +39,16 @@ struct Cli {
     /// start and pinned in the data dir
     #[arg(long, env = "LINEAGE_LOG_VKEY")]
     log_vkey: Option<String>,
-    /// File with the cluster's admin token (to store cosigned checkpoints)
+    /// File with the token that stores cosigned checkpoints in the cluster: a
+    /// `publisher` operator's (`lineage operator add checkpointer --role publisher`)
+    #[arg(
+        long,
+        env = "LINEAGE_CHECKPOINTER_TOKEN_FILE",
+        conflicts_with = "admin_token_file"
+    )]
+    token_file: Option<PathBuf>,
+    /// File with the cluster's shared admin token, where no publisher operator exists
+    /// (it can do far more than store checkpoints: prefer --token-file)
     #[arg(long, env = "LINEAGE_ADMIN_TOKEN_FILE")]
     admin_token_file: Option<PathBuf>,
     /// Milliseconds between rounds
@@ -89,7 +98,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             witnesses.len()
         ));
     }
-    let admin_token = match &cli.admin_token_file {
+    let publish_token = match cli.token_file.as_ref().or(cli.admin_token_file.as_ref()) {
         Some(path) => Some(
             std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))?
@@ -100,8 +109,11 @@ async fn run(cli: Cli) -> Result<(), String> {
     };
     let interval = Duration::from_millis(cli.interval_ms.max(10));
     let metrics = Metrics::new(interval.as_secs_f64()).map_err(|e| e.to_string())?;
-    let cluster =
-        ClusterClient::with_ca(cli.cluster.clone(), admin_token, cli.cluster_ca.as_deref())?;
+    let cluster = ClusterClient::with_ca(
+        cli.cluster.clone(),
+        publish_token,
+        cli.cluster_ca.as_deref(),
+    )?;
     let checkpointer = Checkpointer::open(
         &cli.data_dir,
         cluster,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use lineage_client::ops_cli::{self, Failure, Target, Verdict};
-use lineage_client::{audit_cli, witnessed_cli};
+use lineage_client::{audit_cli, operator_cli, witnessed_cli};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -82,6 +82,31 @@ enum Command {
     /// Inspect and change cluster membership (admin token)
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Named operators with roles: add (prints a new token), list, revoke (admin)
+    #[command(subcommand)]
+    Operator(OperatorCommand),
+    /// Who the token speaks for
+    Whoami,
+}
+
+#[derive(Subcommand)]
+enum OperatorCommand {
+    /// Add an operator; prints its new token once (only its SHA-256 is sent)
+    Add {
+        name: String,
+        /// admin, approver, auditor or publisher
+        #[arg(long)]
+        role: String,
+        /// Keep the token in this file instead of printing it: made and written there
+        /// (mode 0600) first, or, when the file exists, the token it holds is registered
+        /// (so running the command again finishes an interrupted run)
+        #[arg(long)]
+        token_out: Option<PathBuf>,
+    },
+    /// Every operator ever added, revoked ones too
+    List,
+    /// Revoke an operator: its token stops working; the name is never reused
+    Revoke { name: String },
 }
 
 #[derive(Subcommand)]
@@ -326,6 +351,19 @@ fn main() -> ExitCode {
             };
             report(result, &mut err)
         }
+        Command::Operator(command) => {
+            let result = match command {
+                OperatorCommand::Add {
+                    name,
+                    role,
+                    token_out,
+                } => operator_cli::add(&target, &name, &role, token_out.as_deref(), &mut out),
+                OperatorCommand::List => operator_cli::list(&target, &mut out),
+                OperatorCommand::Revoke { name } => operator_cli::revoke(&target, &name, &mut out),
+            };
+            report(result, &mut err)
+        }
+        Command::Whoami => report(operator_cli::whoami(&target, &mut out), &mut err),
         Command::Agent(command) => {
             let result = match command {
                 AgentCommand::List => ops_cli::agent_list(&target, &mut out),

@@ -28,14 +28,18 @@ pub enum Command {
         input: Value,
         cost: Option<u64>,
     },
+    /// `approver` is who the log names (`approved_by`); `claimed_by`, a name the caller
+    /// gave that is not its own, is kept beside it, never instead of it.
     Approve {
         action_id: String,
         approver: String,
+        claimed_by: Option<String>,
         note: Option<String>,
     },
     Reject {
         action_id: String,
         approver: String,
+        claimed_by: Option<String>,
         reason: String,
         scar: Option<Severity>,
     },
@@ -43,14 +47,17 @@ pub enum Command {
         action_id: String,
         outcome: Outcome,
     },
+    /// `by`: the named operator who scars (the shared admin token names nobody).
     Scar {
         severity: Severity,
         reason: String,
         action_id: Option<String>,
+        by: Option<String>,
     },
     Terminate {
         reason: String,
         by: String,
+        claimed_by: Option<String>,
     },
 }
 
@@ -181,6 +188,7 @@ pub fn decide(
         Command::Approve {
             action_id,
             approver,
+            claimed_by,
             note,
         } => {
             let policy = state.policy.as_ref().ok_or(GuardError::NoPolicy)?;
@@ -197,6 +205,15 @@ pub fn decide(
                     &mut drafts,
                 ),
             };
+            // Only an approval carries the approver's names; a denial here is the guard's.
+            if let Some(claimed) = claimed_by {
+                for allowed in drafts
+                    .iter_mut()
+                    .filter(|d| d.kind == RecordKind::ActionAllowed)
+                {
+                    with_claim(&mut allowed.payload, claimed);
+                }
+            }
             Ok(Decided {
                 drafts,
                 decision: Some(decision),
@@ -205,17 +222,19 @@ pub fn decide(
         Command::Reject {
             action_id,
             approver,
+            claimed_by,
             reason,
             scar,
         } => {
             pending_action(state, action_id)?;
-            let mut drafts = vec![draft(
-                RecordKind::ActionRejected,
-                json!({"action_id": action_id, "by": approver, "reason": reason}),
-            )];
+            let mut rejected = json!({"action_id": action_id, "by": approver, "reason": reason});
+            if let Some(claimed) = claimed_by {
+                with_claim(&mut rejected, claimed);
+            }
+            let mut drafts = vec![draft(RecordKind::ActionRejected, rejected)];
             if let Some(severity) = scar {
                 let text = format!("rejected by {approver}: {reason}");
-                scar_drafts(state, *severity, &text, Some(action_id), &mut drafts);
+                scar_drafts(state, *severity, &text, Some(action_id), None, &mut drafts);
             }
             Ok(Decided {
                 drafts,
@@ -255,7 +274,7 @@ pub fn decide(
                 )),
             };
             if let Some((severity, text)) = scar {
-                scar_drafts(state, severity, &text, Some(action_id), &mut drafts);
+                scar_drafts(state, severity, &text, Some(action_id), None, &mut drafts);
             }
             Ok(Decided {
                 drafts,
@@ -266,6 +285,7 @@ pub fn decide(
             severity,
             reason,
             action_id,
+            by,
         } => {
             if let Some(id) = action_id {
                 if state.action(id).is_none() {
@@ -273,21 +293,33 @@ pub fn decide(
                 }
             }
             let mut drafts = Vec::new();
-            scar_drafts(state, *severity, reason, action_id.as_deref(), &mut drafts);
+            scar_drafts(
+                state,
+                *severity,
+                reason,
+                action_id.as_deref(),
+                by.as_deref(),
+                &mut drafts,
+            );
             Ok(Decided {
                 drafts,
                 decision: None,
             })
         }
-        Command::Terminate { reason, by } => {
+        Command::Terminate {
+            reason,
+            by,
+            claimed_by,
+        } => {
             if let Some(existing) = &state.termination_reason {
                 return Err(GuardError::AlreadyTerminated(existing.clone()));
             }
+            let mut payload = json!({"by": by, "reason": reason});
+            if let Some(claimed) = claimed_by {
+                with_claim(&mut payload, claimed);
+            }
             Ok(Decided {
-                drafts: vec![draft(
-                    RecordKind::Terminated,
-                    json!({"by": by, "reason": reason}),
-                )],
+                drafts: vec![draft(RecordKind::Terminated, payload)],
                 decision: None,
             })
         }
@@ -394,6 +426,7 @@ fn deny(
             severity,
             &reason.to_string(),
             Some(action_id),
+            None,
             drafts,
         );
     }
@@ -436,11 +469,17 @@ fn scar_drafts(
     severity: Severity,
     reason: &str,
     action_id: Option<&str>,
+    by: Option<&str>,
     drafts: &mut Vec<Draft>,
 ) {
+    let mut payload =
+        json!({"action_id": action_id, "reason": reason, "severity": severity.as_str()});
+    if let (Some(by), Some(map)) = (by, payload.as_object_mut()) {
+        map.insert("by".into(), Value::String(by.to_string()));
+    }
     drafts.push(Draft {
         kind: RecordKind::Scar,
-        payload: json!({"action_id": action_id, "reason": reason, "severity": severity.as_str()}),
+        payload,
         scar: Some(severity),
     });
     // Earlier drafts of this same command may already have scarred or terminated.
@@ -456,6 +495,14 @@ fn scar_drafts(
             RecordKind::Terminated,
             json!({"by": "guard", "reason": format!("scar limit reached ({score} >= {limit})")}),
         ));
+    }
+}
+
+/// Adds `claimed_by` to a record's payload: the name a caller gave beside the one the
+/// log attributes the record to.
+fn with_claim(payload: &mut Value, claimed: &str) {
+    if let Some(map) = payload.as_object_mut() {
+        map.insert("claimed_by".into(), Value::String(claimed.to_string()));
     }
 }
 

@@ -15,9 +15,9 @@ use lineage_core::{token, Policy};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::auth::{path_agent_id, require_admin, require_agent_or_admin, validate_agent_id};
+use super::auth::{path_agent_id, require, require_agent_or, validate_agent_id, Need, Principal};
 use super::error::ApiError;
-use super::idempotency::{Caller, IdempotencyKey, WriteBody};
+use super::idempotency::{IdempotencyKey, WriteBody};
 use super::query::Query;
 use crate::app::{Answer, App, Respond};
 use crate::store::AgentSlot;
@@ -50,15 +50,18 @@ pub struct OutcomeBody {
     detail: String,
 }
 
+/// `approver` (and `by` below) is required with the shared admin token, as in the
+/// reference; a named operator's own name is recorded, and a different name given here
+/// is kept beside it as `claimed_by`.
 #[derive(Deserialize)]
 pub struct ApproveBody {
-    approver: String,
+    approver: Option<String>,
     note: Option<String>,
 }
 
 #[derive(Deserialize)]
 pub struct RejectBody {
-    approver: String,
+    approver: Option<String>,
     reason: String,
     scar: Option<Severity>,
 }
@@ -73,7 +76,7 @@ pub struct ScarBody {
 #[derive(Deserialize)]
 pub struct TerminateBody {
     reason: String,
-    by: String,
+    by: Option<String>,
 }
 
 /// `?after=&limit=` (and `local=true`, handled by the routing layer), parsed here so a
@@ -111,14 +114,6 @@ async fn write(
     Ok((status, Json(answer.body)).into_response())
 }
 
-fn caller(is_admin: bool) -> Caller {
-    if is_admin {
-        Caller::Operator
-    } else {
-        Caller::Agent
-    }
-}
-
 fn status_answer(status: lineage_core::Status) -> Answer {
     Answer {
         status: StatusCode::OK.as_u16(),
@@ -135,29 +130,41 @@ pub async fn create_agent(
     headers: HeaderMap,
     body: WriteBody<CreateBody>,
 ) -> Result<Response> {
-    require_admin(&headers, &app.keys)?;
-    let (body, key) = body.keyed(&headers, Caller::Operator)?;
+    let principal = require(&headers, &app, Need::Admin)?;
+    let (body, key) = body.keyed(&headers, principal.idempotency_caller())?;
     validate_agent_id(&body.agent_id)?;
-    let token = token::issue(&app.keys.token_key, &body.agent_id);
     let command = Command::Create {
         agent_id: body.agent_id.clone(),
         policy: body.policy,
     };
-    write(
-        &app,
-        &body.agent_id,
-        key,
-        command,
-        Respond::Status(Box::new(move |status| Answer {
-            status: StatusCode::OK.as_u16(),
-            body: json!({"agent": status, "token": token}),
-        })),
-    )
-    .await
+    // The answer is stored (under the Idempotency-Key, in the Raft log and on every
+    // node) without the token; the token is added to every answer, a replayed one
+    // included, as it is computed: never stored anywhere.
+    let mut answer = app
+        .execute(
+            &body.agent_id,
+            command,
+            key,
+            Respond::Status(Box::new(|status| Answer {
+                status: StatusCode::OK.as_u16(),
+                body: json!({"agent": status}),
+            })),
+        )
+        .await?;
+    if answer.status == StatusCode::OK.as_u16() {
+        if let Some(map) = answer.body.as_object_mut() {
+            map.entry("token").or_insert_with(|| {
+                Value::String(token::issue(&app.keys.token_key, &body.agent_id))
+            });
+        }
+    }
+    let status = StatusCode::from_u16(answer.status)
+        .map_err(|e| ApiError::Internal(format!("answer status {}: {e}", answer.status)))?;
+    Ok((status, Json(answer.body)).into_response())
 }
 
 pub async fn list_agents(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Json<Value>> {
-    require_admin(&headers, &app.keys)?;
+    require(&headers, &app, Need::Read)?;
     let data = app.sm.read_data();
     let agents: Vec<Value> = data
         .agents
@@ -179,7 +186,7 @@ pub async fn agent_status(
     Path(agent_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
-    require_agent_or_admin(&headers, &app.keys, &agent_id)?;
+    require_agent_or(&headers, &app, &agent_id, Need::Read)?;
     path_agent_id(&agent_id)?;
     let status = app.with_agent(&agent_id, |s| s.status())?;
     Ok(Json(serde_json::to_value(status).unwrap_or(Value::Null)))
@@ -190,7 +197,7 @@ pub async fn agent_token(
     Path(agent_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
-    require_admin(&headers, &app.keys)?;
+    require(&headers, &app, Need::Admin)?;
     path_agent_id(&agent_id)?;
     app.with_agent(&agent_id, |_| ())?;
     Ok(Json(
@@ -204,9 +211,9 @@ pub async fn request_action(
     headers: HeaderMap,
     body: WriteBody<ActionBody>,
 ) -> Result<Response> {
-    let is_admin = require_agent_or_admin(&headers, &app.keys, &agent_id)?;
+    let principal = require_agent_or(&headers, &app, &agent_id, Need::Admin)?;
     path_agent_id(&agent_id)?;
-    let (body, key) = body.keyed(&headers, caller(is_admin))?;
+    let (body, key) = body.keyed(&headers, principal.idempotency_caller())?;
     if body.tool.is_empty() || body.tool.len() > TOOL_NAME_MAX_BYTES {
         return Err(ApiError::BadRequest("tool must be 1-128 characters".into()));
     }
@@ -223,7 +230,7 @@ pub async fn pending_actions(
     Path(agent_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
-    require_admin(&headers, &app.keys)?;
+    require(&headers, &app, Need::Read)?;
     path_agent_id(&agent_id)?;
     let pending = app.with_agent(&agent_id, |s| s.pending())?;
     Ok(Json(json!({"pending": pending})))
@@ -242,7 +249,7 @@ pub async fn all_pending_actions(
     query: Query,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
-    require_admin(&headers, &app.keys)?;
+    require(&headers, &app, Need::Read)?;
     let limit = query.number("limit")?.unwrap_or(PENDING_PAGE_DEFAULT);
     if !(1..=PENDING_PAGE_MAX).contains(&limit) {
         return Err(ApiError::BadRequest(format!(
@@ -299,7 +306,7 @@ pub async fn get_action(
     Path((agent_id, action_id)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
-    require_agent_or_admin(&headers, &app.keys, &agent_id)?;
+    require_agent_or(&headers, &app, &agent_id, Need::Read)?;
     path_agent_id(&agent_id)?;
     let action = app
         .action(&agent_id, &action_id)?
@@ -313,9 +320,9 @@ pub async fn report_outcome(
     headers: HeaderMap,
     body: WriteBody<OutcomeBody>,
 ) -> Result<Response> {
-    let is_admin = require_agent_or_admin(&headers, &app.keys, &agent_id)?;
-    let (body, key) = body.keyed(&headers, caller(is_admin))?;
-    if body.status == OutcomeStatus::Harmful && !is_admin {
+    let principal = require_agent_or(&headers, &app, &agent_id, Need::Admin)?;
+    let (body, key) = body.keyed(&headers, principal.idempotency_caller())?;
+    if body.status == OutcomeStatus::Harmful && matches!(principal, Principal::Agent(_)) {
         return Err(ApiError::Forbidden);
     }
     path_agent_id(&agent_id)?;
@@ -342,12 +349,14 @@ pub async fn approve_action(
     headers: HeaderMap,
     body: WriteBody<ApproveBody>,
 ) -> Result<Response> {
-    require_admin(&headers, &app.keys)?;
+    let principal = require(&headers, &app, Need::Decide)?;
     path_agent_id(&agent_id)?;
-    let (body, key) = body.keyed(&headers, Caller::Operator)?;
+    let (body, key) = body.keyed(&headers, principal.idempotency_caller())?;
+    let (approver, claimed_by) = principal.attribute(body.approver, "approver")?;
     let command = Command::Approve {
         action_id,
-        approver: body.approver,
+        approver,
+        claimed_by,
         note: body.note,
     };
     write(&app, &agent_id, key, command, Respond::Decision).await
@@ -359,12 +368,19 @@ pub async fn reject_action(
     headers: HeaderMap,
     body: WriteBody<RejectBody>,
 ) -> Result<Response> {
-    require_admin(&headers, &app.keys)?;
+    let principal = require(&headers, &app, Need::Decide)?;
     path_agent_id(&agent_id)?;
-    let (body, key) = body.keyed(&headers, Caller::Operator)?;
+    let (body, key) = body.keyed(&headers, principal.idempotency_caller())?;
+    // A scar can terminate the agent: only an admin may attach one.
+    if body.scar.is_some() {
+        super::auth::permit(&principal, Need::Admin)
+            .map_err(|_| ApiError::NotPermitted("only an admin may reject with a scar".into()))?;
+    }
+    let (approver, claimed_by) = principal.attribute(body.approver, "approver")?;
     let command = Command::Reject {
         action_id,
-        approver: body.approver,
+        approver,
+        claimed_by,
         reason: body.reason,
         scar: body.scar,
     };
@@ -377,13 +393,18 @@ pub async fn add_scar(
     headers: HeaderMap,
     body: WriteBody<ScarBody>,
 ) -> Result<Response> {
-    require_admin(&headers, &app.keys)?;
+    let principal = require(&headers, &app, Need::Admin)?;
     path_agent_id(&agent_id)?;
-    let (body, key) = body.keyed(&headers, Caller::Operator)?;
+    let (body, key) = body.keyed(&headers, principal.idempotency_caller())?;
+    let by = match &principal {
+        Principal::Operator { name, .. } => Some(name.clone()),
+        _ => None,
+    };
     let command = Command::Scar {
         severity: body.severity,
         reason: body.reason,
         action_id: body.action_id,
+        by,
     };
     write(
         &app,
@@ -401,12 +422,14 @@ pub async fn terminate(
     headers: HeaderMap,
     body: WriteBody<TerminateBody>,
 ) -> Result<Response> {
-    require_admin(&headers, &app.keys)?;
+    let principal = require(&headers, &app, Need::Admin)?;
     path_agent_id(&agent_id)?;
-    let (body, key) = body.keyed(&headers, Caller::Operator)?;
+    let (body, key) = body.keyed(&headers, principal.idempotency_caller())?;
+    let (by, claimed_by) = principal.attribute(body.by, "by")?;
     let command = Command::Terminate {
         reason: body.reason,
-        by: body.by,
+        by,
+        claimed_by,
     };
     write(
         &app,
@@ -425,7 +448,7 @@ pub async fn agent_log(
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
     let query = LogQuery::parse(&query)?;
-    require_admin(&headers, &app.keys)?;
+    require(&headers, &app, Need::Read)?;
     path_agent_id(&agent_id)?;
     let (head, next_seq) = app.with_agent(&agent_id, |s| (s.head.clone(), s.next_seq()))?;
     let limit = query.limit.unwrap_or(LOG_PAGE_DEFAULT).min(LOG_PAGE_MAX);
@@ -453,7 +476,7 @@ pub async fn verify_agent(
     Path(agent_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
-    require_admin(&headers, &app.keys)?;
+    require(&headers, &app, Need::Read)?;
     path_agent_id(&agent_id)?;
     app.with_agent(&agent_id, |_| ())?;
     whole_log_read(&app, move |app| {

@@ -1,19 +1,119 @@
-//! Bearer tokens: the admin token, or an agent token that acts only as its agent.
+//! Bearer tokens: the shared admin token, a named operator's token (acting within its
+//! role), or an agent token that acts only as its agent.
 
 use axum::http::HeaderMap;
+use lineage_core::operators::{Role, BUILTIN_ADMIN};
 use lineage_core::token;
 
 use super::error::ApiError;
-use crate::keys::ClusterKeys;
+use super::idempotency::Caller;
+use crate::app::App;
 
-pub enum Caller {
-    Admin,
+/// Who a request's bearer token speaks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Principal {
+    /// The shared admin token: every right, attributed to nobody (the reference's
+    /// behaviour: records name whoever the request body names).
+    SharedAdmin,
+    /// A named operator (`lineage operator add`).
+    Operator {
+        name: String,
+        role: Role,
+    },
     Agent(String),
 }
 
+/// What a route needs from an operator; the endpoint × role table is
+/// `docs/SECURITY.md`, and `tests/roles.rs` checks every cell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// Read agents, actions, logs, verification, operators: admin, approver, auditor.
+    Read,
+    /// Approve or reject (without a scar): admin, approver.
+    Decide,
+    /// Everything else that changes the cluster, acting as an agent, agent tokens: admin.
+    Admin,
+    /// Store a witnessed checkpoint: admin, publisher.
+    Publish,
+}
+
+impl Need {
+    fn allows(self, role: Role) -> bool {
+        match self {
+            Need::Read => matches!(role, Role::Admin | Role::Approver | Role::Auditor),
+            Need::Decide => matches!(role, Role::Admin | Role::Approver),
+            Need::Admin => role == Role::Admin,
+            Need::Publish => matches!(role, Role::Admin | Role::Publisher),
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Need::Read => "read",
+            Need::Decide => "approve or reject",
+            Need::Admin => "do this (admin only)",
+            Need::Publish => "publish witnessed checkpoints",
+        }
+    }
+}
+
+impl Principal {
+    /// The operator role, if an operator.
+    pub fn role(&self) -> Option<Role> {
+        match self {
+            Principal::SharedAdmin => Some(Role::Admin),
+            Principal::Operator { role, .. } => Some(*role),
+            Principal::Agent(_) => None,
+        }
+    }
+
+    /// The name records are attributed to, and the name the body claimed, kept beside
+    /// it when it differs. The shared admin token names nobody, so the body's name is
+    /// used as the reference does.
+    pub fn attribute(
+        &self,
+        claimed: Option<String>,
+        field: &str,
+    ) -> Result<(String, Option<String>), ApiError> {
+        match self {
+            Principal::Operator { name, .. } => {
+                let claimed = claimed.filter(|c| c != name);
+                Ok((name.clone(), claimed))
+            }
+            Principal::SharedAdmin | Principal::Agent(_) => claimed
+                .map(|c| (c, None))
+                .ok_or_else(|| ApiError::InvalidBody(format!("missing field `{field}`"))),
+        }
+    }
+
+    /// The namespace of this caller's Idempotency-Keys.
+    pub fn idempotency_caller(&self) -> Caller {
+        match self {
+            Principal::SharedAdmin => Caller::Operator,
+            Principal::Operator { name, .. } => Caller::NamedOperator(name.clone()),
+            Principal::Agent(_) => Caller::Agent,
+        }
+    }
+
+    /// How `GET /v1/whoami` describes it.
+    pub fn describe(&self) -> serde_json::Value {
+        match self {
+            Principal::SharedAdmin => serde_json::json!({
+                "kind": "shared_admin", "name": BUILTIN_ADMIN, "role": "admin", "attributed": false,
+            }),
+            Principal::Operator { name, role } => serde_json::json!({
+                "kind": "operator", "name": name, "role": role.as_str(), "attributed": true,
+            }),
+            Principal::Agent(id) => serde_json::json!({"kind": "agent", "agent_id": id}),
+        }
+    }
+}
+
 /// Who the `Authorization: Bearer <token>` header speaks for. `Bearer ` is
-/// case-sensitive with one space; the token is trimmed.
-pub fn caller(headers: &HeaderMap, keys: &ClusterKeys) -> Result<Caller, ApiError> {
+/// case-sensitive with one space; the token is trimmed. Operators are looked up in this
+/// node's applied registry: a follower that lags may accept a just-revoked token on
+/// `?local=true` reads until it catches up.
+pub fn principal(headers: &HeaderMap, app: &App) -> Result<Principal, ApiError> {
     let value = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -22,31 +122,54 @@ pub fn caller(headers: &HeaderMap, keys: &ClusterKeys) -> Result<Caller, ApiErro
         .strip_prefix("Bearer ")
         .ok_or(ApiError::Unauthorized)?
         .trim();
-    if token::secrets_equal(presented.as_bytes(), keys.admin_token.as_bytes()) {
-        return Ok(Caller::Admin);
+    if token::secrets_equal(presented.as_bytes(), app.keys.admin_token.as_bytes()) {
+        return Ok(Principal::SharedAdmin);
     }
-    token::verify(&keys.token_key, presented)
-        .map(Caller::Agent)
+    if let Some(agent_id) = token::verify(&app.keys.token_key, presented) {
+        return Ok(Principal::Agent(agent_id));
+    }
+    let data = app.sm.read_data();
+    data.operators
+        .by_token(presented)
+        .map(|operator| Principal::Operator {
+            name: operator.name.clone(),
+            role: operator.role,
+        })
         .ok_or(ApiError::Unauthorized)
 }
 
-pub fn require_admin(headers: &HeaderMap, keys: &ClusterKeys) -> Result<(), ApiError> {
-    match caller(headers, keys)? {
-        Caller::Admin => Ok(()),
-        Caller::Agent(_) => Err(ApiError::Forbidden),
+/// An operator whose role meets `need`.
+pub fn require(headers: &HeaderMap, app: &App, need: Need) -> Result<Principal, ApiError> {
+    let principal = principal(headers, app)?;
+    permit(&principal, need)?;
+    Ok(principal)
+}
+
+/// Whether `principal` (an operator) may do what `need` says.
+pub fn permit(principal: &Principal, need: Need) -> Result<(), ApiError> {
+    match principal.role() {
+        None => Err(ApiError::Forbidden),
+        Some(role) if need.allows(role) => Ok(()),
+        Some(role) => Err(ApiError::NotPermitted(format!(
+            "the {} role may not {}",
+            role.as_str(),
+            need.describe()
+        ))),
     }
 }
 
-/// The admin, or the agent itself. Returns whether the caller is the admin.
-pub fn require_agent_or_admin(
+/// The agent `agent_id` itself, or an operator whose role meets `need`.
+pub fn require_agent_or(
     headers: &HeaderMap,
-    keys: &ClusterKeys,
+    app: &App,
     agent_id: &str,
-) -> Result<bool, ApiError> {
-    match caller(headers, keys)? {
-        Caller::Admin => Ok(true),
-        Caller::Agent(id) if id == agent_id => Ok(false),
-        Caller::Agent(_) => Err(ApiError::Forbidden),
+    need: Need,
+) -> Result<Principal, ApiError> {
+    let principal = principal(headers, app)?;
+    match &principal {
+        Principal::Agent(id) if id == agent_id => Ok(principal),
+        Principal::Agent(_) => Err(ApiError::Forbidden),
+        _ => permit(&principal, need).map(|()| principal),
     }
 }
 

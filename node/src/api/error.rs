@@ -24,6 +24,9 @@ pub enum ApiError {
     Unauthorized,
     #[error("this token may not access this resource")]
     Forbidden,
+    /// An operator whose role does not allow the request, as stated.
+    #[error("{0}")]
+    NotPermitted(String),
     /// A Raft request over TLS without a member node's certificate.
     #[error("{0}")]
     NotANode(String),
@@ -64,7 +67,7 @@ impl ApiError {
             }
             ApiError::BodyTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
             ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
-            ApiError::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::Forbidden | ApiError::NotPermitted(_) => (StatusCode::FORBIDDEN, "forbidden"),
             ApiError::NotANode(_) => (StatusCode::FORBIDDEN, "not_a_node"),
             ApiError::ActionNotFound | ApiError::NotFound(_) => {
                 (StatusCode::NOT_FOUND, "not_found")
@@ -109,6 +112,20 @@ fn app_status_and_code(error: &AppError) -> (StatusCode, &'static str) {
             (StatusCode::UNPROCESSABLE_ENTITY, "input_not_representable")
         }
         AppError::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
+        AppError::Operator(e) => {
+            use lineage_core::operators::ChangeError;
+            match e {
+                ChangeError::InvalidName | ChangeError::InvalidTokenHash => {
+                    (StatusCode::BAD_REQUEST, "bad_request")
+                }
+                ChangeError::Reserved => (StatusCode::CONFLICT, "name_reserved"),
+                ChangeError::NameTaken(_) => (StatusCode::CONFLICT, "operator_exists"),
+                ChangeError::TokenInUse => (StatusCode::CONFLICT, "token_in_use"),
+                ChangeError::Unknown(_) => (StatusCode::NOT_FOUND, "operator_not_found"),
+                ChangeError::AlreadyRevoked(_) => (StatusCode::CONFLICT, "already_revoked"),
+                ChangeError::LastAdmin(_) => (StatusCode::CONFLICT, "last_admin"),
+            }
+        }
         AppError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
     }
 }

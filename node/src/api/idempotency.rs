@@ -58,11 +58,13 @@ fn request_digest(target: &str, body: &Value) -> String {
     hex::encode(hasher.finalize())
 }
 
-/// Who sent a write. Agents and operators keep their keys apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Who sent a write. Agents, the shared admin token and each named operator keep
+/// their keys apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Caller {
     Agent,
     Operator,
+    NamedOperator(String),
 }
 
 impl<T> WriteBody<T> {
@@ -101,6 +103,8 @@ impl IdempotencyKey {
         let (scoped, unscoped) = match caller {
             Caller::Agent => (key.to_string(), None),
             Caller::Operator => (format!("operator\n{key}"), Some(key.to_string())),
+            // Names are [a-z0-9_-]: never "operator\n…" nor a header value.
+            Caller::NamedOperator(name) => (format!("operator:{name}\n{key}"), None),
         };
         Ok(Some(IdempotencyKey {
             scoped,

@@ -9,6 +9,7 @@ pub mod forward;
 pub mod idempotency;
 pub mod metrics_http;
 pub mod openapi;
+pub mod operators;
 pub mod query;
 pub mod route_book;
 pub mod transparency;
@@ -91,6 +92,7 @@ fn leader_routes() -> RouteBook {
         )
         .route("/v1/transparency/leaves", GET, get(transparency::leaves))
         .merge(crate::network::management::cluster_routes())
+        .merge(operators::routes())
 }
 
 /// The routes every node answers itself: health, the API reference, the console,

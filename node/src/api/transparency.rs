@@ -14,7 +14,7 @@ use lineage_core::transparency::{Checkpoint, NoteSigner};
 use serde_json::{json, Value};
 
 use super::agents::{b64, query_numbers};
-use super::auth::{path_agent_id, require_admin};
+use super::auth::{path_agent_id, require, Need};
 use super::error::ApiError;
 use super::query::Query;
 use crate::app::App;
@@ -88,7 +88,7 @@ pub async fn store_witnessed(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<Value>> {
-    require_admin(&headers, &app.keys)?;
+    require(&headers, &app, Need::Publish)?;
     if body.len() > MAX_WITNESSED_NOTE {
         return Err(ApiError::BodyTooLarge(MAX_WITNESSED_NOTE));
     }

@@ -48,7 +48,8 @@ async function signIn(event) {
   sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
   $("token").value = "";
   try {
-    await api("GET", "/v1/agents");
+    const who = await api("GET", "/v1/whoami");
+    if (who.kind === "agent") throw new Error("That is an agent's token; sign in with an operator's.");
     $("signin-error").textContent = "";
     enter();
   } catch (error) {
@@ -62,12 +63,29 @@ function signOut() {
   location.reload();
 }
 
-function enter() {
+// Who is signed in (GET /v1/whoami): a named operator is recorded by name; the shared
+// admin token names whoever the request body names ("console").
+let me = null;
+
+async function enter() {
   $("signin-view").hidden = true;
   $("main-view").hidden = false;
   $("signout").hidden = false;
-  $("whoami").textContent = "operator";
+  try {
+    me = await api("GET", "/v1/whoami");
+    $("whoami").textContent = me.kind === "operator"
+      ? "signed in as " + me.name + " (" + me.role + ")"
+      : "signed in with the shared admin token (unattributed)";
+  } catch (error) {
+    showError(error);
+  }
   refresh();
+}
+
+// The name sent with an approval or rejection: none for a named operator (the cluster
+// records its own name), "console" for the shared admin token.
+function approverName() {
+  return me && me.kind === "operator" ? undefined : "console";
 }
 
 async function refresh() {
@@ -189,10 +207,10 @@ function pendingRow(agentId, item) {
   }
   const approve = el("button", "Approve", "approve");
   approve.addEventListener("click", () => decide(agentId, action.action_id, "approve",
-    { approver: "console", note: note.value || null }));
+    { approver: approverName(), note: note.value || null }));
   const reject = el("button", "Reject", "reject danger");
   reject.addEventListener("click", () => decide(agentId, action.action_id, "reject",
-    { approver: "console", reason: reason.value || "rejected in the console", scar: scar.value || null }));
+    { approver: approverName(), reason: reason.value || "rejected in the console", scar: scar.value || null }));
   const controls = el("div", null, "controls");
   controls.append(note, approve, reason, scar, reject);
   li.append(controls);

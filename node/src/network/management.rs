@@ -12,7 +12,7 @@ use openraft::{BasicNode, ChangeMembers, ServerState};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::auth::require_admin;
+use crate::api::auth::{require, Need};
 use crate::api::body::JsonBody;
 use crate::api::error::ApiError;
 use crate::api::route_book::RouteBook;
@@ -62,7 +62,7 @@ async fn cluster(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_admin(&headers, &app.keys)?;
+    require(&headers, &app, Need::Read)?;
     let metrics = app.raft.metrics().borrow().clone();
     let membership = metrics.membership_config.membership();
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
@@ -132,7 +132,7 @@ async fn add_node(
     headers: HeaderMap,
     JsonBody(body): JsonBody<AddNode>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_admin(&headers, &app.keys)?;
+    require(&headers, &app, Need::Admin)?;
     app.raft
         .add_learner(body.id, BasicNode { addr: body.addr }, true)
         .await
@@ -152,7 +152,7 @@ async fn remove_node(
     headers: HeaderMap,
     JsonBody(body): JsonBody<RemoveNode>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_admin(&headers, &app.keys)?;
+    require(&headers, &app, Need::Admin)?;
     app.raft
         .change_membership(
             ChangeMembers::RemoveVoters(BTreeSet::from([body.id])),

@@ -11,6 +11,7 @@ pub mod record_rows;
 pub mod repair_floor;
 pub mod sm_writer;
 pub mod state_machine;
+pub mod system_log;
 pub mod watermark;
 
 use std::path::Path;

@@ -24,36 +24,8 @@ pub fn check_extends<R: Borrow<Record>>(
     agent_id: &str,
     records: &[R],
 ) -> Result<(), String> {
-    if records.is_empty() {
-        return Err("no records".into());
-    }
-    let mut prev = state.head.as_ref().map_or(ZERO_HASH, |h| h.hash.as_str());
-    for (expected_seq, record) in (state.next_seq()..).zip(records) {
-        let record: &Record = record.borrow();
-        if record.seq != expected_seq {
-            return Err(format!(
-                "record seq {} does not extend head (expected {expected_seq})",
-                record.seq
-            ));
-        }
-        if record.prev_hash != prev {
-            return Err(format!(
-                "record seq {}: prev_hash does not match head",
-                record.seq
-            ));
-        }
-        if hex::encode(record.recompute_hash()) != record.hash {
-            return Err(format!(
-                "record seq {}: hash does not match content",
-                record.seq
-            ));
-        }
-        if record.actor != agent_id {
-            return Err(format!("record seq {}: actor is not the agent", record.seq));
-        }
-        prev = &record.hash;
-    }
-    Ok(())
+    let head_hash = state.head.as_ref().map_or(ZERO_HASH, |h| h.hash.as_str());
+    lineage_core::record::check_chain(state.next_seq(), head_hash, agent_id, records)
 }
 
 /// Checks and folds `records` into `slot`. A chain mismatch rejects the entry and
@@ -226,8 +198,8 @@ impl StateMachine {
         Ok(())
     }
 
-    /// Commits a heads round or a witnessed note with the last applied id, in one
-    /// transaction (every earlier row is committed already).
+    /// Commits a heads round, a witnessed note or an operator change with the last
+    /// applied id, in one transaction (every earlier row is committed already).
     fn apply_heads_entry(
         &self,
         data: &mut SmData,
@@ -254,8 +226,27 @@ impl StateMachine {
                 Ok(()) => ApplyOutcome::Applied,
                 Err(reason) => ApplyOutcome::Rejected(reason),
             },
+            Proposal::System { records } => {
+                let parsed: Result<Vec<Record>, String> = records
+                    .iter()
+                    .map(|line| line.record().map(Cow::into_owned))
+                    .collect();
+                match parsed.and_then(|parsed| data.operators.apply(&parsed).map(|()| parsed)) {
+                    Ok(parsed) => {
+                        let lines = parsed
+                            .iter()
+                            .map(|r| r.seq)
+                            .zip(records.iter().map(RecordLine::line));
+                        super::super::system_log::append(&txn, lines).map_err(sm_write_err)?;
+                        ApplyOutcome::Applied
+                    }
+                    Err(reason) => ApplyOutcome::Rejected(reason),
+                }
+            }
             Proposal::Writes(_) => {
-                return Err(sm_err("writes are not a heads-log entry".into()));
+                return Err(sm_err(
+                    "writes are not committed one entry at a time".into(),
+                ));
             }
         };
         data.last_applied = Some(log_id);

@@ -36,6 +36,7 @@ use super::idempotency_rows;
 use super::log_store::DurableLog;
 use super::record_rows;
 use super::sm_writer::{SmWriter, Tables};
+use super::system_log;
 use crate::raft_types::{
     ApplyOutcome, BatchOutcome, IdempotentAnswer, NodeId, StorageError, TypeConfig,
 };
@@ -63,6 +64,8 @@ pub struct SmData {
     /// Records folded while loading from disk (what start-up cost).
     pub records_replayed_at_open: u64,
     pub heads: HeadsLog,
+    /// The operators, folded from the system log.
+    pub operators: lineage_core::operators::Operators,
     /// Rows applied in memory that the writer has not committed yet (`sm_writer`).
     unflushed: Unflushed,
 }
@@ -124,6 +127,8 @@ impl StateMachine {
             txn.open_table(heads::HEADS_LEAVES).map_err(sm_write_err)?;
             txn.open_table(heads::HEADS_ROUNDS).map_err(sm_write_err)?;
             txn.open_table(heads::HEADS_META).map_err(sm_write_err)?;
+            txn.open_table(system_log::SYSTEM_LOG)
+                .map_err(sm_write_err)?;
             txn.commit().map_err(sm_write_err)?;
         }
         let writer = SmWriter::spawn(
@@ -247,6 +252,7 @@ impl StateMachine {
             data.agents.insert(agent_id.to_string(), slot);
         }
         data.heads = HeadsLog::load(&txn, &data.agents).map_err(sm_read_err)?;
+        data.operators = system_log::load(&txn).map_err(sm_err)?;
         Ok(data)
     }
 
@@ -301,6 +307,13 @@ impl StateMachine {
             .take(limit)
             .map(|line| Record::from_line(line).map_err(|e| e.to_string()))
             .collect()
+    }
+
+    /// System log lines with seq in `from..` (at most `limit`), from this node's copy
+    /// (committed with their entry, so every applied one is in the table).
+    pub fn system_log_lines(&self, from: u64, limit: usize) -> Result<Vec<String>, String> {
+        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+        system_log::lines(&txn, from, limit)
     }
 
     /// Heads-log leaves `start..end` from this node's copy.
@@ -492,6 +505,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     .map_err(sm_write_err)?;
             }
             HeadsLog::install(&txn, &body.heads).map_err(sm_write_err)?;
+            system_log::install(&txn, &body.system).map_err(sm_write_err)?;
         }
         write_applied(&txn, &meta.last_log_id, &meta.last_membership)?;
         txn.commit().map_err(sm_write_err)?;

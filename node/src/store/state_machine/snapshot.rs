@@ -23,6 +23,9 @@ pub(super) struct SnapshotBody {
     pub(super) idempotency: Vec<(String, IdempotentAnswer)>,
     #[serde(default)]
     pub(super) heads: HeadsSnapshot,
+    /// The system log's lines.
+    #[serde(default)]
+    pub(super) system: Vec<String>,
 }
 
 /// The last snapshot built or installed, served to followers that need one: its meta,
@@ -151,6 +154,13 @@ pub(super) fn write_body(txn: &redb::ReadTransaction, out: &mut impl Write) -> R
     out.write_all(b"],\"heads\":").map_err(io)?;
     let heads = HeadsLog::snapshot(txn).map_err(|e| e.to_string())?;
     json(out, &heads)?;
+    // Written only when there is one, so a cluster without operators keeps the body
+    // older versions wrote (and read).
+    let system = super::super::system_log::lines(txn, 0, usize::MAX)?;
+    if !system.is_empty() {
+        out.write_all(b",\"system\":").map_err(io)?;
+        json(out, &system)?;
+    }
     out.write_all(b"}").map_err(io)?;
     Ok(())
 }
