@@ -253,6 +253,7 @@ pub fn cluster_status(target: &Target, out: &mut dyn Write) -> Result<(), Failur
         "MATCHED".into(),
         "LAG".into(),
         "LAST CONTACT".into(),
+        "SECRETS (SENDS; ACCEPTS)".into(),
     ]];
     let empty = Vec::new();
     for node in status["nodes"].as_array().unwrap_or(&empty) {
@@ -269,9 +270,21 @@ pub fn cluster_status(target: &Target, out: &mut dyn Write) -> Result<(), Failur
             cell(&node["matched_index"]),
             cell(&node["lag"]),
             contact,
+            secrets_cell(&node["secrets"]),
         ]);
     }
     table(out, &rows)
+}
+
+/// A node's cluster-secret fingerprints: the one it sends, then every one it accepts.
+fn secrets_cell(secrets: &Value) -> String {
+    match (secrets["sends"].as_str(), secrets["accepts"].as_array()) {
+        (Some(sends), Some(accepts)) => {
+            let accepts: Vec<String> = accepts.iter().map(cell).collect();
+            format!("{sends}; {}", accepts.join(","))
+        }
+        _ => "-".into(),
+    }
 }
 
 /// `lineage cluster add` / `remove`: prints the API's answer.

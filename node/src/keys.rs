@@ -15,8 +15,8 @@ pub const CLUSTER_SECRET: &str = "cluster.secret";
 pub struct ClusterKeys {
     pub audit: AuditKey,
     pub token_key: [u8; 32],
-    pub admin_token: String,
-    pub cluster_secret: String,
+    /// The cluster secret and the admin token: they rotate without a restart.
+    pub secrets: std::sync::Arc<crate::rotating_secrets::RotatingSecrets>,
 }
 
 /// The admin token must be at least this long.
@@ -55,34 +55,12 @@ pub fn keygen(dir: &Path) -> Result<(), String> {
 
 /// Loads the keys; `admin_token` (from the environment) overrides admin.token.
 pub fn load(dir: &Path, admin_token: Option<String>) -> Result<ClusterKeys, String> {
-    let missing = |name: &str| {
-        format!(
-            "{}: missing (create the keys with `lineage-node keygen {}`)",
-            dir.join(name).display(),
-            dir.display()
-        )
-    };
-    let read_text = |name: &str| -> Result<String, String> {
-        std::fs::read_to_string(dir.join(name))
-            .map(|t| t.trim().to_string())
-            .map_err(|_| missing(name))
-    };
-    let admin_token = match admin_token {
-        Some(token) => token.trim().to_string(),
-        None => read_text(ADMIN_TOKEN)?,
-    };
-    if admin_token.len() < MIN_ADMIN_TOKEN_CHARS {
-        return Err(format!(
-            "the admin token must be at least {MIN_ADMIN_TOKEN_CHARS} characters"
-        ));
-    }
+    let secrets = crate::rotating_secrets::RotatingSecrets::load(dir, admin_token)?;
     let audit = AuditKey::load(dir.join(AUDIT_KEY)).map_err(|e| e.to_string())?;
     let token_key = read_secret_file(&dir.join(TOKEN_KEY)).map_err(|e| e.to_string())?;
-    let cluster_secret = read_text(CLUSTER_SECRET)?;
     Ok(ClusterKeys {
         audit,
         token_key,
-        admin_token,
-        cluster_secret,
+        secrets: std::sync::Arc::new(secrets),
     })
 }

@@ -47,6 +47,7 @@ pub mod operator_changes;
 pub mod raft_types;
 pub mod reference_logs;
 pub mod request_rate;
+pub mod rotating_secrets;
 pub mod scrub;
 pub mod store;
 pub mod tls;
@@ -242,6 +243,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     tls_reload::spawn(
         tls_server.clone(),
         http.clone(),
+        keys.secrets.clone(),
         connect_timeout,
         metrics.clone(),
         config.tls_reload_poll,
@@ -255,7 +257,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     let network = network::raft_client::RaftHttp {
         client: http.clone(),
         scheme,
-        secret: keys.cluster_secret.clone(),
+        secrets: keys.secrets.clone(),
         durable_log,
         contacts: peer_contacts.clone(),
     };

@@ -57,6 +57,8 @@ pub struct Metrics {
     tls_not_after: IntGaugeVec,
     /// Certificate reloads that failed (the old certificate stayed in use).
     pub tls_reload_failures: prometheus::IntCounter,
+    /// Secret reloads (SIGHUP) that failed (the secrets in use stayed).
+    pub secret_reload_failures: prometheus::IntCounter,
     /// Writes decided on an agent's pending state while earlier ones were in flight.
     pub writes_pipelined: prometheus::IntCounter,
     /// Writes the state machine rejected because they did not extend the agent's head.
@@ -194,6 +196,12 @@ impl Metrics {
             "TLS certificate reloads that failed; the previous certificate stayed in use.",
         ));
         must(registry.register(Box::new(tls_reload_failures.clone())));
+        let secret_reload_failures = must(prometheus::IntCounter::new(
+            "secret_reload_failures_total",
+            "Reloads of cluster.secret, admin.token or admin.token.previous that failed; \
+             the secrets in use stayed.",
+        ));
+        must(registry.register(Box::new(secret_reload_failures.clone())));
         let writes_pipelined = must(prometheus::IntCounter::new(
             "writes_pipelined_total",
             "Writes this leader decided on an agent's pending state while the agent's \
@@ -258,6 +266,7 @@ impl Metrics {
             scrub_quarantined,
             tls_not_after,
             tls_reload_failures,
+            secret_reload_failures,
             writes_pipelined,
             writes_rejected_at_apply,
             exported: Mutex::new(BTreeMap::new()),

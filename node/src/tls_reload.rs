@@ -1,5 +1,7 @@
-//! Reloads the node's certificate without a restart: on SIGHUP, and when the modification
-//! time of `--tls-cert`, `--tls-key` or `--tls-ca` changes (polled). A new pair is
+//! Reloads without a restart. On SIGHUP: the rotating secrets (`rotating_secrets`: the
+//! cluster secret's lines, the admin token and its previous one), and the node's
+//! certificate. The certificate also when the modification time of `--tls-cert`,
+//! `--tls-key` or `--tls-ca` changes (polled). A new pair is
 //! checked before anything is swapped (`tls::TlsServer::reload` builds the whole server
 //! configuration first); if it is bad, the old one keeps serving, the error is logged and
 //! `lineage_tls_reload_failures_total` goes up. The peer client is rebuilt with the new
@@ -9,7 +11,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::metrics::Metrics;
+use crate::rotating_secrets::RotatingSecrets;
 use crate::tls::{self, PeerClient, TlsServer};
+
+/// Re-reads the rotating secrets; a bad file leaves the ones in use.
+fn reload_secrets(secrets: &RotatingSecrets, metrics: &Metrics) {
+    match secrets.reload() {
+        Ok(()) => {
+            let fingerprints = secrets.fingerprints();
+            tracing::info!(
+                sends = %fingerprints.sends,
+                accepts = ?fingerprints.accepts,
+                admin_previous_until = ?fingerprints.admin_previous_until,
+                "secrets reloaded"
+            );
+        }
+        Err(e) => {
+            metrics.secret_reload_failures.inc();
+            tracing::error!(error = %e, "secrets reload failed; the secrets in use stay");
+        }
+    }
+}
 
 /// How often the files' modification times are looked at by default.
 pub const DEFAULT_POLL: Duration = Duration::from_secs(10);
@@ -50,12 +72,12 @@ pub fn reload(
 }
 
 /// Watches for SIGHUP and for changed files, for as long as the node runs. Without TLS
-/// (`server` is `None`) SIGHUP is still taken, and ignored with a line in the log: the
-/// systemd unit's `ExecReload` sends it to every node, and its default action would kill
-/// the process.
+/// (`server` is `None`) SIGHUP reloads the secrets only (the systemd unit's `ExecReload`
+/// sends it, and its default action would kill the process).
 pub fn spawn(
     server: Option<TlsServer>,
     client: PeerClient,
+    secrets: Arc<RotatingSecrets>,
     connect_timeout: Duration,
     metrics: Arc<Metrics>,
     poll: Duration,
@@ -73,7 +95,7 @@ pub fn spawn(
                 if signal.recv().await.is_none() {
                     return;
                 }
-                tracing::info!("SIGHUP: nothing to reload (no TLS)");
+                reload_secrets(&secrets, &metrics);
             }
         });
         return;
@@ -89,7 +111,7 @@ pub fn spawn(
                 }
             };
             tokio::select! {
-                _ = hangup => {}
+                _ = hangup => reload_secrets(&secrets, &metrics),
                 () = tokio::time::sleep(poll) => {
                     let now = tls::modified(server.files());
                     if now == seen {

@@ -47,6 +47,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("store", Layer::Storage),
     ("raft_types", Layer::Storage),
     ("keys", Layer::Storage),
+    ("rotating_secrets", Layer::Storage),
     ("dev_certs", Layer::Storage),
     ("network", Layer::Storage),
     ("network::raft_client", Layer::Storage),

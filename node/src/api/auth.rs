@@ -122,7 +122,7 @@ pub fn principal(headers: &HeaderMap, app: &App) -> Result<Principal, ApiError> 
         .strip_prefix("Bearer ")
         .ok_or(ApiError::Unauthorized)?
         .trim();
-    if token::secrets_equal(presented.as_bytes(), app.keys.admin_token.as_bytes()) {
+    if app.keys.secrets.is_admin_token(presented.as_bytes()) {
         return Ok(Principal::SharedAdmin);
     }
     if let Some(agent_id) = token::verify(&app.keys.token_key, presented) {

@@ -57,7 +57,8 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
     (status, Json(body)).into_response()
 }
 
-/// `GET /v1/cluster`: leader, term, indexes, and every node with its role and lag.
+/// `GET /v1/cluster`: leader, term, indexes, and every node with its role, lag and
+/// secret fingerprints.
 async fn cluster(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -90,6 +91,13 @@ async fn cluster(
                 .flatten();
             let reachable = (*id != app.id)
                 .then(|| contact.is_some_and(|age| age < super::peer_contacts::UNREACHABLE_AFTER));
+            // Which cluster secrets the node sends and accepts (fingerprints): this
+            // node's own, a peer's from its last Raft answer to this node.
+            let secrets = if *id == app.id {
+                Some(app.keys.secrets.fingerprints())
+            } else {
+                app.peers.peer_secrets(*id)
+            };
             json!({
                 "id": id,
                 "addr": node.addr,
@@ -98,6 +106,7 @@ async fn cluster(
                 "lag": matched.map(|m| last_index.saturating_sub(m)),
                 "last_contact_ms": contact.map(|age| age.as_millis() as u64),
                 "reachable": reachable,
+                "secrets": secrets,
             })
         })
         .collect();

@@ -11,14 +11,17 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::raft_types::NodeId;
+use crate::rotating_secrets::Fingerprints;
 
 /// A peer that has not answered for this long is shown as unreachable. Heartbeats go out
 /// every 50 ms, so a live follower is never near it.
 pub const UNREACHABLE_AFTER: Duration = Duration::from_secs(3);
 
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone)]
 struct Contact {
     last_answer: Option<Instant>,
+    /// The secret fingerprints the peer's last answer carried (`rotating_secrets`).
+    secrets: Option<Fingerprints>,
     /// Set on the first failure after an answer (or at start): the outage was reported.
     down_since: Option<Instant>,
 }
@@ -67,6 +70,16 @@ impl PeerContacts {
             tracing::warn!(peer, addr, %error, "peer does not answer; retrying quietly until it does");
         }
         first
+    }
+
+    /// The secrets the peer said it sends and accepts, in its last Raft answer.
+    pub fn secrets(&self, peer: NodeId, fingerprints: Fingerprints) {
+        self.with_peer(peer, |c| c.secrets = Some(fingerprints));
+    }
+
+    /// What `secrets` last recorded for the peer.
+    pub fn peer_secrets(&self, peer: NodeId) -> Option<Fingerprints> {
+        self.with_peer(peer, |c| c.secrets.clone())
     }
 
     /// How long ago the peer last answered, or `None` if it never has.

@@ -1,5 +1,6 @@
 //! Outgoing Raft RPCs over HTTP, authenticated with the cluster secret.
 
+use crate::rotating_secrets::{Fingerprints, RotatingSecrets};
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -20,13 +21,18 @@ use crate::store::log_store::DurableLog;
 
 /// The header that carries the cluster secret on node-to-node requests.
 pub const CLUSTER_SECRET_HEADER: &str = "x-lineage-cluster-secret";
+/// On a Raft answer: the answering node's secret fingerprints
+/// (`rotating_secrets::Fingerprints::header_value`).
+pub const SECRETS_HEADER: &str = "x-lineage-secret-fingerprints";
 
 #[derive(Clone)]
 pub struct RaftHttp {
     pub client: crate::tls::PeerClient,
     /// `http` or `https`: the cluster's scheme (a cluster is all TLS or all plain).
     pub scheme: &'static str,
-    pub secret: String,
+    /// The cluster secret to send (the first of `cluster.secret`'s lines, re-read on
+    /// SIGHUP).
+    pub secrets: Arc<RotatingSecrets>,
     /// With the leader's early acknowledgement on, followers hear of commits only up to
     /// what is durable here (`log_store` docs).
     pub durable_log: Option<DurableLog>,
@@ -106,7 +112,10 @@ impl Connection {
             .client
             .current()
             .post(url)
-            .header(CLUSTER_SECRET_HEADER, &self.http.secret)
+            .header(
+                CLUSTER_SECRET_HEADER,
+                self.http.secrets.cluster_secret_to_send(),
+            )
             .timeout(option.hard_ttl())
             .json(request)
             .send()
@@ -118,6 +127,14 @@ impl Connection {
                     RPCError::Network(NetworkError::new(&e))
                 }
             })?;
+        if let Some(fingerprints) = response
+            .headers()
+            .get(SECRETS_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(Fingerprints::from_header)
+        {
+            self.http.contacts.secrets(self.target, fingerprints);
+        }
         if !response.status().is_success() {
             let status = response.status();
             let err = std::io::Error::other(format!("peer answered {status}"));

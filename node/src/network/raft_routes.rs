@@ -8,13 +8,12 @@ use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use lineage_core::token::secrets_equal;
 use openraft::error::RaftError;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest, VoteResponse,
 };
 
-use super::raft_client::CLUSTER_SECRET_HEADER;
+use super::raft_client::{CLUSTER_SECRET_HEADER, SECRETS_HEADER};
 use crate::api::body::JsonBody;
 use crate::api::error::ApiError;
 use crate::api::route_book::RouteBook;
@@ -65,8 +64,15 @@ async fn require_cluster_secret(
         .get(CLUSTER_SECRET_HEADER)
         .map(|v| v.as_bytes())
         .unwrap_or_default();
-    if secrets_equal(presented, app.keys.cluster_secret.as_bytes()) {
-        next.run(request).await
+    if app.keys.secrets.accepts_cluster_secret(presented) {
+        // The answer says which secrets this node sends and accepts (fingerprints), so
+        // the leader can show every node's phase of a rotation (`GET /v1/cluster`).
+        let mut response = next.run(request).await;
+        let fingerprints = app.keys.secrets.fingerprints().header_value();
+        if let Ok(value) = axum::http::HeaderValue::from_str(&fingerprints) {
+            response.headers_mut().insert(SECRETS_HEADER, value);
+        }
+        response
     } else {
         ApiError::Unauthorized.into_response()
     }
