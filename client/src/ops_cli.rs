@@ -567,6 +567,23 @@ pub fn agent_decide(
     }
 }
 
+/// `lineage agent reissue-token ID`: prints the agent's new token; every earlier one
+/// is refused from now on.
+pub fn agent_reissue_token(
+    target: &Target,
+    agent_id: &str,
+    out: &mut dyn Write,
+) -> Result<(), Failure> {
+    let agent_id = path_id(agent_id, "agent")?;
+    let client = target.admin_client()?;
+    let path = format!("/v1/agents/{agent_id}/token/reissue");
+    let answer = runtime()?.block_on(client.post_json(&path, json!({})))?;
+    if target.json {
+        return print_json(out, &answer);
+    }
+    writeln!(out, "{}", cell(&answer["token"])).map_err(|e| Failure::Usage(e.to_string()))
+}
+
 /// `lineage agent terminate ID --reason R`.
 pub fn agent_terminate(
     target: &Target,

@@ -1,5 +1,6 @@
 //! Operators: named people and services that act on the cluster, each with one role,
-//! as the fold of the signed system log.
+//! as the fold of the signed system log; and each agent's current token generation
+//! (a reissued token revokes the ones before it).
 //!
 //! The system log is a `lineage-audit-v1` log of its own (log id [`SYSTEM_LOG_ID`], which
 //! no agent can have), so `lineage audit verify` checks it like any agent's log. It is
@@ -26,6 +27,7 @@ pub const TOKEN_PREFIX: &str = "lop_";
 const GENESIS: &str = "genesis";
 const ADDED: &str = "operator_added";
 const REVOKED: &str = "operator_revoked";
+const REISSUED: &str = "agent_token_reissued";
 
 /// What an operator may do. `admin`: everything. `approver`: read, approve and reject
 /// (without scars). `auditor`: read only. `publisher`: store witnessed checkpoints only.
@@ -86,6 +88,10 @@ pub enum Change {
     Revoke {
         name: String,
     },
+    /// A new token for an agent: the next generation, and every earlier one refused.
+    ReissueAgentToken {
+        agent_id: String,
+    },
 }
 
 /// Why a change was refused (nothing is appended).
@@ -107,11 +113,16 @@ pub enum ChangeError {
     AlreadyRevoked(String),
     #[error("'{0}' is the last named admin; add another admin first")]
     LastAdmin(String),
+    #[error("agent_id must be 1-64 characters of [A-Za-z0-9_-]")]
+    InvalidAgentId,
 }
 
-/// The registry: every operator ever added, and the system log's head.
+/// The system log's state: every operator ever added, each agent's current token
+/// generation (`token::issue_generation`), and the log's head.
 #[derive(Clone, Debug, Default)]
 pub struct Operators {
+    /// Agents whose token was reissued → the current generation (absent: 0).
+    token_generations: BTreeMap<String, u64>,
     by_name: BTreeMap<String, Operator>,
     /// Token hash → name, active operators only.
     active_tokens: HashMap<String, String>,
@@ -162,6 +173,11 @@ impl Operators {
 
     pub fn head(&self) -> Option<&Head> {
         self.head.as_ref()
+    }
+
+    /// The agent's current token generation (0 until its token is first reissued).
+    pub fn token_generation(&self, agent_id: &str) -> u64 {
+        self.token_generations.get(agent_id).copied().unwrap_or(0)
     }
 
     pub fn next_seq(&self) -> u64 {
@@ -229,6 +245,20 @@ impl Operators {
                     return Err(ChangeError::LastAdmin(name.clone()));
                 }
                 (REVOKED, json!({"name": name, "by": by}))
+            }
+            Change::ReissueAgentToken { agent_id } => {
+                let valid = (1..=64).contains(&agent_id.len())
+                    && agent_id
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                if !valid {
+                    return Err(ChangeError::InvalidAgentId);
+                }
+                let generation = self.token_generation(agent_id) + 1;
+                (
+                    REISSUED,
+                    json!({"agent_id": agent_id, "generation": generation, "by": by}),
+                )
             }
         };
         let mut records = Vec::with_capacity(2);
@@ -338,6 +368,18 @@ impl Operators {
                     operator.revoked_by = Some(by);
                     operator.revoked_at = Some(record.timestamp.clone());
                 }
+            }
+            (_, REISSUED) => {
+                let agent_id = text("agent_id")?;
+                let generation = record.payload.get("generation").and_then(Value::as_u64);
+                self.check(&Change::ReissueAgentToken {
+                    agent_id: agent_id.clone(),
+                })?;
+                let next = self.token_generation(&agent_id) + 1;
+                if generation != Some(next) {
+                    return Err(format!("{REISSUED} must name generation {next}"));
+                }
+                self.token_generations.insert(agent_id, next);
             }
             (_, kind) => return Err(format!("unknown record kind '{kind}'")),
         }
@@ -498,6 +540,41 @@ mod tests {
         // Timestamps never go back.
         let later = change(&mut ops, &add("bob", Role::Auditor, "b"), 0).unwrap();
         assert!(later[0].timestamp >= records[1].timestamp);
+    }
+
+    #[test]
+    fn agent_tokens_are_reissued_one_generation_at_a_time() {
+        let key = key();
+        let mut ops = Operators::default();
+        let reissue = Change::ReissueAgentToken {
+            agent_id: "bot".into(),
+        };
+        assert_eq!(ops.token_generation("bot"), 0);
+        change(&mut ops, &reissue, 1).unwrap();
+        change(&mut ops, &reissue, 2).unwrap();
+        assert_eq!(ops.token_generation("bot"), 2);
+        assert_eq!(ops.token_generation("other"), 0);
+        assert_eq!(
+            change(
+                &mut ops,
+                &Change::ReissueAgentToken {
+                    agent_id: "a.b".into()
+                },
+                3
+            ),
+            Err(ChangeError::InvalidAgentId)
+        );
+        // A record that skips a generation is refused at apply.
+        let skipped = ops.seal(
+            vec![(
+                REISSUED,
+                json!({"agent_id": "bot", "generation": 5, "by": "x"}),
+            )],
+            &key,
+            4,
+        );
+        assert!(ops.apply(&skipped).unwrap_err().contains("generation 3"));
+        assert_eq!(ops.token_generation("bot"), 2);
     }
 
     #[test]

@@ -323,13 +323,14 @@ impl App {
         }
     }
 
-    /// Adds or revokes an operator (`operator_changes`) as this node, the confirmed
-    /// leader, with everything committed applied; `by` names who asked.
+    /// Makes a change in the system log (`operator_changes`: an operator added or
+    /// revoked, an agent's token reissued) as this node, the confirmed leader, with
+    /// everything committed applied; `by` names who asked. Applied here on return.
     pub async fn change_operators(
         &self,
         change: lineage_core::operators::Change,
         by: &str,
-    ) -> Result<lineage_core::operators::Operator, AppError> {
+    ) -> Result<(), AppError> {
         if let Lead::Forward(_) = self.lead().await? {
             return Err(AppError::NoLeader);
         }

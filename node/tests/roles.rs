@@ -79,6 +79,12 @@ fn routes(agent: &str, action: &str, fresh: &str) -> Vec<Route> {
         route("GET", format!("{base}/token"), None, Need::Admin),
         route(
             "POST",
+            format!("/v1/agents/{fresh}/token/reissue"),
+            Some(json!({})),
+            Need::Admin,
+        ),
+        route(
+            "POST",
             format!("{base}/actions"),
             Some(json!({"tool": "work"})),
             Need::Admin,

@@ -208,3 +208,158 @@ async fn an_agent_token_is_never_stored_and_a_replayed_create_still_returns_it()
         }
     }
 }
+
+/// The status of `GET /v1/agents/{agent}?local=true` on `node` with `token`, once it is
+/// `want` (a follower applies a reissue shortly after the leader), or what it was.
+async fn local_status_becomes(
+    cluster: &Cluster,
+    node: usize,
+    agent: &str,
+    token: &str,
+    want: u16,
+) -> u16 {
+    let start = std::time::Instant::now();
+    loop {
+        let (status, _) = cluster
+            .get(node, &format!("/v1/agents/{agent}?local=true"), token)
+            .await;
+        if status == want || start.elapsed() > Duration::from_secs(20) {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Reissues `rolled`'s token twice through `via`: the first token and the two new ones.
+async fn reissue_twice(cluster: &Cluster, via: usize, first: String) -> Vec<String> {
+    let mut tokens = vec![first];
+    for generation in 1..=2u64 {
+        let (status, body) = cluster
+            .post(
+                via,
+                "/v1/agents/rolled/token/reissue",
+                &cluster.admin,
+                json!({}),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (status, &body["generation"]),
+            (200, &json!(generation)),
+            "{body}"
+        );
+        let token = body["token"].as_str().expect("a token").to_string();
+        assert!(
+            token.starts_with(&format!("agt_rolled.{generation}.")),
+            "{token}"
+        );
+        tokens.push(token);
+    }
+    tokens
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reissued_token_revokes_every_earlier_one_on_every_node() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let follower = (leader + 1) % 3;
+    let policy = json!({"budget": 100, "scar_limit": 5, "tools": {"work": {"cost": 1}}});
+    let first = cluster.create_agent(leader, "rolled", policy).await;
+    let log_before = cluster
+        .converged_log("rolled", Duration::from_secs(20))
+        .await;
+
+    let tokens = reissue_twice(&cluster, follower, first).await;
+    let (current, revoked) = (&tokens[2], &tokens[..2]);
+    let (status, body) = cluster
+        .get(leader, "/v1/agents/rolled/token", &cluster.admin)
+        .await;
+    assert_eq!(
+        (status, body["token"].as_str()),
+        (200, Some(current.as_str()))
+    );
+    for node in 0..3 {
+        assert_eq!(
+            local_status_becomes(&cluster, node, "rolled", current, 200).await,
+            200,
+            "node {node}"
+        );
+        for old in revoked {
+            assert_eq!(
+                local_status_becomes(&cluster, node, "rolled", old, 401).await,
+                401,
+                "node {node}"
+            );
+        }
+    }
+    for old in revoked {
+        let (status, _) = cluster
+            .post(
+                follower,
+                "/v1/agents/rolled/actions",
+                old,
+                json!({"tool": "work"}),
+                None,
+            )
+            .await;
+        assert_eq!(status, 401);
+    }
+    let (status, body) = cluster
+        .post(
+            follower,
+            "/v1/agents/rolled/actions",
+            current,
+            json!({"tool": "work"}),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &body["decision"]),
+        (200, &json!("allowed")),
+        "{body}"
+    );
+    // The agent's log holds its decisions only: the reissues are in the system log.
+    let log_after = cluster
+        .converged_log("rolled", Duration::from_secs(20))
+        .await;
+    assert_eq!(log_after[..log_before.len()], log_before[..]);
+    assert!(log_after
+        .iter()
+        .all(|r| r["kind"] != "agent_token_reissued"));
+    let (_, system) = cluster
+        .get(leader, "/v1/operators/log", &cluster.admin)
+        .await;
+    let reissues = system["records"].as_array().map_or(0, |r| {
+        r.iter()
+            .filter(|r| r["kind"] == "agent_token_reissued")
+            .count()
+    });
+    assert_eq!(reissues, 2, "{system}");
+
+    // Restarted after kill -9, a node still refuses the revoked tokens.
+    cluster.kill(follower);
+    cluster.start_node(follower);
+    cluster.wait_ready(follower, Duration::from_secs(30)).await;
+    assert_eq!(
+        local_status_becomes(&cluster, follower, "rolled", current, 200).await,
+        200
+    );
+    assert_eq!(
+        cluster
+            .get(follower, "/v1/agents/rolled?local=true", &revoked[0])
+            .await
+            .0,
+        401
+    );
+    // An unknown agent has no token to reissue.
+    let (status, _) = cluster
+        .post(
+            leader,
+            "/v1/agents/ghost/token/reissue",
+            &cluster.admin,
+            json!({}),
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
+}

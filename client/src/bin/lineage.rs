@@ -147,6 +147,8 @@ enum AgentCommand {
         #[arg(long)]
         approver: Option<String>,
     },
+    /// Revoke the agent's token and print a new one (every earlier token is refused)
+    ReissueToken { agent: String },
     /// Terminate an agent, permanently
     Terminate {
         agent: String,
@@ -406,6 +408,9 @@ fn main() -> ExitCode {
                     },
                     &mut out,
                 ),
+                AgentCommand::ReissueToken { agent } => {
+                    ops_cli::agent_reissue_token(&target, &agent, &mut out)
+                }
                 AgentCommand::Terminate { agent, reason, by } => {
                     ops_cli::agent_terminate(&target, &agent, &reason, &actor(by), &mut out)
                 }

@@ -153,9 +153,8 @@ pub async fn create_agent(
         .await?;
     if answer.status == StatusCode::OK.as_u16() {
         if let Some(map) = answer.body.as_object_mut() {
-            map.entry("token").or_insert_with(|| {
-                Value::String(token::issue(&app.keys.token_key, &body.agent_id))
-            });
+            map.entry("token")
+                .or_insert_with(|| Value::String(current_token(&app, &body.agent_id)));
         }
     }
     let status = StatusCode::from_u16(answer.status)
@@ -200,9 +199,36 @@ pub async fn agent_token(
     require(&headers, &app, Need::Admin)?;
     path_agent_id(&agent_id)?;
     app.with_agent(&agent_id, |_| ())?;
-    Ok(Json(
-        json!({"token": token::issue(&app.keys.token_key, &agent_id)}),
-    ))
+    Ok(Json(json!({"token": current_token(&app, &agent_id)})))
+}
+
+/// The agent's token at its current generation (computed, never stored).
+fn current_token(app: &App, agent_id: &str) -> String {
+    let generation = app.sm.read_data().operators.token_generation(agent_id);
+    token::issue_generation(&app.keys.token_key, agent_id, generation)
+}
+
+/// `POST /v1/agents/:id/token/reissue` (admin): a new token for the agent, recorded in
+/// the system log; every earlier token of the agent is refused from then on (on each
+/// follower once it has applied the change).
+pub async fn reissue_token(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>> {
+    let principal = require(&headers, &app, Need::Admin)?;
+    path_agent_id(&agent_id)?;
+    app.with_agent(&agent_id, |_| ())?;
+    let change = lineage_core::operators::Change::ReissueAgentToken {
+        agent_id: agent_id.clone(),
+    };
+    app.change_operators(change, &super::operators::changed_by(&principal))
+        .await?;
+    let generation = app.sm.read_data().operators.token_generation(&agent_id);
+    Ok(Json(json!({
+        "token": token::issue_generation(&app.keys.token_key, &agent_id, generation),
+        "generation": generation,
+    })))
 }
 
 pub async fn request_action(

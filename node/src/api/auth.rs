@@ -125,10 +125,15 @@ pub fn principal(headers: &HeaderMap, app: &App) -> Result<Principal, ApiError> 
     if app.keys.secrets.is_admin_token(presented.as_bytes()) {
         return Ok(Principal::SharedAdmin);
     }
-    if let Some(agent_id) = token::verify(&app.keys.token_key, presented) {
-        return Ok(Principal::Agent(agent_id));
-    }
     let data = app.sm.read_data();
+    if let Some((agent_id, generation)) = token::verify_generation(&app.keys.token_key, presented) {
+        // Only the agent's current generation: an earlier one was revoked by a reissue.
+        return if generation == data.operators.token_generation(&agent_id) {
+            Ok(Principal::Agent(agent_id))
+        } else {
+            Err(ApiError::Unauthorized)
+        };
+    }
     data.operators
         .by_token(presented)
         .map(|operator| Principal::Operator {

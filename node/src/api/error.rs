@@ -115,9 +115,9 @@ fn app_status_and_code(error: &AppError) -> (StatusCode, &'static str) {
         AppError::Operator(e) => {
             use lineage_core::operators::ChangeError;
             match e {
-                ChangeError::InvalidName | ChangeError::InvalidTokenHash => {
-                    (StatusCode::BAD_REQUEST, "bad_request")
-                }
+                ChangeError::InvalidName
+                | ChangeError::InvalidTokenHash
+                | ChangeError::InvalidAgentId => (StatusCode::BAD_REQUEST, "bad_request"),
                 ChangeError::Reserved => (StatusCode::CONFLICT, "name_reserved"),
                 ChangeError::NameTaken(_) => (StatusCode::CONFLICT, "operator_exists"),
                 ChangeError::TokenInUse => (StatusCode::CONFLICT, "token_in_use"),

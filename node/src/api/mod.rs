@@ -40,6 +40,7 @@ fn leader_routes() -> RouteBook {
         )
         .route("/v1/agents/{id}", GET, get(agent_status))
         .route("/v1/agents/{id}/token", GET, get(agent_token))
+        .route("/v1/agents/{id}/token/reissue", POST, post(reissue_token))
         .route("/v1/agents/{id}/actions", POST, post(request_action))
         .route("/v1/agents/{id}/actions/pending", GET, get(pending_actions))
         .route("/v1/actions/pending", GET, get(all_pending_actions))

@@ -60,8 +60,19 @@ fn view(operator: &Operator) -> Value {
     })
 }
 
+/// The operator as this node's registry now holds it (a change is applied here once
+/// `change_operators` returns).
+fn operator_now(app: &App, name: &str) -> Result<Json<Value>, ApiError> {
+    let data = app.sm.read_data();
+    let operator = data
+        .operators
+        .get(name)
+        .ok_or_else(|| ApiError::Internal(format!("operator {name} missing after its change")))?;
+    Ok(Json(view(operator)))
+}
+
 /// The name a change is recorded under.
-fn changed_by(principal: &Principal) -> String {
+pub(super) fn changed_by(principal: &Principal) -> String {
     match principal {
         Principal::Operator { name, .. } => name.clone(),
         _ => BUILTIN_ADMIN.to_string(),
@@ -91,15 +102,15 @@ async fn add(
             body.role
         ))
     })?;
+    let name = body.name.clone();
     let change = Change::Add {
         name: body.name,
         role,
         token_sha256: body.token_sha256,
     };
-    let operator = app
-        .change_operators(change, &changed_by(&principal))
+    app.change_operators(change, &changed_by(&principal))
         .await?;
-    Ok(Json(view(&operator)))
+    operator_now(&app, &name)
 }
 
 /// `POST /v1/operators/{name}/revoke` (admin): the token stops working at once on the
@@ -110,10 +121,10 @@ async fn revoke(
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     let principal = require(&headers, &app, Need::Admin)?;
-    let operator = app
-        .change_operators(Change::Revoke { name }, &changed_by(&principal))
+    let change = Change::Revoke { name: name.clone() };
+    app.change_operators(change, &changed_by(&principal))
         .await?;
-    Ok(Json(view(&operator)))
+    operator_now(&app, &name)
 }
 
 /// `GET /v1/operators/log[?after=SEQ]`: the system log's signed records, as an agent's
