@@ -21,7 +21,9 @@ use crate::disk_reserve::DiskReserve;
 use crate::idempotency_key::IdempotencyKey;
 use crate::keys::ClusterKeys;
 use crate::network::peer_contacts::PeerContacts;
-use crate::raft_types::{AppendRecords, ApplyOutcome, IdempotentAnswer, NodeId, Raft, RecordLine};
+use crate::raft_types::{
+    AppendRecords, ApplyOutcome, Authority, IdempotentAnswer, NodeId, Raft, RecordLine,
+};
 use crate::store::agent_slot::AgentSlot;
 use crate::store::log_store::DurableLog;
 use crate::store::StateMachine;
@@ -390,6 +392,7 @@ impl App {
         command: Command,
         idempotency: Option<IdempotencyKey>,
         respond: Respond,
+        authority: Option<Authority>,
     ) -> Result<Answer, AppError> {
         let lane = self.lanes.lane(agent_id);
         let key = idempotency.as_ref().map(|key| key.scoped.as_str());
@@ -404,7 +407,7 @@ impl App {
                     )
                 })?;
             match self
-                .decide_and_write(turn, agent_id, &command, &idempotency, &respond)
+                .decide_and_write(turn, agent_id, &command, &idempotency, &respond, &authority)
                 .await
             {
                 Ok(answer) => return Ok(answer),
@@ -502,6 +505,7 @@ impl App {
         command: &Command,
         idempotency: &Option<IdempotencyKey>,
         respond: &Respond,
+        authority: &Option<Authority>,
     ) -> Result<Answer, NotDone> {
         if let Some(key) = idempotency {
             if let Some(answer) = self.stored_answer(agent_id, key)? {
@@ -511,7 +515,9 @@ impl App {
         // A full disk refuses before anything is decided or sealed: the request leaves no
         // trace, and its retry is decided afresh once space returns.
         self.check_disk()?;
-        let sealed = self.decide_locked(&mut turn, agent_id, command, idempotency, respond)?;
+        let mut sealed = self.decide_locked(&mut turn, agent_id, command, idempotency, respond)?;
+        // Checked again at apply, where the system log is current (`Authority`).
+        sealed.entry.authority.clone_from(authority);
         // Until the write is queued, the lane has no pending state (it was taken to make
         // `after`): going away here breaks the lane.
         let unqueued = turn.unqueued();
@@ -664,6 +670,7 @@ impl App {
             agent_id: agent_id.to_string(),
             records: lines,
             idempotency,
+            authority: None,
         };
         Ok(Sealed {
             entry,

@@ -236,7 +236,11 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         // Never the leader of its old term on a cut log (`demote_own_leadership`).
         log_store.demote_own_leadership(config.id);
     }
-    let tls_server = config.tls.clone().map(tls::TlsServer::load).transpose()?;
+    let tls_server = config
+        .tls
+        .clone()
+        .map(|files| tls::TlsServer::load(files, &config.cluster_name, config.id))
+        .transpose()?;
     let connect_timeout = Duration::from_millis(RAFT_CONNECT_TIMEOUT_MS);
     let http = tls::PeerClient::new(tls::peer_client(config.tls.as_ref(), connect_timeout)?);
     // From here on SIGHUP reloads TLS (or is ignored), never kills the node.

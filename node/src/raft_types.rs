@@ -49,6 +49,45 @@ pub struct AppendRecords {
     pub agent_id: String,
     pub records: Vec<RecordLine>,
     pub idempotency: Option<IdempotentAnswer>,
+    /// Who the leader let make this write, checked again at apply against the system
+    /// log as replicated up to the entry (`None`: the shared admin token, or an entry
+    /// from before this was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<Authority>,
+}
+
+/// Who a write was authorized as. A leader checks tokens against the system log it has
+/// applied, which may be behind what is committed (a new leader applies its
+/// predecessor's last entries only after its own first one commits): a revocation or a
+/// reissue committed before the write would be missed. Apply checks again, in log
+/// order, and rejects the write if the operator was revoked or the agent's token is of
+/// another generation by then.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Authority {
+    /// A named operator.
+    Operator(String),
+    /// The agent itself, with a token of this generation.
+    AgentGeneration(u64),
+}
+
+impl Authority {
+    /// Why `operators` (the system log's state at this entry) no longer allows it.
+    pub fn revoked(
+        &self,
+        operators: &lineage_core::operators::Operators,
+        agent_id: &str,
+    ) -> Option<String> {
+        match self {
+            Authority::Operator(name) => (!operators.get(name).is_some_and(|o| o.is_active()))
+                .then(|| format!("operator {name} was revoked before this write")),
+            Authority::AgentGeneration(generation) => {
+                let current = operators.token_generation(agent_id);
+                (*generation != current).then(|| {
+                    format!("the agent's token of generation {generation} was replaced by generation {current}")
+                })
+            }
+        }
+    }
 }
 
 impl AppendRecords {

@@ -159,6 +159,17 @@ fn read_set(dir: &Path, admin_from_env: Option<&str>) -> Result<SecretSet, Strin
         .filter(|line| !line.is_empty())
         .map(str::to_string)
         .collect();
+    // Each is sent as an HTTP header value: visible ASCII only.
+    if let Some(n) = cluster
+        .iter()
+        .position(|secret| !secret.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        return Err(format!(
+            "{}: line {} is not visible ASCII (it travels in an HTTP header)",
+            dir.join(CLUSTER_SECRET).display(),
+            n + 1
+        ));
+    }
     if cluster.is_empty() || cluster.len() > MAX_CLUSTER_SECRETS {
         return Err(format!(
             "{}: needs 1 to {MAX_CLUSTER_SECRETS} secrets, one per line (the first is sent), has {}",
@@ -170,9 +181,9 @@ fn read_set(dir: &Path, admin_from_env: Option<&str>) -> Result<SecretSet, Strin
         Some(token) => token.trim().to_string(),
         None => read(ADMIN_TOKEN)?.trim().to_string(),
     };
-    if admin.len() < MIN_ADMIN_TOKEN_CHARS || admin.contains(char::is_whitespace) {
+    if admin.len() < MIN_ADMIN_TOKEN_CHARS || admin.contains(['\n', '\r']) {
         return Err(format!(
-            "the admin token must be one line of at least {MIN_ADMIN_TOKEN_CHARS} characters"
+            "the admin token must be at least {MIN_ADMIN_TOKEN_CHARS} characters, on one line"
         ));
     }
     let previous_path = dir.join(ADMIN_TOKEN_PREVIOUS);
@@ -251,8 +262,10 @@ mod tests {
         std::fs::write(dir.path().join(CLUSTER_SECRET), "new\n").unwrap();
         secrets.reload().unwrap();
         assert!(!secrets.accepts_cluster_secret(b"old"));
-        std::fs::write(dir.path().join(CLUSTER_SECRET), "\n\n").unwrap();
-        assert!(secrets.reload().is_err());
+        for bad in ["\n\n", "new\nnicht-ascii-ä\n", "with space\n"] {
+            std::fs::write(dir.path().join(CLUSTER_SECRET), bad).unwrap();
+            assert!(secrets.reload().is_err(), "{bad:?}");
+        }
         assert!(secrets.accepts_cluster_secret(b"new"));
     }
 

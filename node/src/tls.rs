@@ -44,6 +44,8 @@ pub struct PeerCertificate {
 pub struct TlsServer {
     config: Arc<ArcSwap<rustls::ServerConfig>>,
     files: TlsFiles,
+    /// The node this is: (cluster, id), which its own certificate must name.
+    node: (String, u64),
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -74,9 +76,56 @@ fn read_roots(path: &Path) -> Result<rustls::RootCertStore, String> {
     Ok(roots)
 }
 
+/// Checks the node's own certificate as its peers will: it chains to the CA bundle, it
+/// may be used as a client certificate (clientAuth: the node calls its peers with it),
+/// and it names this node. A mistake here would otherwise show only as peers refusing
+/// every Raft request.
+fn check_own_certificate(
+    files: &TlsFiles,
+    chain: &[CertificateDer<'static>],
+    node: &(String, u64),
+) -> Result<(), String> {
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(read_roots(&files.ca)?),
+        provider(),
+    )
+    .build()
+    .map_err(|e| format!("--tls-ca {}: {e}", files.ca.display()))?;
+    let (end_entity, intermediates) = chain
+        .split_first()
+        .ok_or_else(|| format!("--tls-cert {}: no certificate", files.cert.display()))?;
+    verifier
+        .verify_client_cert(
+            end_entity,
+            intermediates,
+            rustls::pki_types::UnixTime::now(),
+        )
+        .map_err(|e| {
+            format!(
+                "--tls-cert {}: peers would refuse it (it must chain to --tls-ca {} and allow \
+                 clientAuth): {e}",
+                files.cert.display(),
+                files.ca.display()
+            )
+        })?;
+    let named = peer_certificate(Some(chain)).and_then(|peer| peer.node);
+    if named.as_ref() != Some(node) {
+        return Err(format!(
+            "--tls-cert {}: names {}, but this node is {}",
+            files.cert.display(),
+            named.map_or("no node".to_string(), |(cluster, id)| node_uri(
+                &cluster, id
+            )),
+            node_uri(&node.0, node.1)
+        ));
+    }
+    Ok(())
+}
+
 /// Builds the server's configuration from the files, checking that the key matches the
-/// certificate and that the certificate is valid now.
-fn server_config(files: &TlsFiles) -> Result<rustls::ServerConfig, String> {
+/// certificate, that the certificate is valid now, and that peers will take it
+/// (`check_own_certificate`).
+fn server_config(files: &TlsFiles, node: &(String, u64)) -> Result<rustls::ServerConfig, String> {
     let chain = read_certificates(&files.cert, "--tls-cert")?;
     let key = PrivateKeyDer::from_pem_file(&files.key)
         .map_err(|e| format!("--tls-key {}: {e}", files.key.display()))?;
@@ -90,6 +139,7 @@ fn server_config(files: &TlsFiles) -> Result<rustls::ServerConfig, String> {
             httpdate(not_after)
         ));
     }
+    check_own_certificate(files, &chain, node)?;
     let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
         Arc::new(read_roots(&files.ca)?),
         provider(),
@@ -108,11 +158,14 @@ fn server_config(files: &TlsFiles) -> Result<rustls::ServerConfig, String> {
 }
 
 impl TlsServer {
-    pub fn load(files: TlsFiles) -> Result<Self, String> {
-        let config = server_config(&files)?;
+    /// The configuration of node `id` of cluster `cluster`, from `files`.
+    pub fn load(files: TlsFiles, cluster: &str, id: u64) -> Result<Self, String> {
+        let node = (cluster.to_string(), id);
+        let config = server_config(&files, &node)?;
         Ok(TlsServer {
             config: Arc::new(ArcSwap::from_pointee(config)),
             files,
+            node,
         })
     }
 
@@ -124,7 +177,7 @@ impl TlsServer {
     /// Reads the files again and, if they make a valid configuration, serves new
     /// connections with it; otherwise the old one stays and the error is returned.
     pub fn reload(&self) -> Result<(), String> {
-        let config = server_config(&self.files)?;
+        let config = server_config(&self.files, &self.node)?;
         self.config.store(Arc::new(config));
         Ok(())
     }

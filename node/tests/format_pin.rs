@@ -93,6 +93,7 @@ fn history() -> Vec<Proposal> {
                     .map(|r| RecordLine::new(r).expect("line"))
                     .collect(),
                 idempotency,
+                authority: None,
             },
         ]))));
     }

@@ -61,6 +61,7 @@ fn entries_with_requests(key: &AuditKey, requests: usize) -> Vec<AppendRecords> 
                 .map(|r| RecordLine::new(r).unwrap())
                 .collect(),
             idempotency: None,
+            authority: None,
         });
     }
     entries
@@ -131,6 +132,7 @@ async fn received_lines_are_parsed_when_applied() {
         agent_id: "other".into(),
         records: vec![not_a_record],
         idempotency: None,
+        authority: None,
     });
     let (_log, mut sm) = store::open(dir.path()).unwrap();
     let outcomes = sm.apply(as_entries(&appends, 1)).await.unwrap();
@@ -420,4 +422,117 @@ async fn a_damaged_snapshot_file_is_an_error_not_a_snapshot() {
         good,
         "restored, it is served again"
     );
+}
+
+/// The system log's records for `changes`, made by the shared admin, sealed in order.
+fn system_entry(
+    operators: &mut lineage_core::operators::Operators,
+    key: &AuditKey,
+    change: &lineage_core::operators::Change,
+    index: u64,
+) -> Entry<TypeConfig> {
+    let drafts = operators
+        .decide(change, "admin", key.public_key_hex())
+        .unwrap()
+        .unwrap();
+    let records = operators.seal(drafts, key, 1_800_000_000_000_000 + index as i64);
+    operators.apply(&records).unwrap();
+    Entry {
+        log_id: log_id(1, 1, index),
+        payload: EntryPayload::Normal(Proposal::System {
+            records: records
+                .into_iter()
+                .map(|r| RecordLine::new(r).unwrap())
+                .collect(),
+        }),
+    }
+}
+
+/// A write a leader authorized on a system log that was behind (it had not applied a
+/// revocation or a reissue committed before the write) is rejected at apply, on every
+/// node alike; the same write with a current authority is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_authorized_before_a_revocation_it_follows_is_rejected_at_apply() {
+    use lineage_core::operators::{token_sha256, Change, Operators, Role};
+    use lineage_node::raft_types::Authority;
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([5; 32]);
+    let writes = entries_with_requests(&key, 3);
+    let (_log, mut sm) = store::open(dir.path()).unwrap();
+    let mut operators = Operators::default();
+    let add = Change::Add {
+        name: "bob".into(),
+        role: Role::Admin,
+        token_sha256: token_sha256("bob's token"),
+    };
+    let add_carol = Change::Add {
+        name: "carol".into(),
+        role: Role::Admin,
+        token_sha256: token_sha256("carol's token"),
+    };
+    let mut entries = vec![
+        system_entry(&mut operators, &key, &add, 1),
+        system_entry(&mut operators, &key, &add_carol, 2),
+    ];
+    entries.extend(as_entries(&writes[..2], 3));
+    entries.push(system_entry(
+        &mut operators,
+        &key,
+        &Change::Revoke { name: "bob".into() },
+        5,
+    ));
+    let reissue = Change::ReissueAgentToken {
+        agent_id: "bot".into(),
+    };
+    entries.push(system_entry(&mut operators, &key, &reissue, 6));
+    let outcomes = sm.apply(entries).await.unwrap();
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| o.0.iter().all(|a| *a == ApplyOutcome::Applied)),
+        "{outcomes:?}"
+    );
+
+    // Decided after the revocation and the reissue committed, by a leader that had not
+    // applied them yet.
+    let late = |authority: Authority| {
+        let mut write = writes[2].clone();
+        write.authority = Some(authority);
+        write
+    };
+    for (authority, why) in [
+        (
+            Authority::Operator("bob".into()),
+            "operator bob was revoked",
+        ),
+        (
+            Authority::AgentGeneration(0),
+            "generation 0 was replaced by generation 1",
+        ),
+        (
+            Authority::Operator("nobody".into()),
+            "operator nobody was revoked",
+        ),
+    ] {
+        let outcome = sm.apply(as_entries(&[late(authority)], 7)).await.unwrap();
+        match &outcome[0].0[..] {
+            [ApplyOutcome::Rejected(reason)] => assert!(reason.contains(why), "{reason}"),
+            other => panic!("applied: {other:?}"),
+        }
+    }
+    let head = sm.read_data().agents.get("bot").map(|slot| match slot {
+        AgentSlot::Active(state) => state.next_seq(),
+        AgentSlot::Quarantined(_) => 0,
+    });
+    // The same write, authorized as an operator still active: applied.
+    let outcome = sm
+        .apply(as_entries(&[late(Authority::Operator("carol".into()))], 8))
+        .await
+        .unwrap();
+    assert_eq!(outcome[0].0, vec![ApplyOutcome::Applied]);
+    let after = sm.read_data().agents.get("bot").map(|slot| match slot {
+        AgentSlot::Active(state) => state.next_seq(),
+        AgentSlot::Quarantined(_) => 0,
+    });
+    assert!(after > head, "{head:?} -> {after:?}");
 }

@@ -9,7 +9,7 @@
 mod util;
 
 use std::io::{Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rcgen::{CertificateParams, KeyPair, SanType};
@@ -417,4 +417,110 @@ async fn sighup_does_not_stop_a_node_without_tls() {
     assert!(!cluster.has_exited(0), "SIGHUP stopped the node");
     let (status, _) = cluster.get(0, "/healthz", "").await;
     assert_eq!(status, 200);
+}
+
+/// `lineage-node certs` for node `node` in a new directory: with the cluster's CA
+/// (`tls`) when given, else with a CA of its own. Returns (certificate, key) paths.
+fn other_certificate(tls: Option<&Path>, node: u64, dir: &Path) -> (PathBuf, PathBuf) {
+    if let Some(tls) = tls {
+        for name in ["ca.pem", "ca.key"] {
+            std::fs::copy(tls.join(name), dir.join(name)).unwrap();
+        }
+    }
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_lineage-node"))
+        .args([
+            "certs",
+            "--node",
+            &format!("{node}=127.0.0.1,localhost"),
+            "--out",
+        ])
+        .arg(dir)
+        .output()
+        .expect("certs");
+    assert!(output.status.success(), "{output:?}");
+    (
+        dir.join(format!("node-{node}.pem")),
+        dir.join(format!("node-{node}.key")),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_refuses_a_certificate_that_names_another_node_or_another_ca() {
+    let cluster = Cluster::start_tls(1, &[]).await;
+    let tls = cluster.tls_dir.clone().expect("TLS directory");
+    let first = certificate_der(&tls.join("node-1.pem"));
+    let failures = async || {
+        cluster
+            .metrics(0)
+            .await
+            .get("lineage_tls_reload_failures_total")
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let (node_two, another_ca) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for (cert, key) in [
+        other_certificate(Some(&tls), 2, node_two.path()),
+        other_certificate(None, 1, another_ca.path()),
+    ] {
+        let before = failures().await;
+        replace_file(&key, &tls.join("node-1.key"));
+        replace_file(&cert, &tls.join("node-1.pem"));
+        cluster.hangup(0);
+        let mut after = before;
+        for _ in 0..100 {
+            after = failures().await;
+            if after > before {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(after > before, "{} was taken", cert.display());
+        assert_eq!(
+            served_certificate(&cluster, 0).await,
+            first,
+            "the old one serves on"
+        );
+    }
+    // At start, the same checks are the node's exit message.
+    cluster.stop_gracefully(0);
+    let (two_cert, two_key) = (
+        node_two.path().join("node-2.pem"),
+        node_two.path().join("node-2.key"),
+    );
+    let (other_cert, other_key) = (
+        another_ca.path().join("node-1.pem"),
+        another_ca.path().join("node-1.key"),
+    );
+    for (cert, key, why) in [
+        (two_cert, two_key, "names lineage://"),
+        (other_cert, other_key, "peers would refuse it"),
+    ] {
+        let data = tempfile::tempdir().unwrap();
+        let addr = format!("127.0.0.1:{}", util::free_port());
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_lineage-node"))
+            .args([
+                "run",
+                "--id",
+                "1",
+                "--listen",
+                &addr,
+                "--peers",
+                &format!("1={addr}"),
+            ])
+            .arg("--data-dir")
+            .arg(data.path())
+            .arg("--keys-dir")
+            .arg(cluster.dir.path().join("keys"))
+            .arg("--tls-cert")
+            .arg(&cert)
+            .arg("--tls-key")
+            .arg(&key)
+            .arg("--tls-ca")
+            .arg(tls.join("ca.pem"))
+            .output()
+            .expect("run");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{stderr}");
+        assert!(stderr.contains(why), "{}: {stderr}", cert.display());
+    }
 }

@@ -103,12 +103,15 @@ impl LogQuery {
 /// the request's Idempotency-Key gets the first answer (`idempotency`).
 async fn write(
     app: &App,
+    principal: &Principal,
     agent_id: &str,
     key: Option<IdempotencyKey>,
     command: Command,
     respond: Respond,
 ) -> Result<Response> {
-    let answer = app.execute(agent_id, command, key, respond).await?;
+    let answer = app
+        .execute(agent_id, command, key, respond, principal.authority())
+        .await?;
     let status = StatusCode::from_u16(answer.status)
         .map_err(|e| ApiError::Internal(format!("answer status {}: {e}", answer.status)))?;
     Ok((status, Json(answer.body)).into_response())
@@ -149,12 +152,17 @@ pub async fn create_agent(
                 status: StatusCode::OK.as_u16(),
                 body: json!({"agent": status}),
             })),
+            principal.authority(),
         )
         .await?;
     if answer.status == StatusCode::OK.as_u16() {
         if let Some(map) = answer.body.as_object_mut() {
-            map.entry("token")
-                .or_insert_with(|| Value::String(current_token(&app, &body.agent_id)));
+            // Always the current token: an answer stored by an earlier version holds the
+            // first one, which a reissue may have revoked since.
+            map.insert(
+                "token".into(),
+                Value::String(current_token(&app, &body.agent_id)),
+            );
         }
     }
     let status = StatusCode::from_u16(answer.status)
@@ -248,7 +256,7 @@ pub async fn request_action(
         input: body.input,
         cost: body.cost,
     };
-    write(&app, &agent_id, key, command, Respond::Decision).await
+    write(&app, &principal, &agent_id, key, command, Respond::Decision).await
 }
 
 pub async fn pending_actions(
@@ -348,7 +356,7 @@ pub async fn report_outcome(
 ) -> Result<Response> {
     let principal = require_agent_or(&headers, &app, &agent_id, Need::Admin)?;
     let (body, key) = body.keyed(&headers, principal.idempotency_caller())?;
-    if body.status == OutcomeStatus::Harmful && matches!(principal, Principal::Agent(_)) {
+    if body.status == OutcomeStatus::Harmful && matches!(principal, Principal::Agent(..)) {
         return Err(ApiError::Forbidden);
     }
     path_agent_id(&agent_id)?;
@@ -361,6 +369,7 @@ pub async fn report_outcome(
     };
     write(
         &app,
+        &principal,
         &agent_id,
         key,
         command,
@@ -378,14 +387,14 @@ pub async fn approve_action(
     let principal = require(&headers, &app, Need::Decide)?;
     path_agent_id(&agent_id)?;
     let (body, key) = body.keyed(&headers, principal.idempotency_caller())?;
-    let (approver, claimed_by) = principal.attribute(body.approver, "approver")?;
+    let (approver, claimed_by) = principal.attribute(&app, body.approver, "approver")?;
     let command = Command::Approve {
         action_id,
         approver,
         claimed_by,
         note: body.note,
     };
-    write(&app, &agent_id, key, command, Respond::Decision).await
+    write(&app, &principal, &agent_id, key, command, Respond::Decision).await
 }
 
 pub async fn reject_action(
@@ -402,7 +411,7 @@ pub async fn reject_action(
         super::auth::permit(&principal, Need::Admin)
             .map_err(|_| ApiError::NotPermitted("only an admin may reject with a scar".into()))?;
     }
-    let (approver, claimed_by) = principal.attribute(body.approver, "approver")?;
+    let (approver, claimed_by) = principal.attribute(&app, body.approver, "approver")?;
     let command = Command::Reject {
         action_id,
         approver,
@@ -410,7 +419,7 @@ pub async fn reject_action(
         reason: body.reason,
         scar: body.scar,
     };
-    write(&app, &agent_id, key, command, Respond::Decision).await
+    write(&app, &principal, &agent_id, key, command, Respond::Decision).await
 }
 
 pub async fn add_scar(
@@ -434,6 +443,7 @@ pub async fn add_scar(
     };
     write(
         &app,
+        &principal,
         &agent_id,
         key,
         command,
@@ -451,7 +461,7 @@ pub async fn terminate(
     let principal = require(&headers, &app, Need::Admin)?;
     path_agent_id(&agent_id)?;
     let (body, key) = body.keyed(&headers, principal.idempotency_caller())?;
-    let (by, claimed_by) = principal.attribute(body.by, "by")?;
+    let (by, claimed_by) = principal.attribute(&app, body.by, "by")?;
     let command = Command::Terminate {
         reason: body.reason,
         by,
@@ -459,6 +469,7 @@ pub async fn terminate(
     };
     write(
         &app,
+        &principal,
         &agent_id,
         key,
         command,

@@ -8,6 +8,7 @@ use lineage_core::token;
 use super::error::ApiError;
 use super::idempotency::Caller;
 use crate::app::App;
+use crate::raft_types::Authority;
 
 /// Who a request's bearer token speaks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,11 +17,9 @@ pub enum Principal {
     /// behaviour: records name whoever the request body names).
     SharedAdmin,
     /// A named operator (`lineage operator add`).
-    Operator {
-        name: String,
-        role: Role,
-    },
-    Agent(String),
+    Operator { name: String, role: Role },
+    /// An agent, with its token's generation.
+    Agent(String, u64),
 }
 
 /// What a route needs from an operator; the endpoint × role table is
@@ -63,15 +62,17 @@ impl Principal {
         match self {
             Principal::SharedAdmin => Some(Role::Admin),
             Principal::Operator { role, .. } => Some(*role),
-            Principal::Agent(_) => None,
+            Principal::Agent(..) => None,
         }
     }
 
     /// The name records are attributed to, and the name the body claimed, kept beside
     /// it when it differs. The shared admin token names nobody, so the body's name is
-    /// used as the reference does.
+    /// used as the reference does, except a named operator's: records under that name
+    /// are made with that operator's token only.
     pub fn attribute(
         &self,
+        app: &App,
         claimed: Option<String>,
         field: &str,
     ) -> Result<(String, Option<String>), ApiError> {
@@ -80,9 +81,27 @@ impl Principal {
                 let claimed = claimed.filter(|c| c != name);
                 Ok((name.clone(), claimed))
             }
-            Principal::SharedAdmin | Principal::Agent(_) => claimed
-                .map(|c| (c, None))
-                .ok_or_else(|| ApiError::InvalidBody(format!("missing field `{field}`"))),
+            Principal::SharedAdmin | Principal::Agent(..) => {
+                let claimed = claimed
+                    .ok_or_else(|| ApiError::InvalidBody(format!("missing field `{field}`")))?;
+                if app.sm.read_data().operators.get(&claimed).is_some() {
+                    return Err(ApiError::NotPermitted(format!(
+                        "{claimed} is a named operator: records name {claimed} only when made \
+                         with {claimed}'s own token, not the shared admin token"
+                    )));
+                }
+                Ok((claimed, None))
+            }
+        }
+    }
+
+    /// What apply checks again for a write made as this caller (`Authority`): the
+    /// shared admin token is never revoked through the system log, so nothing.
+    pub fn authority(&self) -> Option<Authority> {
+        match self {
+            Principal::SharedAdmin => None,
+            Principal::Operator { name, .. } => Some(Authority::Operator(name.clone())),
+            Principal::Agent(_, generation) => Some(Authority::AgentGeneration(*generation)),
         }
     }
 
@@ -91,7 +110,7 @@ impl Principal {
         match self {
             Principal::SharedAdmin => Caller::Operator,
             Principal::Operator { name, .. } => Caller::NamedOperator(name.clone()),
-            Principal::Agent(_) => Caller::Agent,
+            Principal::Agent(..) => Caller::Agent,
         }
     }
 
@@ -104,7 +123,7 @@ impl Principal {
             Principal::Operator { name, role } => serde_json::json!({
                 "kind": "operator", "name": name, "role": role.as_str(), "attributed": true,
             }),
-            Principal::Agent(id) => serde_json::json!({"kind": "agent", "agent_id": id}),
+            Principal::Agent(id, _) => serde_json::json!({"kind": "agent", "agent_id": id}),
         }
     }
 }
@@ -129,7 +148,7 @@ pub fn principal(headers: &HeaderMap, app: &App) -> Result<Principal, ApiError> 
     if let Some((agent_id, generation)) = token::verify_generation(&app.keys.token_key, presented) {
         // Only the agent's current generation: an earlier one was revoked by a reissue.
         return if generation == data.operators.token_generation(&agent_id) {
-            Ok(Principal::Agent(agent_id))
+            Ok(Principal::Agent(agent_id, generation))
         } else {
             Err(ApiError::Unauthorized)
         };
@@ -172,8 +191,8 @@ pub fn require_agent_or(
 ) -> Result<Principal, ApiError> {
     let principal = principal(headers, app)?;
     match &principal {
-        Principal::Agent(id) if id == agent_id => Ok(principal),
-        Principal::Agent(_) => Err(ApiError::Forbidden),
+        Principal::Agent(id, _) if id == agent_id => Ok(principal),
+        Principal::Agent(..) => Err(ApiError::Forbidden),
         _ => permit(&principal, need).map(|()| principal),
     }
 }

@@ -72,9 +72,10 @@ impl PeerContacts {
         first
     }
 
-    /// The secrets the peer said it sends and accepts, in its last Raft answer.
-    pub fn secrets(&self, peer: NodeId, fingerprints: Fingerprints) {
-        self.with_peer(peer, |c| c.secrets = Some(fingerprints));
+    /// The secrets the peer said it sends and accepts, in its last Raft answer (`None`:
+    /// it refused this node's secret).
+    pub fn secrets(&self, peer: NodeId, fingerprints: Option<Fingerprints>) {
+        self.with_peer(peer, |c| c.secrets = fingerprints);
     }
 
     /// What `secrets` last recorded for the peer.

@@ -127,12 +127,14 @@ impl Connection {
                     RPCError::Network(NetworkError::new(&e))
                 }
             })?;
-        if let Some(fingerprints) = response
+        // What the peer says it sends and accepts; a peer that refuses our secret (401)
+        // says nothing, and what it said before no longer holds.
+        let fingerprints = response
             .headers()
             .get(SECRETS_HEADER)
             .and_then(|v| v.to_str().ok())
-            .and_then(Fingerprints::from_header)
-        {
+            .and_then(Fingerprints::from_header);
+        if fingerprints.is_some() || response.status() == reqwest::StatusCode::UNAUTHORIZED {
             self.http.contacts.secrets(self.target, fingerprints);
         }
         if !response.status().is_success() {
@@ -284,6 +286,7 @@ mod tests {
                 agent_id: "bot".into(),
                 records: Vec::new(),
                 idempotency: None,
+                authority: None,
             }])))),
         };
         assert!(entry_bytes(&writes) > 0);

@@ -141,6 +141,14 @@ impl StateMachine {
             let Batch(batch) = batch;
             let mut batch_outcomes = Vec::with_capacity(batch.len());
             for append in batch.iter() {
+                if let Some(reason) = append
+                    .authority
+                    .as_ref()
+                    .and_then(|authority| authority.revoked(&data.operators, &append.agent_id))
+                {
+                    batch_outcomes.push(ApplyOutcome::Rejected(reason));
+                    continue;
+                }
                 // Lines that arrived are parsed here, not on the append path.
                 let records = match append
                     .records
