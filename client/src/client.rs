@@ -157,13 +157,22 @@ impl Client {
         self.call(Method::POST, path, Some(body)).await
     }
 
+    /// `POST path` with `json`, sent byte for byte (signed lines inside it stay exactly
+    /// as they are): the API's answer.
+    pub async fn post_raw_json(&self, path: &str, json: String) -> Result<Value, ClientError> {
+        let text = self
+            .call_text(Method::POST, path, Some(Body::Raw(json)))
+            .await?;
+        serde_json::from_str(&text).map_err(|e| ClientError::Decode(format!("{e}: {text}")))
+    }
+
     async fn call<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
         body: Option<Value>,
     ) -> Result<T, ClientError> {
-        let text = self.call_text(method, path, body).await?;
+        let text = self.call_text(method, path, body.map(Body::Json)).await?;
         serde_json::from_str(&text).map_err(|e| ClientError::Decode(format!("{e}: {text}")))
     }
 
@@ -172,7 +181,7 @@ impl Client {
         &self,
         method: Method,
         path: &str,
-        body: Option<Value>,
+        body: Option<Body>,
     ) -> Result<String, ClientError> {
         let key = (method == Method::POST).then(new_idempotency_key);
         let start = Instant::now();
@@ -188,8 +197,14 @@ impl Client {
             if let Some(key) = &key {
                 request = request.header("Idempotency-Key", key);
             }
-            if let Some(body) = &body {
-                request = request.json(body);
+            match &body {
+                Some(Body::Json(body)) => request = request.json(body),
+                Some(Body::Raw(text)) => {
+                    request = request
+                        .header(reqwest::header::CONTENT_TYPE, "application/json")
+                        .body(text.clone());
+                }
+                None => {}
             }
             match request.send().await {
                 Ok(reply) if reply.status() == StatusCode::SERVICE_UNAVAILABLE => {
@@ -232,6 +247,12 @@ impl Client {
             ClientError::Unavailable { after, last }
         })
     }
+}
+
+/// A request body: JSON to encode, or JSON text to send as it is.
+enum Body {
+    Json(Value),
+    Raw(String),
 }
 
 /// An error with its causes ("error sending request: … Connection refused"), since

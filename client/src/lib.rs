@@ -3,6 +3,7 @@
 
 pub mod audit_cli;
 pub mod client;
+pub mod import_cli;
 pub mod operator_cli;
 pub mod ops_cli;
 pub mod witnessed_cli;

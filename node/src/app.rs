@@ -72,6 +72,8 @@ pub struct App {
     request_rate: crate::request_rate::RequestRate,
     /// Operator changes, one at a time (`operator_changes`).
     operator_changes: crate::operator_changes::OperatorChanges,
+    /// Import steps, one at a time (`import_writes`).
+    import_writes: crate::import_writes::ImportWrites,
 }
 
 /// Whole-log reads at once (`App::whole_log_reads`).
@@ -168,6 +170,13 @@ pub enum AppError {
     /// The agent's requests per minute are used up (`request_rate`); nothing recorded.
     #[error("this agent sends more requests than its policy's max_requests_per_minute; retry in {retry_after_secs} s")]
     TooManyRequests { retry_after_secs: u64 },
+    /// The agent's log is being imported: nothing is served for it until the import
+    /// commits.
+    #[error("agent {0} is being imported; it is served once the import completes")]
+    Importing(String),
+    /// An import step that does not hold (`store::imports`); nothing changed.
+    #[error("{0}")]
+    ImportRefused(String),
     /// An operator change the registry refuses (`lineage_core::operators`).
     #[error(transparent)]
     Operator(lineage_core::operators::ChangeError),
@@ -206,6 +215,7 @@ impl App {
             disk: None,
             whole_log_reads: tokio::sync::Semaphore::new(WHOLE_LOG_READS),
             operator_changes: Default::default(),
+            import_writes: Default::default(),
         }
     }
 
@@ -348,6 +358,26 @@ impl App {
             })
     }
 
+    /// Takes one step of importing an agent's log (`import_writes`) as this node, the
+    /// confirmed leader, caught up. Returns the records a commit sealed.
+    pub async fn import_step(
+        &self,
+        step: crate::raft_types::ImportStep,
+    ) -> Result<Vec<lineage_core::Record>, AppError> {
+        if let Lead::Forward(_) = self.lead().await? {
+            return Err(AppError::NoLeader);
+        }
+        use crate::import_writes::ImportFailed;
+        self.import_writes
+            .take(&self.raft, &self.sm, &self.keys.audit, step)
+            .await
+            .map_err(|failed| match failed {
+                ImportFailed::Refused(reason) => AppError::ImportRefused(reason),
+                ImportFailed::NotCommitted(_) => AppError::Unavailable(failed.to_string()),
+                ImportFailed::Internal(e) => AppError::Internal(e),
+            })
+    }
+
     /// Runs `f` on the agent's applied state, or says why it cannot be served here.
     pub fn with_agent<T>(
         &self,
@@ -355,6 +385,9 @@ impl App {
         f: impl FnOnce(&AgentState) -> T,
     ) -> Result<T, AppError> {
         let data = self.sm.read_data();
+        if data.imports.contains_key(agent_id) {
+            return Err(AppError::Importing(agent_id.to_string()));
+        }
         match data.agents.get(agent_id) {
             None => Err(AppError::AgentNotFound),
             Some(AgentSlot::Quarantined(reason)) => Err(AppError::Quarantined(reason.clone())),
@@ -578,6 +611,9 @@ impl App {
     ) -> Result<Sealed, NotDone> {
         let now = timestamp::now_micros();
         let data = self.sm.read_data();
+        if let Some(error) = while_importing(&data, agent_id, command) {
+            return Err(error.into());
+        }
         let applied = match data.agents.get(agent_id) {
             Some(AgentSlot::Quarantined(reason)) => {
                 return Err(AppError::Quarantined(reason.clone()).into())
@@ -737,6 +773,19 @@ impl From<AppError> for NotDone {
 }
 
 /// What the caller of a write that failed in the batcher is told.
+/// Why `command` cannot be decided while the agent's log is being imported: a create
+/// finds the id taken, anything else waits for the commit.
+fn while_importing(
+    data: &crate::store::state_machine::SmData,
+    agent_id: &str,
+    command: &Command,
+) -> Option<AppError> {
+    data.imports.contains_key(agent_id).then(|| match command {
+        Command::Create { .. } => AppError::AgentExists,
+        _ => AppError::Importing(agent_id.to_string()),
+    })
+}
+
 fn write_error(error: WriteError) -> AppError {
     match error {
         WriteError::NotLeader => AppError::Unavailable(

@@ -53,6 +53,33 @@ pub fn keygen(dir: &Path) -> Result<(), String> {
     create_missing(dir, false).map(drop)
 }
 
+/// `lineage-node keygen --from-reference REF DIR`: the cluster's keys for moving a
+/// reference guard's data directory over. `audit.key` and `token.key` are copied from
+/// `REF/keys` (checked to be keys first), so the imported logs continue under the same
+/// signing key and every agent token keeps working; `admin.token` and `cluster.secret`
+/// are new. Refuses if any file exists in DIR; the reference directory is only read.
+pub fn keygen_from_reference(dir: &Path, reference: &Path) -> Result<(), String> {
+    for name in [ADMIN_TOKEN, AUDIT_KEY, TOKEN_KEY, CLUSTER_SECRET] {
+        if dir.join(name).exists() {
+            return Err(format!(
+                "{}: refusing to overwrite an existing key file",
+                dir.join(name).display()
+            ));
+        }
+    }
+    let source = reference.join("keys");
+    let audit = AuditKey::load(source.join(AUDIT_KEY))
+        .map_err(|e| format!("{}: {e}", source.join(AUDIT_KEY).display()))?;
+    let token_key = read_secret_file(&source.join(TOKEN_KEY))
+        .map_err(|e| format!("{}: {e}", source.join(TOKEN_KEY).display()))?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    for (name, bytes) in [(AUDIT_KEY, audit.seed()), (TOKEN_KEY, token_key)] {
+        lineage_core::keys::write_secret_file(&dir.join(name), &hex::encode(bytes))
+            .map_err(|e| e.to_string())?;
+    }
+    create_missing(dir, false).map(drop)
+}
+
 /// Loads the keys; `admin_token` (from the environment) overrides admin.token.
 pub fn load(dir: &Path, admin_token: Option<String>) -> Result<ClusterKeys, String> {
     let secrets = crate::rotating_secrets::RotatingSecrets::load(dir, admin_token)?;

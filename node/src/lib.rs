@@ -39,6 +39,7 @@ pub mod disk_reserve;
 pub mod heads_rounds;
 pub mod http_server;
 pub mod idempotency_key;
+pub mod import_writes;
 pub mod keys;
 pub mod log_noise;
 pub mod metrics;

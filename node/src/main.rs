@@ -136,7 +136,14 @@ enum Command {
         data_dir: PathBuf,
     },
     /// Create audit.key, token.key, admin.token and cluster.secret in DIR (0600)
-    Keygen { dir: PathBuf },
+    Keygen {
+        dir: PathBuf,
+        /// Take audit.key and token.key from this reference guard's data directory (its
+        /// keys/), so its logs continue and its agents' tokens keep working; the admin
+        /// token and the cluster secret are new
+        #[arg(long)]
+        from_reference: Option<PathBuf>,
+    },
     /// Make a development CA and a certificate per node (for --tls-cert/--tls-key/--tls-ca):
     /// DIR/ca.pem, DIR/ca.key, DIR/node-ID.pem, DIR/node-ID.key (keys 0600). Each node's
     /// certificate names the hosts given (DNS names or IPs, as in --advertise) and
@@ -306,7 +313,14 @@ fn main() -> ExitCode {
     exit_on_panic();
     let result = match cli.command {
         Some(Command::Healthcheck { port, ready }) => healthcheck(port, ready),
-        Some(Command::Keygen { dir }) => keys::keygen(&dir).map(|()| {
+        Some(Command::Keygen {
+            dir,
+            from_reference,
+        }) => match from_reference {
+            None => keys::keygen(&dir),
+            Some(reference) => keys::keygen_from_reference(&dir, &reference),
+        }
+        .map(|()| {
             println!("keys written to {} (mode 0600)", dir.display());
         }),
         Some(Command::Vkey {

@@ -36,6 +36,51 @@ pub enum Proposal {
     /// Signed records that extend the system log (operator changes,
     /// `lineage_core::operators`).
     System { records: Vec<RecordLine> },
+    /// A step of importing one agent's log from a reference guard (`store::imports`).
+    Import(ImportStep),
+}
+
+/// What an import says it brings, recorded when it begins.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportManifest {
+    /// The hash of the source log's genesis record.
+    pub genesis_hash: String,
+    /// SHA-256 of the source file as it was read.
+    pub source_sha256: String,
+}
+
+/// The steps of importing one agent (`store::imports`): begin, its records in order
+/// (each entry at most `MAX_IMPORT_BATCH_BYTES` of lines), then commit at the head the
+/// source ends with, with the termination record the reference would have added on
+/// opening the log, if one is missing (sealed by the leader).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ImportStep {
+    Begin {
+        agent_id: String,
+        manifest: ImportManifest,
+    },
+    Records {
+        agent_id: String,
+        records: Vec<RecordLine>,
+    },
+    Commit {
+        agent_id: String,
+        head: lineage_core::Head,
+        sealed: Vec<RecordLine>,
+    },
+}
+
+/// The most record bytes one import entry carries.
+pub const MAX_IMPORT_BATCH_BYTES: usize = 128 * 1024;
+
+impl ImportStep {
+    pub fn agent_id(&self) -> &str {
+        match self {
+            ImportStep::Begin { agent_id, .. }
+            | ImportStep::Records { agent_id, .. }
+            | ImportStep::Commit { agent_id, .. } => agent_id,
+        }
+    }
 }
 
 /// One outcome per write of a batch, in order.

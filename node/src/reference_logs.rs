@@ -148,11 +148,13 @@ pub fn check(
     Err(format!(
         "{} holds agent logs of the reference guard server that this cluster does not:\n{}\n\
          Serving without them would let those agents be created afresh, with a new budget \
-         and no scars, while their old tokens still work. lineage-node cannot import them \
-         yet: keep running the reference guard for them, or move the files out of {}, or \
-         set {IGNORE_VAR}=1 to start anyway (their ids then stay reserved on this node).",
+         and no scars, while their old tokens still work. Import them through Raft: start \
+         with {IGNORE_VAR}=1 (their ids stay reserved meanwhile), then run \
+         `lineage import --from {}`; once the cluster holds them this check passes. Or keep \
+         running the reference guard for them, or move the files out of {}.",
         dir.display(),
         listing.join("\n"),
+        dir.display(),
         dir.join("agents").display()
     ))
 }

@@ -44,6 +44,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("tls_reload", Layer::Service),
     ("reference_logs", Layer::Service),
     ("operator_changes", Layer::Service),
+    ("import_writes", Layer::Service),
     ("store", Layer::Storage),
     ("raft_types", Layer::Storage),
     ("keys", Layer::Storage),

@@ -64,6 +64,10 @@ fn route(method: &'static str, path: impl Into<String>, body: Option<Value>, nee
 
 /// Every operator route but membership changes (`cluster_routes` below), with bodies
 /// that are well formed, so the answer is the role's.
+#[expect(
+    clippy::too_many_lines,
+    reason = "the endpoint table, one entry per route, reads best in one place"
+)]
 fn routes(agent: &str, action: &str, fresh: &str) -> Vec<Route> {
     let base = format!("/v1/agents/{agent}");
     let act = format!("{base}/actions/{action}");
@@ -136,6 +140,18 @@ fn routes(agent: &str, action: &str, fresh: &str) -> Vec<Route> {
             "/v1/transparency/checkpoint/witnessed",
             Some(Value::String("not a note".into())),
             Need::Publish,
+        ),
+        route(
+            "GET",
+            format!("/v1/agents/{fresh}/import"),
+            None,
+            Need::Admin,
+        ),
+        route(
+            "POST",
+            format!("/v1/agents/{fresh}/import/begin"),
+            Some(json!({"genesis_hash": "00".repeat(32), "source_sha256": "00".repeat(32)})),
+            Need::Admin,
         ),
         route("GET", "/v1/cluster", None, Need::Read),
         route("GET", "/v1/operators", None, Need::Read),

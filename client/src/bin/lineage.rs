@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use lineage_client::ops_cli::{self, Failure, Target, Verdict};
-use lineage_client::{audit_cli, operator_cli, witnessed_cli};
+use lineage_client::{audit_cli, import_cli, operator_cli, witnessed_cli};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -87,6 +87,13 @@ enum Command {
     Operator(OperatorCommand),
     /// Who the token speaks for
     Whoami,
+    /// Move a reference guard's data directory into the cluster, through its Raft log
+    /// (admin): every agents/*.jsonl, verified, with its original signatures; resumable
+    Import {
+        /// The reference guard's data directory (keys/ and agents/); only read
+        #[arg(long)]
+        from: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -366,6 +373,7 @@ fn main() -> ExitCode {
             report(result, &mut err)
         }
         Command::Whoami => report(operator_cli::whoami(&target, &mut out), &mut err),
+        Command::Import { from } => report(import_cli::import(&target, &from, &mut out), &mut err),
         Command::Agent(command) => {
             let result = match command {
                 AgentCommand::List => ops_cli::agent_list(&target, &mut out),

@@ -112,6 +112,8 @@ fn app_status_and_code(error: &AppError) -> (StatusCode, &'static str) {
             (StatusCode::UNPROCESSABLE_ENTITY, "input_not_representable")
         }
         AppError::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
+        AppError::Importing(_) => (StatusCode::SERVICE_UNAVAILABLE, "importing"),
+        AppError::ImportRefused(_) => (StatusCode::CONFLICT, "import_refused"),
         AppError::Operator(e) => {
             use lineage_core::operators::ChangeError;
             match e {

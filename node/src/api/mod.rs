@@ -7,6 +7,7 @@ pub mod body;
 pub mod error;
 pub mod forward;
 pub mod idempotency;
+pub mod import;
 pub mod metrics_http;
 pub mod openapi;
 pub mod operators;
@@ -94,6 +95,7 @@ fn leader_routes() -> RouteBook {
         .route("/v1/transparency/leaves", GET, get(transparency::leaves))
         .merge(crate::network::management::cluster_routes())
         .merge(operators::routes())
+        .merge(import::routes())
 }
 
 /// The routes every node answers itself: health, the API reference, the console,

@@ -5,6 +5,7 @@ pub mod agent_slot;
 pub mod checked_row;
 pub mod heads;
 pub mod idempotency_rows;
+pub mod imports;
 mod log_recovery;
 pub mod log_store;
 pub mod record_rows;

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -163,20 +163,36 @@ impl Cluster {
 
     /// A cluster's keys and ports, with no node started yet.
     fn prepare(n: usize, extra_args: &[&str]) -> Cluster {
+        Self::prepare_keys(n, extra_args, None)
+    }
+
+    /// `prepare`, the keys made by `keygen --from-reference reference` when given.
+    fn prepare_keys(n: usize, extra_args: &[&str], reference: Option<&Path>) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let keys = dir.path().join("keys");
-        let status = Command::new(env!("CARGO_BIN_EXE_lineage-node"))
-            .arg("keygen")
-            .arg(&keys)
-            .stdout(Stdio::null())
-            .status()
-            .expect("run keygen");
+        let mut keygen = Command::new(env!("CARGO_BIN_EXE_lineage-node"));
+        keygen.arg("keygen").arg(&keys);
+        if let Some(reference) = reference {
+            keygen.arg("--from-reference").arg(reference);
+        }
+        let status = keygen.stdout(Stdio::null()).status().expect("run keygen");
         assert!(status.success());
         let admin = std::fs::read_to_string(keys.join("admin.token")).expect("admin token");
         let addrs: Vec<String> = (0..n)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect();
         Cluster::new(dir, addrs, admin, extra_args, false)
+    }
+
+    /// A cluster whose audit and token keys are a reference guard's (`keygen
+    /// --from-reference`), to import that guard's logs.
+    pub async fn start_from_reference(n: usize, reference: &Path) -> Cluster {
+        let cluster = Self::prepare_keys(n, &[], Some(reference));
+        for i in 0..n {
+            cluster.start_node(i);
+        }
+        cluster.wait_for_leader(Duration::from_secs(15)).await;
+        cluster
     }
 
     /// `start_with`, each node keeping its data in the given directory (for example

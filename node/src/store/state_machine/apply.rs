@@ -13,8 +13,8 @@ use super::super::sm_writer::RowBatch;
 use super::overlay::MAX_UNFLUSHED_BATCHES;
 use super::{idempotency_key, meta_row, sm_err, sm_write_err, write_applied, SmData, StateMachine};
 use crate::raft_types::{
-    AppendRecords, ApplyOutcome, Batch, BatchOutcome, NodeId, Proposal, RecordLine, StorageError,
-    TypeConfig,
+    AppendRecords, ApplyOutcome, Batch, BatchOutcome, ImportStep, NodeId, Proposal, RecordLine,
+    StorageError, TypeConfig,
 };
 
 /// Checks that `records` extend `state`'s head (seq, prev_hash, recomputed hash, actor)
@@ -141,6 +141,11 @@ impl StateMachine {
             let Batch(batch) = batch;
             let mut batch_outcomes = Vec::with_capacity(batch.len());
             for append in batch.iter() {
+                if data.imports.contains_key(&append.agent_id) {
+                    let reason = format!("agent {} is being imported", append.agent_id);
+                    batch_outcomes.push(ApplyOutcome::Rejected(reason));
+                    continue;
+                }
                 if let Some(reason) = append
                     .authority
                     .as_ref()
@@ -251,6 +256,7 @@ impl StateMachine {
                     Err(reason) => ApplyOutcome::Rejected(reason),
                 }
             }
+            Proposal::Import(step) => apply_import(data, &txn, step)?,
             Proposal::Writes(_) => {
                 return Err(sm_err(
                     "writes are not committed one entry at a time".into(),
@@ -262,6 +268,125 @@ impl StateMachine {
         txn.commit().map_err(sm_write_err)?;
         Ok(outcome)
     }
+}
+
+/// One import step (`store::imports`), committed with its entry. A step that does not
+/// hold (an agent that exists, records that do not extend the import's head or are not
+/// signed by the log's key, a commit at another head) is rejected and changes nothing.
+fn apply_import(
+    data: &mut SmData,
+    txn: &redb::WriteTransaction,
+    step: ImportStep,
+) -> Result<ApplyOutcome, StorageError> {
+    use super::super::imports::{put_marker, remove_marker, Importing};
+    let rejected = |reason: String| Ok(ApplyOutcome::Rejected(reason));
+    let parse = |lines: &[RecordLine]| -> Result<Vec<Record>, String> {
+        lines
+            .iter()
+            .map(|line| line.record().map(Cow::into_owned))
+            .collect()
+    };
+    match step {
+        ImportStep::Begin { agent_id, manifest } => {
+            if data.agents.contains_key(&agent_id) {
+                return rejected(format!("agent {agent_id} exists"));
+            }
+            if let Some(under_way) = data.imports.get(&agent_id) {
+                return if under_way.manifest.genesis_hash == manifest.genesis_hash {
+                    Ok(ApplyOutcome::Applied)
+                } else {
+                    rejected(format!("another log of {agent_id} is being imported"))
+                };
+            }
+            put_marker(txn, &agent_id, &manifest).map_err(sm_err)?;
+            data.imports.insert(
+                agent_id,
+                Importing {
+                    manifest,
+                    state: AgentState::new(),
+                },
+            );
+            Ok(ApplyOutcome::Applied)
+        }
+        ImportStep::Records { agent_id, records } => {
+            let Some(importing) = data.imports.get_mut(&agent_id) else {
+                return rejected(format!("no import of {agent_id} is under way"));
+            };
+            let parsed = match parse(&records) {
+                Ok(parsed) => parsed,
+                Err(reason) => return rejected(reason),
+            };
+            match importing.extended(&agent_id, &parsed) {
+                Ok(state) => {
+                    store_lines(txn, &agent_id, &parsed, &records)?;
+                    importing.state = state;
+                    Ok(ApplyOutcome::Applied)
+                }
+                Err(reason) => rejected(reason),
+            }
+        }
+        ImportStep::Commit {
+            agent_id,
+            head,
+            sealed,
+        } => {
+            let Some(importing) = data.imports.get(&agent_id) else {
+                return rejected(format!("no import of {agent_id} is under way"));
+            };
+            if importing.state.head.as_ref() != Some(&head) {
+                return rejected(format!(
+                    "the import of {agent_id} is at {:?}, not at {head}",
+                    importing.state.head
+                ));
+            }
+            let parsed = match parse(&sealed) {
+                Ok(parsed) => parsed,
+                Err(reason) => return rejected(reason),
+            };
+            let state = if parsed.is_empty() {
+                importing.state.clone()
+            } else {
+                match importing.extended(&agent_id, &parsed) {
+                    Ok(state) => state,
+                    Err(reason) => return rejected(reason),
+                }
+            };
+            store_lines(txn, &agent_id, &parsed, &sealed)?;
+            remove_marker(txn, &agent_id).map_err(sm_err)?;
+            data.imports.remove(&agent_id);
+            let slot = AgentSlot::Active(Box::new(state));
+            data.heads.mark_if_grown(&agent_id, &slot);
+            data.agents.insert(agent_id.clone(), slot);
+            data.dirty.insert(agent_id);
+            Ok(ApplyOutcome::Applied)
+        }
+    }
+}
+
+/// Stores imported records (their lines as received) and the agent's index entry.
+fn store_lines(
+    txn: &redb::WriteTransaction,
+    agent_id: &str,
+    records: &[Record],
+    lines: &[RecordLine],
+) -> Result<(), StorageError> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let mut table = txn.open_table(super::RECORDS).map_err(sm_write_err)?;
+    super::super::record_rows::insert_runs(
+        &mut table,
+        records
+            .iter()
+            .zip(lines)
+            .map(|(record, line)| (agent_id, record.seq, line.line())),
+    )
+    .map_err(sm_write_err)?;
+    if records.first().is_some_and(|r| r.seq == 0) {
+        let mut index = txn.open_table(super::AGENT_INDEX).map_err(sm_write_err)?;
+        index.insert(agent_id, ()).map_err(sm_write_err)?;
+    }
+    Ok(())
 }
 
 /// An applied write's rows: its records as stored lines, its idempotency answer, and the

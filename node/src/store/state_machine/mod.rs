@@ -66,6 +66,8 @@ pub struct SmData {
     pub heads: HeadsLog,
     /// The operators, folded from the system log.
     pub operators: lineage_core::operators::Operators,
+    /// Agents being imported (`store::imports`): not in `agents` until committed.
+    pub imports: BTreeMap<String, super::imports::Importing>,
     /// Rows applied in memory that the writer has not committed yet (`sm_writer`).
     unflushed: Unflushed,
 }
@@ -128,6 +130,8 @@ impl StateMachine {
             txn.open_table(heads::HEADS_ROUNDS).map_err(sm_write_err)?;
             txn.open_table(heads::HEADS_META).map_err(sm_write_err)?;
             txn.open_table(system_log::SYSTEM_LOG)
+                .map_err(sm_write_err)?;
+            txn.open_table(super::imports::IMPORTS)
                 .map_err(sm_write_err)?;
             txn.commit().map_err(sm_write_err)?;
         }
@@ -250,6 +254,20 @@ impl StateMachine {
             .map_err(sm_read_err)?;
             data.records_replayed_at_open += replayed;
             data.agents.insert(agent_id.to_string(), slot);
+        }
+        // Agents still being imported go back to the imports (their records so far were
+        // loaded like any agent's).
+        for (agent_id, manifest) in super::imports::markers(&txn).map_err(sm_err)? {
+            let state = match data.agents.remove(&agent_id) {
+                Some(AgentSlot::Active(state)) => *state,
+                Some(quarantined) => {
+                    data.agents.insert(agent_id, quarantined);
+                    continue;
+                }
+                None => AgentState::new(),
+            };
+            data.imports
+                .insert(agent_id, super::imports::Importing { manifest, state });
         }
         data.heads = HeadsLog::load(&txn, &data.agents).map_err(sm_read_err)?;
         data.operators = system_log::load(&txn).map_err(sm_err)?;
@@ -506,6 +524,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             HeadsLog::install(&txn, &body.heads).map_err(sm_write_err)?;
             system_log::install(&txn, &body.system).map_err(sm_write_err)?;
+            super::imports::install(&txn, &body.imports).map_err(sm_err)?;
         }
         write_applied(&txn, &meta.last_log_id, &meta.last_membership)?;
         txn.commit().map_err(sm_write_err)?;

@@ -26,6 +26,9 @@ pub(super) struct SnapshotBody {
     /// The system log's lines.
     #[serde(default)]
     pub(super) system: Vec<String>,
+    /// Agents still being imported (their records are in `records`).
+    #[serde(default)]
+    pub(super) imports: Vec<(String, crate::raft_types::ImportManifest)>,
 }
 
 /// The last snapshot built or installed, served to followers that need one: its meta,
@@ -160,6 +163,11 @@ pub(super) fn write_body(txn: &redb::ReadTransaction, out: &mut impl Write) -> R
     if !system.is_empty() {
         out.write_all(b",\"system\":").map_err(io)?;
         json(out, &system)?;
+    }
+    let imports = super::super::imports::markers(txn)?;
+    if !imports.is_empty() {
+        out.write_all(b",\"imports\":").map_err(io)?;
+        json(out, &imports)?;
     }
     out.write_all(b"}").map_err(io)?;
     Ok(())

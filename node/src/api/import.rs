@@ -1,0 +1,172 @@
+//! Importing a reference guard's agent logs through Raft (admin): `lineage import --from
+//! DIR` drives these routes, one agent at a time: begin, its original signed lines in
+//! batches, commit at the head the source file ends with (`store::imports`).
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method};
+use axum::routing::{get, post};
+use axum::Json;
+use lineage_core::{Head, Record};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::auth::{path_agent_id, require, Need};
+use super::body::JsonBody;
+use super::error::ApiError;
+use super::route_book::RouteBook;
+use crate::app::App;
+use crate::raft_types::{ImportManifest, ImportStep, RecordLine, MAX_IMPORT_BATCH_BYTES};
+
+pub fn routes() -> RouteBook {
+    RouteBook::default()
+        .route("/v1/agents/{id}/import", &[Method::GET], get(status))
+        .route("/v1/agents/{id}/import/begin", &[Method::POST], post(begin))
+        .route(
+            "/v1/agents/{id}/import/records",
+            &[Method::POST],
+            post(records),
+        )
+        .route(
+            "/v1/agents/{id}/import/commit",
+            &[Method::POST],
+            post(commit),
+        )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BeginBody {
+    genesis_hash: String,
+    source_sha256: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordsBody {
+    /// The source's lines, each as the JSON object it is, byte for byte.
+    records: Vec<RecordLine>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommitBody {
+    head: Head,
+}
+
+fn hex64(text: &str, what: &str) -> Result<(), ApiError> {
+    if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "{what} must be 64 hex digits"
+        )))
+    }
+}
+
+/// `GET /v1/agents/:id/import`: `absent`, `importing`, `active` or `quarantined`, with
+/// the next seq and head this node holds.
+async fn status(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    require(&headers, &app, Need::Admin)?;
+    path_agent_id(&agent_id)?;
+    let status = crate::import_writes::status(&app.sm, &agent_id);
+    let genesis_hash = match status.state {
+        "active" | "importing" if status.next_seq > 0 => app
+            .sm
+            .records(&agent_id, 0, 1)
+            .map_err(ApiError::Internal)?
+            .first()
+            .map(|genesis| genesis.hash.clone()),
+        _ => None,
+    };
+    Ok(Json(json!({
+        "state": status.state,
+        "next_seq": status.next_seq,
+        "head": status.head,
+        "genesis_hash": genesis_hash,
+    })))
+}
+
+async fn begin(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<BeginBody>,
+) -> Result<Json<Value>, ApiError> {
+    require(&headers, &app, Need::Admin)?;
+    path_agent_id(&agent_id)?;
+    hex64(&body.genesis_hash, "genesis_hash")?;
+    hex64(&body.source_sha256, "source_sha256")?;
+    let manifest = ImportManifest {
+        genesis_hash: body.genesis_hash.to_ascii_lowercase(),
+        source_sha256: body.source_sha256.to_ascii_lowercase(),
+    };
+    app.import_step(ImportStep::Begin {
+        agent_id: agent_id.clone(),
+        manifest,
+    })
+    .await?;
+    Ok(Json(json!(crate::import_writes::status(
+        &app.sm, &agent_id
+    ))))
+}
+
+async fn records(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<RecordsBody>,
+) -> Result<Json<Value>, ApiError> {
+    require(&headers, &app, Need::Admin)?;
+    path_agent_id(&agent_id)?;
+    let bytes: usize = body.records.iter().map(|line| line.line().len()).sum();
+    if bytes > MAX_IMPORT_BATCH_BYTES && body.records.len() > 1 {
+        return Err(ApiError::BodyTooLarge(MAX_IMPORT_BATCH_BYTES));
+    }
+    if body.records.is_empty() {
+        return Err(ApiError::BadRequest("no records".into()));
+    }
+    // A line is stored as sent and served as it parses: they must be the same line.
+    for line in &body.records {
+        let record = Record::from_line(line.line())
+            .map_err(|e| ApiError::BadRequest(format!("not a record: {e}")))?;
+        if record.to_line() != line.line() {
+            return Err(ApiError::BadRequest(format!(
+                "record seq {} is not in the format's canonical line form",
+                record.seq
+            )));
+        }
+    }
+    app.import_step(ImportStep::Records {
+        agent_id: agent_id.clone(),
+        records: body.records,
+    })
+    .await?;
+    Ok(Json(json!(crate::import_writes::status(
+        &app.sm, &agent_id
+    ))))
+}
+
+async fn commit(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<CommitBody>,
+) -> Result<Json<Value>, ApiError> {
+    require(&headers, &app, Need::Admin)?;
+    path_agent_id(&agent_id)?;
+    let sealed = app
+        .import_step(ImportStep::Commit {
+            agent_id: agent_id.clone(),
+            head: body.head,
+            sealed: Vec::new(),
+        })
+        .await?;
+    let status = app.with_agent(&agent_id, |state| state.status())?;
+    Ok(Json(json!({"agent": status, "sealed": sealed})))
+}

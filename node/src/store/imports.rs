@@ -1,0 +1,112 @@
+//! Agents being imported from a reference guard's data directory, part of the replicated
+//! state machine. An import is atomic per agent: a `Begin` entry opens the agent in
+//! this map (not in `SmData::agents`: the API answers 503 for it, a create 409, and it
+//! has no heads statements and no metrics), `Records` entries carry its original signed
+//! lines in order (each checked to extend the head and signed by the log's own genesis
+//! key), and `Commit { head }` moves it to the agents once the head is the one the
+//! source file ends with. Interrupted anywhere, a second run resumes from the head the
+//! cluster holds; nothing half-imported is ever served.
+//!
+//! The records are stored as any agent's (table `records`, `agent_index`); a marker row
+//! in `imports` says the agent is not active yet, so a restart puts it back here.
+
+use lineage_core::guard::AgentState;
+use lineage_core::record::{check_chain, Record, ZERO_HASH};
+use redb::TableDefinition;
+
+use super::checked_row;
+use crate::raft_types::ImportManifest;
+
+/// agent id → its import manifest (sealed JSON).
+pub const IMPORTS: TableDefinition<&str, &[u8]> = TableDefinition::new("imports");
+
+/// An agent being imported: what the import said it brings, and the fold so far.
+#[derive(Clone, Debug, Default)]
+pub struct Importing {
+    pub manifest: ImportManifest,
+    pub state: AgentState,
+}
+
+impl Importing {
+    /// Checks `records` as the next lines of the source log and folds them into a copy of
+    /// the state, returned if all hold: the chain (seq, prev_hash, hash, actor), the
+    /// first record's hash against the manifest's genesis hash, each signature against
+    /// the key the genesis names, and the guard fold. Deterministic: every node agrees.
+    pub fn extended(&self, agent_id: &str, records: &[Record]) -> Result<AgentState, String> {
+        let head_hash = self
+            .state
+            .head
+            .as_ref()
+            .map_or(ZERO_HASH, |h| h.hash.as_str());
+        check_chain(self.state.next_seq(), head_hash, agent_id, records)?;
+        if let Some(genesis) = records.iter().find(|r| r.seq == 0) {
+            if genesis.hash != self.manifest.genesis_hash {
+                return Err("the genesis record is not the one the import began with".into());
+            }
+        }
+        let mut state = self.state.clone();
+        for record in records {
+            state
+                .apply(record)
+                .map_err(|e| format!("seq {}: {e}", record.seq))?;
+            let key = lineage_core::keys::parse_public_key(&state.public_key).ok_or_else(|| {
+                format!("seq {}: the genesis names no valid public key", record.seq)
+            })?;
+            lineage_core::verify::check_signature(record, &key)
+                .map_err(|e| format!("seq {}: {e}", record.seq))?;
+        }
+        Ok(state)
+    }
+}
+
+/// Every marker: the agents still being imported, with their manifests.
+pub fn markers(txn: &redb::ReadTransaction) -> Result<Vec<(String, ImportManifest)>, String> {
+    use redb::ReadableTable;
+    let table = match txn.open_table(IMPORTS) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(format!("imports: {e}")),
+    };
+    let mut markers = Vec::new();
+    for item in table.iter().map_err(|e| format!("imports: {e}"))? {
+        let (agent, row) = item.map_err(|e| format!("imports: {e}"))?;
+        let manifest = checked_row::unseal_json(row.value())
+            .map_err(|e| format!("import marker of {}: {e}", agent.value()))?;
+        markers.push((agent.value().to_string(), manifest));
+    }
+    Ok(markers)
+}
+
+pub fn put_marker(
+    txn: &redb::WriteTransaction,
+    agent_id: &str,
+    manifest: &ImportManifest,
+) -> Result<(), String> {
+    let json = serde_json::to_vec(manifest).map_err(|e| e.to_string())?;
+    let mut table = txn.open_table(IMPORTS).map_err(|e| e.to_string())?;
+    table
+        .insert(agent_id, checked_row::seal(&json).as_slice())
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+pub fn remove_marker(txn: &redb::WriteTransaction, agent_id: &str) -> Result<(), String> {
+    let mut table = txn.open_table(IMPORTS).map_err(|e| e.to_string())?;
+    table.remove(agent_id).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Replaces every marker with a snapshot's.
+pub fn install(
+    txn: &redb::WriteTransaction,
+    markers: &[(String, ImportManifest)],
+) -> Result<(), String> {
+    {
+        let mut table = txn.open_table(IMPORTS).map_err(|e| e.to_string())?;
+        table.retain(|_, _| false).map_err(|e| e.to_string())?;
+    }
+    for (agent_id, manifest) in markers {
+        put_marker(txn, agent_id, manifest)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,392 @@
+//! Moving a reference guard's data directory into a live three-node cluster with
+//! `lineage import --from DIR` (the binary), through Raft:
+//!
+//! - the cluster's keys come from the reference (`lineage-node keygen --from-reference`),
+//!   so imported logs keep their original signatures and every agent token works;
+//! - each agent's status after the import is the one the reference guard reaches on the
+//!   same file (the embedded guard, which writes the reference's format), every replica
+//!   holds the same lines, and the cluster goes on deciding for the agent;
+//! - the reference's repairs, in memory only: a torn last line is dropped and reported;
+//!   a missing termination is sealed at commit and reported; the source files are never
+//!   written;
+//! - a tampered log is refused whole (exit 1), nothing of it imported;
+//! - an import cut short resumes from the cluster's head, an agent being imported
+//!   answers 503 and cannot be created (409), and a second run changes nothing.
+
+#[path = "cluster/util.rs"]
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use lineage_core::guard::Outcome;
+use lineage_core::{AuditKey, Guard, Policy, ToolRule};
+use serde_json::{json, Value};
+use util::Cluster;
+
+fn lineage_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join("lineage");
+    assert!(
+        path.is_file(),
+        "{} is missing: cargo build --workspace",
+        path.display()
+    );
+    path
+}
+
+fn policy(budget: u64) -> Policy {
+    Policy::new(budget)
+        .allow("work", ToolRule::cost(1))
+        .allow("pay", ToolRule::cost(3).with_approval())
+}
+
+/// A reference guard's data directory: keys, and agent logs the embedded guard wrote
+/// (the reference's format) with the statuses it reached.
+fn reference_dir(dir: &Path) -> Vec<(String, Value)> {
+    let keys = dir.join("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    let key = AuditKey::create(keys.join("audit.key")).unwrap();
+    lineage_core::keys::create_secret_file(&keys.join("token.key")).unwrap();
+    let agents = dir.join("agents");
+    std::fs::create_dir_all(&agents).unwrap();
+    let mut statuses = Vec::new();
+    // alpha: work, an approval, a failure (a scar).
+    let mut alpha =
+        Guard::create(agents.join("alpha.jsonl"), key.clone(), "alpha", policy(50)).unwrap();
+    for _ in 0..40 {
+        alpha
+            .request("work", json!({"n": 1.25e-7, "text": "ünïcode"}), None)
+            .unwrap();
+    }
+    let pending = alpha.request("pay", json!({"eur": 12}), None).unwrap();
+    let action = pending.action_id().to_string();
+    alpha.approve(&action, "alice").unwrap();
+    alpha.report(&action, Outcome::failure("bounced")).unwrap();
+    statuses.push((
+        "alpha".to_string(),
+        serde_json::to_value(alpha.status()).unwrap(),
+    ));
+    // spent: its budget used up, terminated by the guard.
+    let mut spent =
+        Guard::create(agents.join("spent.jsonl"), key.clone(), "spent", policy(2)).unwrap();
+    spent.request("work", json!({}), None).unwrap();
+    spent.request("work", json!({}), None).unwrap();
+    statuses.push((
+        "spent".to_string(),
+        serde_json::to_value(spent.status()).unwrap(),
+    ));
+    // cut: the same, with its termination record lost (the reference would add one).
+    let mut cut = Guard::create(agents.join("cut.jsonl"), key.clone(), "cut", policy(2)).unwrap();
+    cut.request("work", json!({}), None).unwrap();
+    cut.request("work", json!({}), None).unwrap();
+    let expected_cut = serde_json::to_value(cut.status()).unwrap();
+    drop(cut);
+    drop_last_line(&agents.join("cut.jsonl"));
+    statuses.push(("cut".to_string(), expected_cut));
+    // torn: a write cut mid-line after its last whole record.
+    let mut torn =
+        Guard::create(agents.join("torn.jsonl"), key.clone(), "torn", policy(9)).unwrap();
+    torn.request("work", json!({}), None).unwrap();
+    statuses.push((
+        "torn".to_string(),
+        serde_json::to_value(torn.status()).unwrap(),
+    ));
+    drop(torn);
+    append(&agents.join("torn.jsonl"), b"{\"seq\":4,\"timest");
+    // tampered: a spend lowered in the middle of the log.
+    let mut bad = Guard::create(agents.join("tampered.jsonl"), key, "tampered", policy(9)).unwrap();
+    bad.request("pay", json!({"eur": 900}), None).unwrap();
+    drop(bad);
+    let text = std::fs::read_to_string(agents.join("tampered.jsonl")).unwrap();
+    std::fs::write(
+        agents.join("tampered.jsonl"),
+        text.replacen("\"eur\":900", "\"eur\":9", 1),
+    )
+    .unwrap();
+    statuses
+}
+
+fn drop_last_line(path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.pop();
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+fn append(path: &Path, bytes: &[u8]) {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    file.write_all(bytes).unwrap();
+}
+
+/// Every file's bytes, to show the import never wrote the source.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("agents"))
+        .unwrap()
+        .flatten()
+        .map(|e| (e.path(), std::fs::read(e.path()).unwrap()))
+        .collect();
+    files.sort();
+    files
+}
+
+struct Run {
+    code: i32,
+    out: String,
+    err: String,
+}
+
+fn import(cluster: &Cluster, reference: &Path, admin: &Path) -> Run {
+    let urls: Vec<String> = (0..3).map(|i| cluster.url(i, "")).collect();
+    let output = std::process::Command::new(lineage_bin())
+        .args(["--url", &urls.join(","), "--token-file"])
+        .arg(admin)
+        .arg("import")
+        .arg("--from")
+        .arg(reference)
+        .output()
+        .expect("run lineage import");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        out: String::from_utf8_lossy(&output.stdout).to_string(),
+        err: String::from_utf8_lossy(&output.stderr).to_string(),
+    }
+}
+
+/// `id`'s status on the cluster is `expected` (the reference's; the cut agent has the
+/// sealed termination on top), its log verifies, and every replica holds the source's
+/// lines.
+async fn holds_as_the_reference_left_it(
+    cluster: &Cluster,
+    leader: usize,
+    reference: &Path,
+    id: &str,
+    expected: &Value,
+) {
+    let (status, got) = cluster
+        .get(leader, &format!("/v1/agents/{id}"), &cluster.admin)
+        .await;
+    assert_eq!(status, 200, "{got}");
+    let mut got = got;
+    // The cluster's cut agent has the sealed termination: one record more.
+    if id == "cut" {
+        assert_eq!(got["alive"], false, "{got}");
+        assert!(
+            got["termination_reason"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("missing"),
+            "{got}"
+        );
+        for field in ["head", "termination_reason", "alive"] {
+            got[field] = expected[field].clone();
+        }
+    }
+    assert_eq!(&got, expected, "{id}");
+    let log = cluster.converged_log(id, Duration::from_secs(20)).await;
+    let (_, verify) = cluster
+        .get(leader, &format!("/v1/agents/{id}/verify"), &cluster.admin)
+        .await;
+    assert_eq!(verify["ok"], true, "{verify}");
+    let source =
+        std::fs::read_to_string(reference.join("agents").join(format!("{id}.jsonl"))).unwrap();
+    for (line, record) in source.lines().zip(&log) {
+        if line.starts_with("{\"seq\":4,\"timest") {
+            continue;
+        }
+        let parsed: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(&parsed, record, "{id}: a record changed on the way");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reference_data_directory_moves_in_through_raft() {
+    let scratch = tempfile::tempdir().unwrap();
+    let reference = scratch.path().join("guard-data");
+    let statuses = reference_dir(&reference);
+    let before = snapshot(&reference);
+    let cluster = Cluster::start_from_reference(3, &reference).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let admin = scratch.path().join("admin.token");
+    std::fs::write(&admin, &cluster.admin).unwrap();
+
+    // Cut short: `resumed` begun and half sent by hand, then left.
+    let run = import(&cluster, &reference, &admin);
+    assert_eq!(
+        run.code, 1,
+        "the tampered log makes the run fail: {}{}",
+        run.out, run.err
+    );
+    let report = run.out.clone();
+    for id in ["alpha", "spent", "cut", "torn"] {
+        assert!(
+            report.contains(&format!(
+                "imported {}",
+                reference
+                    .join("agents")
+                    .join(format!("{id}.jsonl"))
+                    .display()
+            )),
+            "{report}"
+        );
+    }
+    assert!(report.contains("dropped a torn last line"), "{report}");
+    assert!(
+        report.contains("cut.jsonl (6 records, sealed 1 missing termination"),
+        "{report}"
+    );
+    assert!(
+        report.contains("REFUSED")
+            && report.contains("tampered.jsonl")
+            && report.contains("fails verification"),
+        "{report}"
+    );
+    assert_eq!(snapshot(&reference), before, "the source was written");
+
+    // Every status is the reference's; every replica holds the same lines.
+    for (id, expected) in &statuses {
+        holds_as_the_reference_left_it(&cluster, leader, &reference, id, expected).await;
+    }
+    let (status, _) = cluster
+        .get(leader, "/v1/agents/tampered", &cluster.admin)
+        .await;
+    assert_eq!(status, 404, "nothing of a tampered log is imported");
+
+    // The agent's old token works, and the cluster decides on from the imported state.
+    let token_key =
+        lineage_core::keys::read_secret_file(&reference.join("keys/token.key")).unwrap();
+    let token = lineage_core::token::issue(&token_key, "alpha");
+    let (_, given) = cluster
+        .get(leader, "/v1/agents/alpha/token", &cluster.admin)
+        .await;
+    assert_eq!(given["token"], json!(token));
+    let (status, decision) = cluster
+        .post(
+            (leader + 1) % 3,
+            "/v1/agents/alpha/actions",
+            &token,
+            json!({"tool": "work"}),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &decision["decision"]),
+        (200, &json!("allowed")),
+        "{decision}"
+    );
+    let spent_before = statuses[0].1["spent"].as_u64().unwrap();
+    assert_eq!(
+        decision["remaining"],
+        json!(50 - spent_before - 1),
+        "{decision}"
+    );
+
+    // A second run changes nothing.
+    let again = import(&cluster, &reference, &admin);
+    assert_eq!(again.code, 1, "{}{}", again.out, again.err);
+    assert_eq!(
+        again.out.matches("already imported").count(),
+        4,
+        "{}",
+        again.out
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_cut_short_resumes_and_is_served_only_once_committed() {
+    let scratch = tempfile::tempdir().unwrap();
+    let reference = scratch.path().join("guard-data");
+    std::fs::create_dir_all(reference.join("keys")).unwrap();
+    let key = AuditKey::create(reference.join("keys/audit.key")).unwrap();
+    lineage_core::keys::create_secret_file(&reference.join("keys/token.key")).unwrap();
+    std::fs::create_dir_all(reference.join("agents")).unwrap();
+    let path = reference.join("agents/long.jsonl");
+    let mut long = Guard::create(&path, key, "long", policy(100_000)).unwrap();
+    for i in 0..2_000 {
+        long.request("work", json!({"i": i, "pad": "x".repeat(100)}), None)
+            .unwrap();
+    }
+    let expected = serde_json::to_value(long.status()).unwrap();
+    drop(long);
+    let cluster = Cluster::start_from_reference(3, &reference).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+
+    // Begun and one batch sent, as a run killed midway leaves it.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let genesis: Value = serde_json::from_str(lines[0]).unwrap();
+    let (status, body) = cluster
+        .post(
+            leader,
+            "/v1/agents/long/import/begin",
+            &cluster.admin,
+            json!({"genesis_hash": genesis["hash"], "source_sha256": "00".repeat(32)}),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let batch = format!("{{\"records\":[{}]}}", lines[..100].join(","));
+    let reply = cluster
+        .http
+        .post(cluster.url(leader, "/v1/agents/long/import/records"))
+        .bearer_auth(&cluster.admin)
+        .header("content-type", "application/json")
+        .body(batch)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200, "{:?}", reply.text().await);
+    // Not served while importing, and not creatable.
+    let (status, body) = cluster.get(leader, "/v1/agents/long", &cluster.admin).await;
+    assert_eq!(
+        (status, &body["code"]),
+        (503, &json!("importing")),
+        "{body}"
+    );
+    let (status, body) = cluster
+        .post(
+            leader,
+            "/v1/agents",
+            &cluster.admin,
+            json!({"agent_id": "long", "policy": {"budget": 5, "scar_limit": 3, "tools": {}}}),
+            None,
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    let (status, body) = cluster
+        .get(leader, "/v1/agents/long/import", &cluster.admin)
+        .await;
+    assert_eq!(
+        (status, &body["state"], &body["next_seq"]),
+        (200, &json!("importing"), &json!(100)),
+        "{body}"
+    );
+
+    // A node restarted meanwhile still knows the import is under way.
+    let follower = (leader + 1) % 3;
+    cluster.kill(follower);
+    cluster.start_node(follower);
+    cluster.wait_ready(follower, Duration::from_secs(30)).await;
+    let (_, body) = cluster
+        .get(
+            follower,
+            "/v1/agents/long/import?local=true",
+            &cluster.admin,
+        )
+        .await;
+    assert_eq!(body["state"], "importing", "{body}");
+
+    let admin = scratch.path().join("admin.token");
+    std::fs::write(&admin, &cluster.admin).unwrap();
+    let run = import(&cluster, &reference, &admin);
+    assert_eq!(run.code, 0, "{}{}", run.out, run.err);
+    let (status, got) = cluster.get(leader, "/v1/agents/long", &cluster.admin).await;
+    assert_eq!((status, &got), (200, &expected));
+    let log = cluster.converged_log("long", Duration::from_secs(30)).await;
+    assert_eq!(log.len(), lines.len());
+}
