@@ -48,6 +48,16 @@ enum Outcome {
     Refused(String),
 }
 
+/// Why a file is not imported.
+enum Refusal {
+    /// It failed a check of its content: its id is reserved for good (a tombstone),
+    /// since a fresh agent of that id would be the refund the guard exists to prevent.
+    Tampered { why: String, sha256: String },
+    /// Anything else (locked, unreadable, an id the cluster does not accept): try again
+    /// once it is fixed.
+    Other(String),
+}
+
 /// `lineage import --from DIR`.
 pub fn import(target: &Target, dir: &Path, out: &mut dyn Write) -> Result<(), Failure> {
     let w = |e: std::io::Error| Failure::Usage(e.to_string());
@@ -86,7 +96,10 @@ pub fn import(target: &Target, dir: &Path, out: &mut dyn Write) -> Result<(), Fa
                 rt.block_on(import_one(&client, &source))
                     .unwrap_or_else(|e| Outcome::Refused(e.to_string()))
             }
-            Err(why) => Outcome::Refused(why),
+            Err(Refusal::Other(why)) => Outcome::Refused(why),
+            Err(Refusal::Tampered { why, sha256 }) => {
+                Outcome::Refused(rt.block_on(tombstone(&client, &path, &why, &sha256)))
+            }
         };
         let line = match outcome {
             Outcome::Imported { records, sealed } => {
@@ -127,7 +140,60 @@ fn source_files(dir: &Path) -> Result<Vec<PathBuf>, Failure> {
 
 /// Reads and checks one file: locked, the torn-tail rule, every line verified under the
 /// cluster's key, the genesis naming the file's id, no record far in the future.
-fn read_source(path: &Path, public_key: &str) -> Result<Source, String> {
+fn read_source(path: &Path, public_key: &str) -> Result<Source, Refusal> {
+    let (agent_id, bytes) = read_locked(path).map_err(Refusal::Other)?;
+    let sha256 = hex::encode(Sha256::digest(&bytes));
+    let source = checked_source(agent_id, bytes, public_key)
+        .map_err(|why| Refusal::Tampered { why, sha256 })?;
+    // Not the content's fault: refused, to be tried again once fixed.
+    let horizon = timestamp::now_micros() + MAX_FUTURE_MICROS;
+    if let Some(late) = source
+        .records
+        .iter()
+        .find(|r| timestamp::parse(&r.timestamp).is_some_and(|t| t > horizon))
+    {
+        return Err(Refusal::Other(format!(
+            "record seq {} is stamped {}, more than 5 minutes ahead of this machine's clock \
+             (the agent's rate windows would hold it back until then): fix the clock",
+            late.seq, late.timestamp
+        )));
+    }
+    for (line, record) in source.lines.iter().zip(&source.records) {
+        if record.to_line() != *line {
+            return Err(Refusal::Other(format!(
+                "record seq {} is not written in the format's line form, which the cluster \
+                 stores and serves",
+                record.seq
+            )));
+        }
+    }
+    Ok(source)
+}
+
+/// Reserves `path`'s agent id for good, since its log failed verification; says what
+/// was done.
+async fn tombstone(client: &Client, path: &Path, why: &str, sha256: &str) -> String {
+    let id = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default();
+    let reason = format!("{why}; a tampered log is not imported, not even its valid prefix");
+    let answer = client
+        .post_json(
+            &format!("/v1/agents/{id}/import/tombstone"),
+            json!({"reason": reason, "source_sha256": sha256}),
+        )
+        .await;
+    match answer {
+        Ok(_) => format!(
+            "{reason}. Its id is reserved for good; keep the file as evidence (sha256 {sha256})"
+        ),
+        Err(e) => format!("{reason}. Reserving its id failed too: {e}"),
+    }
+}
+
+/// The file's agent id and bytes, read under a try-lock.
+fn read_locked(path: &Path) -> Result<(String, Vec<u8>), String> {
     let agent_id = path
         .file_stem()
         .and_then(|s| s.to_str())
@@ -147,6 +213,12 @@ fn read_source(path: &Path, public_key: &str) -> Result<Source, String> {
         "it is locked: a reference guard still has it open (stop it first)".to_string()
     })?;
     let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    Ok((agent_id, bytes))
+}
+
+/// The torn-tail rule, then every check of the content: records, verification under the
+/// cluster's key, the genesis naming the file's id.
+fn checked_source(agent_id: String, bytes: Vec<u8>, public_key: &str) -> Result<Source, String> {
     let sha256 = hex::encode(Sha256::digest(&bytes));
     let text = String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_string())?;
     let mut lines: Vec<String> = text.split('\n').map(str::to_string).collect();
@@ -181,30 +253,12 @@ fn read_source(path: &Path, public_key: &str) -> Result<Source, String> {
     );
     if !report.ok {
         return Err(format!(
-            "it fails verification ({}); a tampered log is not imported, not even its valid prefix",
+            "it fails verification ({})",
             report.failure.map_or_else(String::new, |f| f.to_string())
         ));
     }
     if records[0].payload.get("log_id").and_then(Value::as_str) != Some(agent_id.as_str()) {
         return Err("its genesis names another log id than the file's name".into());
-    }
-    let horizon = timestamp::now_micros() + MAX_FUTURE_MICROS;
-    if let Some(late) = records
-        .iter()
-        .find(|r| timestamp::parse(&r.timestamp).is_some_and(|t| t > horizon))
-    {
-        return Err(format!(
-            "record seq {} is stamped {}, more than 5 minutes ahead of this machine's clock",
-            late.seq, late.timestamp
-        ));
-    }
-    for (line, record) in lines.iter().zip(&records) {
-        if record.to_line() != *line {
-            return Err(format!(
-                "record seq {} is not in the format's line form",
-                record.seq
-            ));
-        }
     }
     Ok(Source {
         agent_id,

@@ -773,13 +773,17 @@ impl From<AppError> for NotDone {
 }
 
 /// What the caller of a write that failed in the batcher is told.
-/// Why `command` cannot be decided while the agent's log is being imported: a create
-/// finds the id taken, anything else waits for the commit.
+/// Why `command` cannot be decided while the agent's log is being imported (a create
+/// finds the id taken, anything else waits for the commit), or once its id is reserved
+/// for good by a tombstone.
 fn while_importing(
     data: &crate::store::state_machine::SmData,
     agent_id: &str,
     command: &Command,
 ) -> Option<AppError> {
+    if data.tombstones.contains_key(agent_id) {
+        return Some(AppError::IdReserved(agent_id.to_string()));
+    }
     data.imports.contains_key(agent_id).then(|| match command {
         Command::Create { .. } => AppError::AgentExists,
         _ => AppError::Importing(agent_id.to_string()),

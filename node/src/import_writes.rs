@@ -26,7 +26,7 @@ pub enum ImportFailed {
 /// Where an agent's import stands on this node.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ImportStatus {
-    /// `absent`, `importing`, `active` or `quarantined`.
+    /// `absent`, `importing`, `active`, `quarantined` or `tombstoned`.
     pub state: &'static str,
     pub next_seq: u64,
     pub head: Option<lineage_core::Head>,
@@ -118,7 +118,9 @@ fn prepare(
                 sealed,
             ))
         }
-        begin @ ImportStep::Begin { .. } => Ok((begin, Vec::new())),
+        other @ (ImportStep::Begin { .. } | ImportStep::Tombstone { .. }) => {
+            Ok((other, Vec::new()))
+        }
     }
 }
 
@@ -126,6 +128,13 @@ fn prepare(
 pub fn status(sm: &StateMachine, agent_id: &str) -> ImportStatus {
     use crate::store::AgentSlot;
     let data = sm.read_data();
+    if data.tombstones.contains_key(agent_id) {
+        return ImportStatus {
+            state: "tombstoned",
+            next_seq: 0,
+            head: None,
+        };
+    }
     if let Some(importing) = data.imports.get(agent_id) {
         return ImportStatus {
             state: "importing",

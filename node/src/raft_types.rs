@@ -68,6 +68,20 @@ pub enum ImportStep {
         head: lineage_core::Head,
         sealed: Vec<RecordLine>,
     },
+    /// A source log that failed verification: nothing of it is imported (its verified
+    /// prefix would refund the agent), and its id stays reserved for good.
+    Tombstone {
+        agent_id: String,
+        tombstone: Tombstone,
+    },
+}
+
+/// Why an agent id is reserved for good: its reference log failed verification.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    pub reason: String,
+    /// SHA-256 of the source file, so the evidence kept elsewhere can be matched.
+    pub source_sha256: String,
 }
 
 /// The most record bytes one import entry carries.
@@ -78,7 +92,8 @@ impl ImportStep {
         match self {
             ImportStep::Begin { agent_id, .. }
             | ImportStep::Records { agent_id, .. }
-            | ImportStep::Commit { agent_id, .. } => agent_id,
+            | ImportStep::Commit { agent_id, .. }
+            | ImportStep::Tombstone { agent_id, .. } => agent_id,
         }
     }
 }

@@ -204,6 +204,40 @@ async fn holds_as_the_reference_left_it(
     }
 }
 
+/// The tampered log's id is reserved for good, on every node: a fresh agent of that id
+/// would be the refund the guard exists to prevent.
+async fn the_tampered_id_is_reserved_everywhere(cluster: &Cluster, leader: usize) {
+    let (status, body) = cluster
+        .post(
+            leader,
+            "/v1/agents",
+            &cluster.admin,
+            json!({"agent_id": "tampered", "policy": {"budget": 5, "scar_limit": 3, "tools": {}}}),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &body["code"]),
+        (409, &json!("agent_id_reserved")),
+        "{body}"
+    );
+    for node in 0..3 {
+        let start = std::time::Instant::now();
+        loop {
+            let path = "/v1/agents/tampered/import?local=true";
+            let (_, state) = cluster.get(node, path, &cluster.admin).await;
+            if state["state"] == "tombstoned" {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "node {node}: {state}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reference_data_directory_moves_in_through_raft() {
     let scratch = tempfile::tempdir().unwrap();
@@ -256,6 +290,8 @@ async fn a_reference_data_directory_moves_in_through_raft() {
         .get(leader, "/v1/agents/tampered", &cluster.admin)
         .await;
     assert_eq!(status, 404, "nothing of a tampered log is imported");
+    assert!(report.contains("reserved for good"), "{report}");
+    the_tampered_id_is_reserved_everywhere(&cluster, leader).await;
 
     // The agent's old token works, and the cluster decides on from the imported state.
     let token_key =

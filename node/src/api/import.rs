@@ -17,7 +17,9 @@ use super::body::JsonBody;
 use super::error::ApiError;
 use super::route_book::RouteBook;
 use crate::app::App;
-use crate::raft_types::{ImportManifest, ImportStep, RecordLine, MAX_IMPORT_BATCH_BYTES};
+use crate::raft_types::{
+    ImportManifest, ImportStep, RecordLine, Tombstone, MAX_IMPORT_BATCH_BYTES,
+};
 
 pub fn routes() -> RouteBook {
     RouteBook::default()
@@ -32,6 +34,11 @@ pub fn routes() -> RouteBook {
             "/v1/agents/{id}/import/commit",
             &[Method::POST],
             post(commit),
+        )
+        .route(
+            "/v1/agents/{id}/import/tombstone",
+            &[Method::POST],
+            post(tombstone),
         )
 }
 
@@ -169,4 +176,39 @@ async fn commit(
         .await?;
     let status = app.with_agent(&agent_id, |state| state.status())?;
     Ok(Json(json!({"agent": status, "sealed": sealed})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TombstoneBody {
+    reason: String,
+    source_sha256: String,
+}
+
+/// `POST /v1/agents/:id/import/tombstone` (admin): the id's reference log failed
+/// verification, so nothing of it is imported and the id is reserved for good (409
+/// `agent_id_reserved` on create). Again, it is answered as done.
+async fn tombstone(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<TombstoneBody>,
+) -> Result<Json<Value>, ApiError> {
+    require(&headers, &app, Need::Admin)?;
+    path_agent_id(&agent_id)?;
+    hex64(&body.source_sha256, "source_sha256")?;
+    if body.reason.is_empty() || body.reason.len() > 1024 {
+        return Err(ApiError::BadRequest("reason must be 1-1024 bytes".into()));
+    }
+    app.import_step(ImportStep::Tombstone {
+        agent_id: agent_id.clone(),
+        tombstone: Tombstone {
+            reason: body.reason,
+            source_sha256: body.source_sha256.to_ascii_lowercase(),
+        },
+    })
+    .await?;
+    Ok(Json(json!(crate::import_writes::status(
+        &app.sm, &agent_id
+    ))))
 }

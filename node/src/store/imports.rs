@@ -15,10 +15,12 @@ use lineage_core::record::{check_chain, Record, ZERO_HASH};
 use redb::TableDefinition;
 
 use super::checked_row;
-use crate::raft_types::ImportManifest;
+use crate::raft_types::{ImportManifest, Tombstone};
 
 /// agent id → its import manifest (sealed JSON).
 pub const IMPORTS: TableDefinition<&str, &[u8]> = TableDefinition::new("imports");
+/// agent id → why it is reserved for good (sealed JSON `Tombstone`).
+pub const TOMBSTONES: TableDefinition<&str, &[u8]> = TableDefinition::new("tombstones");
 
 /// An agent being imported: what the import said it brings, and the fold so far.
 #[derive(Clone, Debug, Default)]
@@ -61,20 +63,54 @@ impl Importing {
 
 /// Every marker: the agents still being imported, with their manifests.
 pub fn markers(txn: &redb::ReadTransaction) -> Result<Vec<(String, ImportManifest)>, String> {
+    rows(txn, IMPORTS)
+}
+
+/// Every tombstone.
+pub fn tombstones(txn: &redb::ReadTransaction) -> Result<Vec<(String, Tombstone)>, String> {
+    rows(txn, TOMBSTONES)
+}
+
+pub fn put_tombstone(
+    txn: &redb::WriteTransaction,
+    agent_id: &str,
+    tombstone: &Tombstone,
+) -> Result<(), String> {
+    put(txn, TOMBSTONES, agent_id, tombstone)
+}
+
+fn put<T: serde::Serialize>(
+    txn: &redb::WriteTransaction,
+    table: TableDefinition<&str, &[u8]>,
+    agent_id: &str,
+    value: &T,
+) -> Result<(), String> {
+    let json = serde_json::to_vec(value).map_err(|e| e.to_string())?;
+    let mut table = txn.open_table(table).map_err(|e| e.to_string())?;
+    table
+        .insert(agent_id, checked_row::seal(&json).as_slice())
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn rows<T: serde::de::DeserializeOwned>(
+    txn: &redb::ReadTransaction,
+    definition: TableDefinition<&str, &[u8]>,
+) -> Result<Vec<(String, T)>, String> {
     use redb::ReadableTable;
-    let table = match txn.open_table(IMPORTS) {
+    let table = match txn.open_table(definition) {
         Ok(table) => table,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
         Err(e) => return Err(format!("imports: {e}")),
     };
-    let mut markers = Vec::new();
+    let mut rows = Vec::new();
     for item in table.iter().map_err(|e| format!("imports: {e}"))? {
         let (agent, row) = item.map_err(|e| format!("imports: {e}"))?;
-        let manifest = checked_row::unseal_json(row.value())
-            .map_err(|e| format!("import marker of {}: {e}", agent.value()))?;
-        markers.push((agent.value().to_string(), manifest));
+        let value = checked_row::unseal_json(row.value())
+            .map_err(|e| format!("import row of {}: {e}", agent.value()))?;
+        rows.push((agent.value().to_string(), value));
     }
-    Ok(markers)
+    Ok(rows)
 }
 
 pub fn put_marker(
@@ -82,12 +118,7 @@ pub fn put_marker(
     agent_id: &str,
     manifest: &ImportManifest,
 ) -> Result<(), String> {
-    let json = serde_json::to_vec(manifest).map_err(|e| e.to_string())?;
-    let mut table = txn.open_table(IMPORTS).map_err(|e| e.to_string())?;
-    table
-        .insert(agent_id, checked_row::seal(&json).as_slice())
-        .map_err(|e| e.to_string())?;
-    Ok(())
+    put(txn, IMPORTS, agent_id, manifest)
 }
 
 pub fn remove_marker(txn: &redb::WriteTransaction, agent_id: &str) -> Result<(), String> {
@@ -96,17 +127,21 @@ pub fn remove_marker(txn: &redb::WriteTransaction, agent_id: &str) -> Result<(),
     Ok(())
 }
 
-/// Replaces every marker with a snapshot's.
+/// Replaces every marker and tombstone with a snapshot's.
 pub fn install(
     txn: &redb::WriteTransaction,
     markers: &[(String, ImportManifest)],
+    tombstones: &[(String, Tombstone)],
 ) -> Result<(), String> {
-    {
-        let mut table = txn.open_table(IMPORTS).map_err(|e| e.to_string())?;
+    for definition in [IMPORTS, TOMBSTONES] {
+        let mut table = txn.open_table(definition).map_err(|e| e.to_string())?;
         table.retain(|_, _| false).map_err(|e| e.to_string())?;
     }
     for (agent_id, manifest) in markers {
         put_marker(txn, agent_id, manifest)?;
+    }
+    for (agent_id, tombstone) in tombstones {
+        put_tombstone(txn, agent_id, tombstone)?;
     }
     Ok(())
 }

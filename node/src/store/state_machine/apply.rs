@@ -141,8 +141,11 @@ impl StateMachine {
             let Batch(batch) = batch;
             let mut batch_outcomes = Vec::with_capacity(batch.len());
             for append in batch.iter() {
-                if data.imports.contains_key(&append.agent_id) {
-                    let reason = format!("agent {} is being imported", append.agent_id);
+                if data.imports.contains_key(&append.agent_id)
+                    || data.tombstones.contains_key(&append.agent_id)
+                {
+                    let reason =
+                        format!("agent id {} is being imported or reserved", append.agent_id);
                     batch_outcomes.push(ApplyOutcome::Rejected(reason));
                     continue;
                 }
@@ -291,6 +294,12 @@ fn apply_import(
             if data.agents.contains_key(&agent_id) {
                 return rejected(format!("agent {agent_id} exists"));
             }
+            if let Some(tombstone) = data.tombstones.get(&agent_id) {
+                return rejected(format!(
+                    "agent id {agent_id} is reserved: its reference log failed verification ({})",
+                    tombstone.reason
+                ));
+            }
             if let Some(under_way) = data.imports.get(&agent_id) {
                 return if under_way.manifest.genesis_hash == manifest.genesis_hash {
                     Ok(ApplyOutcome::Applied)
@@ -308,6 +317,10 @@ fn apply_import(
             );
             Ok(ApplyOutcome::Applied)
         }
+        ImportStep::Tombstone {
+            agent_id,
+            tombstone,
+        } => apply_tombstone(data, txn, agent_id, tombstone),
         ImportStep::Records { agent_id, records } => {
             let Some(importing) = data.imports.get_mut(&agent_id) else {
                 return rejected(format!("no import of {agent_id} is under way"));
@@ -361,6 +374,26 @@ fn apply_import(
             Ok(ApplyOutcome::Applied)
         }
     }
+}
+
+/// A tombstone (`ImportStep::Tombstone`): the id reserved for good, unless an agent
+/// holds it or is being imported under it. Again, it is answered as done.
+fn apply_tombstone(
+    data: &mut SmData,
+    txn: &redb::WriteTransaction,
+    agent_id: String,
+    tombstone: crate::raft_types::Tombstone,
+) -> Result<ApplyOutcome, StorageError> {
+    if data.agents.contains_key(&agent_id) || data.imports.contains_key(&agent_id) {
+        return Ok(ApplyOutcome::Rejected(format!(
+            "agent {agent_id} exists or is being imported"
+        )));
+    }
+    if let std::collections::btree_map::Entry::Vacant(entry) = data.tombstones.entry(agent_id) {
+        super::super::imports::put_tombstone(txn, entry.key(), &tombstone).map_err(sm_err)?;
+        entry.insert(tombstone);
+    }
+    Ok(ApplyOutcome::Applied)
 }
 
 /// Stores imported records (their lines as received) and the agent's index entry.

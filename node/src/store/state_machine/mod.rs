@@ -68,6 +68,8 @@ pub struct SmData {
     pub operators: lineage_core::operators::Operators,
     /// Agents being imported (`store::imports`): not in `agents` until committed.
     pub imports: BTreeMap<String, super::imports::Importing>,
+    /// Ids reserved for good: their reference logs failed verification.
+    pub tombstones: BTreeMap<String, crate::raft_types::Tombstone>,
     /// Rows applied in memory that the writer has not committed yet (`sm_writer`).
     unflushed: Unflushed,
 }
@@ -132,6 +134,8 @@ impl StateMachine {
             txn.open_table(system_log::SYSTEM_LOG)
                 .map_err(sm_write_err)?;
             txn.open_table(super::imports::IMPORTS)
+                .map_err(sm_write_err)?;
+            txn.open_table(super::imports::TOMBSTONES)
                 .map_err(sm_write_err)?;
             txn.commit().map_err(sm_write_err)?;
         }
@@ -269,6 +273,10 @@ impl StateMachine {
             data.imports
                 .insert(agent_id, super::imports::Importing { manifest, state });
         }
+        data.tombstones = super::imports::tombstones(&txn)
+            .map_err(sm_err)?
+            .into_iter()
+            .collect();
         data.heads = HeadsLog::load(&txn, &data.agents).map_err(sm_read_err)?;
         data.operators = system_log::load(&txn).map_err(sm_err)?;
         Ok(data)
@@ -524,7 +532,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             HeadsLog::install(&txn, &body.heads).map_err(sm_write_err)?;
             system_log::install(&txn, &body.system).map_err(sm_write_err)?;
-            super::imports::install(&txn, &body.imports).map_err(sm_err)?;
+            super::imports::install(&txn, &body.imports, &body.tombstones).map_err(sm_err)?;
         }
         write_applied(&txn, &meta.last_log_id, &meta.last_membership)?;
         txn.commit().map_err(sm_write_err)?;

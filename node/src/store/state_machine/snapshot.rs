@@ -29,6 +29,9 @@ pub(super) struct SnapshotBody {
     /// Agents still being imported (their records are in `records`).
     #[serde(default)]
     pub(super) imports: Vec<(String, crate::raft_types::ImportManifest)>,
+    /// Ids reserved for good (`store::imports`).
+    #[serde(default)]
+    pub(super) tombstones: Vec<(String, crate::raft_types::Tombstone)>,
 }
 
 /// The last snapshot built or installed, served to followers that need one: its meta,
@@ -168,6 +171,11 @@ pub(super) fn write_body(txn: &redb::ReadTransaction, out: &mut impl Write) -> R
     if !imports.is_empty() {
         out.write_all(b",\"imports\":").map_err(io)?;
         json(out, &imports)?;
+    }
+    let tombstones = super::super::imports::tombstones(txn)?;
+    if !tombstones.is_empty() {
+        out.write_all(b",\"tombstones\":").map_err(io)?;
+        json(out, &tombstones)?;
     }
     out.write_all(b"}").map_err(io)?;
     Ok(())
