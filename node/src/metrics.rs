@@ -319,7 +319,8 @@ impl Metrics {
         let mut oldest_pending: Option<i64> = None;
         {
             let data = node.sm.read_data();
-            for slot in data.agents.values() {
+            let none = crate::store::imports::ImportPoint::default();
+            for (agent_id, slot) in &data.agents {
                 let state = match slot {
                     AgentSlot::Quarantined(_) => {
                         quarantined += 1;
@@ -327,27 +328,39 @@ impl Metrics {
                     }
                     AgentSlot::Active(state) => state,
                 };
-                allowed += state.actions_allowed;
-                pending_decisions += state.approvals_requested;
+                // An imported agent counts from its import on (no alert for its history).
+                let point = data.import_points.get(agent_id).unwrap_or(&none);
+                allowed += state.actions_allowed.saturating_sub(point.allowed);
+                pending_decisions += state
+                    .approvals_requested
+                    .saturating_sub(point.approvals_requested);
                 for (code, n) in &state.denied_by_code {
+                    let before = point.denied_by_code.get(code).copied().unwrap_or(0);
                     let code = DenyReason::CODES
                         .iter()
                         .find(|c| **c == code)
                         .copied()
                         .unwrap_or("other");
-                    *denied.entry(code).or_insert(0) += n;
+                    *denied.entry(code).or_insert(0) += n.saturating_sub(before);
                 }
+                let mut scars_before = point.scars.clone();
                 for scar in &state.scars {
-                    *scars.entry(scar.severity.as_str()).or_insert(0) += 1;
+                    let severity = scar.severity.as_str();
+                    match scars_before.get_mut(severity) {
+                        Some(left) if *left > 0 => *left -= 1,
+                        _ => *scars.entry(severity).or_insert(0) += 1,
+                    }
                 }
                 if state.is_alive() {
                     active += 1;
                 } else {
                     terminated += 1;
-                    let cause = state
-                        .termination_cause()
-                        .unwrap_or(TerminationCause::Operator);
-                    *terminations.entry(cause.as_str()).or_insert(0) += 1;
+                    if !point.terminated {
+                        let cause = state
+                            .termination_cause()
+                            .unwrap_or(TerminationCause::Operator);
+                        *terminations.entry(cause.as_str()).or_insert(0) += 1;
+                    }
                 }
                 pending_now += state.pending_count();
                 if let Some(t) = state.oldest_pending_micros() {

@@ -238,6 +238,23 @@ async fn the_tampered_id_is_reserved_everywhere(cluster: &Cluster, leader: usize
     }
 }
 
+/// The guard counters hold nothing of the imported history.
+async fn the_metrics_start_at_the_import(cluster: &Cluster, leader: usize) {
+    let metrics = cluster.metrics(leader).await;
+    for family in [
+        "lineage_scars_total",
+        "lineage_terminations_total",
+        "lineage_decisions_total",
+    ] {
+        let counted: f64 = metrics
+            .iter()
+            .filter(|(name, _)| name.starts_with(family))
+            .map(|(_, value)| value)
+            .sum();
+        assert_eq!(counted, 0.0, "{family} counts imported history");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reference_data_directory_moves_in_through_raft() {
     let scratch = tempfile::tempdir().unwrap();
@@ -293,6 +310,9 @@ async fn a_reference_data_directory_moves_in_through_raft() {
     assert!(report.contains("reserved for good"), "{report}");
     the_tampered_id_is_reserved_everywhere(&cluster, leader).await;
 
+    // An import is history: the metrics start at it, so it pages nobody.
+    the_metrics_start_at_the_import(&cluster, leader).await;
+
     // The agent's old token works, and the cluster decides on from the imported state.
     let token_key =
         lineage_core::keys::read_secret_file(&reference.join("keys/token.key")).unwrap();
@@ -321,6 +341,13 @@ async fn a_reference_data_directory_moves_in_through_raft() {
         json!(50 - spent_before - 1),
         "{decision}"
     );
+
+    // What happens after the import counts.
+    let metrics = cluster.metrics(leader).await;
+    let allowed = metrics
+        .get("lineage_decisions_total{code=\"\",outcome=\"allowed\"}")
+        .copied();
+    assert_eq!(allowed, Some(1.0), "{metrics:?}");
 
     // A second run changes nothing.
     let again = import(&cluster, &reference, &admin);

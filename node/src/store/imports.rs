@@ -21,6 +21,48 @@ use crate::raft_types::{ImportManifest, Tombstone};
 pub const IMPORTS: TableDefinition<&str, &[u8]> = TableDefinition::new("imports");
 /// agent id → why it is reserved for good (sealed JSON `Tombstone`).
 pub const TOMBSTONES: TableDefinition<&str, &[u8]> = TableDefinition::new("tombstones");
+/// agent id → its figures when its import committed (sealed JSON `ImportPoint`).
+pub const IMPORT_POINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("import_points");
+
+/// An imported agent's guard figures as its import committed. The metrics count only
+/// what happened after it, so an import fires no scar-burst or termination alert.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ImportPoint {
+    pub allowed: u64,
+    pub approvals_requested: u64,
+    pub denied_by_code: std::collections::BTreeMap<String, u64>,
+    /// Scars by severity.
+    pub scars: std::collections::BTreeMap<String, u64>,
+    pub terminated: bool,
+}
+
+impl ImportPoint {
+    pub fn of(state: &AgentState) -> Self {
+        let mut scars = std::collections::BTreeMap::new();
+        for scar in &state.scars {
+            *scars.entry(scar.severity.as_str().to_string()).or_insert(0) += 1;
+        }
+        ImportPoint {
+            allowed: state.actions_allowed,
+            approvals_requested: state.approvals_requested,
+            denied_by_code: state.denied_by_code.clone(),
+            scars,
+            terminated: !state.is_alive(),
+        }
+    }
+}
+
+pub fn import_points(txn: &redb::ReadTransaction) -> Result<Vec<(String, ImportPoint)>, String> {
+    rows(txn, IMPORT_POINTS)
+}
+
+pub fn put_import_point(
+    txn: &redb::WriteTransaction,
+    agent_id: &str,
+    point: &ImportPoint,
+) -> Result<(), String> {
+    put(txn, IMPORT_POINTS, agent_id, point)
+}
 
 /// An agent being imported: what the import said it brings, and the fold so far.
 #[derive(Clone, Debug, Default)]
@@ -127,13 +169,14 @@ pub fn remove_marker(txn: &redb::WriteTransaction, agent_id: &str) -> Result<(),
     Ok(())
 }
 
-/// Replaces every marker and tombstone with a snapshot's.
+/// Replaces every marker, tombstone and import point with a snapshot's.
 pub fn install(
     txn: &redb::WriteTransaction,
     markers: &[(String, ImportManifest)],
     tombstones: &[(String, Tombstone)],
+    points: &[(String, ImportPoint)],
 ) -> Result<(), String> {
-    for definition in [IMPORTS, TOMBSTONES] {
+    for definition in [IMPORTS, TOMBSTONES, IMPORT_POINTS] {
         let mut table = txn.open_table(definition).map_err(|e| e.to_string())?;
         table.retain(|_, _| false).map_err(|e| e.to_string())?;
     }
@@ -142,6 +185,9 @@ pub fn install(
     }
     for (agent_id, tombstone) in tombstones {
         put_tombstone(txn, agent_id, tombstone)?;
+    }
+    for (agent_id, point) in points {
+        put_import_point(txn, agent_id, point)?;
     }
     Ok(())
 }

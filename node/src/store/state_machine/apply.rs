@@ -367,6 +367,9 @@ fn apply_import(
             store_lines(txn, &agent_id, &parsed, &sealed)?;
             remove_marker(txn, &agent_id).map_err(sm_err)?;
             data.imports.remove(&agent_id);
+            let point = super::super::imports::ImportPoint::of(&state);
+            super::super::imports::put_import_point(txn, &agent_id, &point).map_err(sm_err)?;
+            data.import_points.insert(agent_id.clone(), point);
             let slot = AgentSlot::Active(Box::new(state));
             data.heads.mark_if_grown(&agent_id, &slot);
             data.agents.insert(agent_id.clone(), slot);

@@ -70,6 +70,8 @@ pub struct SmData {
     pub imports: BTreeMap<String, super::imports::Importing>,
     /// Ids reserved for good: their reference logs failed verification.
     pub tombstones: BTreeMap<String, crate::raft_types::Tombstone>,
+    /// Imported agents' figures as their imports committed (the metrics start there).
+    pub import_points: BTreeMap<String, super::imports::ImportPoint>,
     /// Rows applied in memory that the writer has not committed yet (`sm_writer`).
     unflushed: Unflushed,
 }
@@ -136,6 +138,8 @@ impl StateMachine {
             txn.open_table(super::imports::IMPORTS)
                 .map_err(sm_write_err)?;
             txn.open_table(super::imports::TOMBSTONES)
+                .map_err(sm_write_err)?;
+            txn.open_table(super::imports::IMPORT_POINTS)
                 .map_err(sm_write_err)?;
             txn.commit().map_err(sm_write_err)?;
         }
@@ -274,6 +278,10 @@ impl StateMachine {
                 .insert(agent_id, super::imports::Importing { manifest, state });
         }
         data.tombstones = super::imports::tombstones(&txn)
+            .map_err(sm_err)?
+            .into_iter()
+            .collect();
+        data.import_points = super::imports::import_points(&txn)
             .map_err(sm_err)?
             .into_iter()
             .collect();
@@ -532,7 +540,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             HeadsLog::install(&txn, &body.heads).map_err(sm_write_err)?;
             system_log::install(&txn, &body.system).map_err(sm_write_err)?;
-            super::imports::install(&txn, &body.imports, &body.tombstones).map_err(sm_err)?;
+            super::imports::install(&txn, &body.imports, &body.tombstones, &body.import_points)
+                .map_err(sm_err)?;
         }
         write_applied(&txn, &meta.last_log_id, &meta.last_membership)?;
         txn.commit().map_err(sm_write_err)?;

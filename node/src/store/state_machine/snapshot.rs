@@ -32,6 +32,9 @@ pub(super) struct SnapshotBody {
     /// Ids reserved for good (`store::imports`).
     #[serde(default)]
     pub(super) tombstones: Vec<(String, crate::raft_types::Tombstone)>,
+    /// Imported agents' figures at their imports' commits.
+    #[serde(default)]
+    pub(super) import_points: Vec<(String, super::super::imports::ImportPoint)>,
 }
 
 /// The last snapshot built or installed, served to followers that need one: its meta,
@@ -176,6 +179,11 @@ pub(super) fn write_body(txn: &redb::ReadTransaction, out: &mut impl Write) -> R
     if !tombstones.is_empty() {
         out.write_all(b",\"tombstones\":").map_err(io)?;
         json(out, &tombstones)?;
+    }
+    let points = super::super::imports::import_points(txn)?;
+    if !points.is_empty() {
+        out.write_all(b",\"import_points\":").map_err(io)?;
+        json(out, &points)?;
     }
     out.write_all(b"}").map_err(io)?;
     Ok(())
