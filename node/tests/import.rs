@@ -452,4 +452,141 @@ async fn an_import_cut_short_resumes_and_is_served_only_once_committed() {
     assert_eq!((status, &got), (200, &expected));
     let log = cluster.converged_log("long", Duration::from_secs(30)).await;
     assert_eq!(log.len(), lines.len());
+    // `lineage audit fetch` gives back the source's bytes exactly.
+    let fetched = scratch.path().join("fetched.jsonl");
+    let output = std::process::Command::new(lineage_bin())
+        .args(["--url", &cluster.url(leader, ""), "--token-file"])
+        .arg(&admin)
+        .args(["audit", "fetch", "long", "--out"])
+        .arg(&fetched)
+        .output()
+        .expect("run lineage audit fetch");
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        std::fs::read(&fetched).unwrap(),
+        std::fs::read(&path).unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_approval_survives_and_renamed_locked_or_foreign_logs_are_refused() {
+    let scratch = tempfile::tempdir().unwrap();
+    let reference = scratch.path().join("guard-data");
+    std::fs::create_dir_all(reference.join("keys")).unwrap();
+    std::fs::create_dir_all(reference.join("agents")).unwrap();
+    let key = AuditKey::create(reference.join("keys/audit.key")).unwrap();
+    lineage_core::keys::create_secret_file(&reference.join("keys/token.key")).unwrap();
+    let agents = reference.join("agents");
+    let mut waiting = Guard::create(
+        agents.join("waiting.jsonl"),
+        key.clone(),
+        "waiting",
+        policy(9),
+    )
+    .unwrap();
+    let pending = waiting.request("pay", json!({"eur": 7}), None).unwrap();
+    let action = pending.action_id().to_string();
+    drop(waiting);
+    // A log copied under another name: its genesis names "waiting".
+    std::fs::copy(agents.join("waiting.jsonl"), agents.join("renamed.jsonl")).unwrap();
+    // A log a running reference guard still holds (its lock).
+    drop(Guard::create(agents.join("busy.jsonl"), key, "busy", policy(9)).unwrap());
+    let held = std::fs::File::open(agents.join("busy.jsonl")).unwrap();
+    held.lock().unwrap();
+
+    let cluster = Cluster::start_from_reference(3, &reference).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let admin = scratch.path().join("admin.token");
+    std::fs::write(&admin, &cluster.admin).unwrap();
+    let run = import(&cluster, &reference, &admin);
+    assert_eq!(run.code, 1, "{}{}", run.out, run.err);
+    assert!(
+        run.out.contains("REFUSED") && run.out.contains("busy.jsonl: it is locked"),
+        "{}",
+        run.out
+    );
+    assert!(
+        run.out
+            .contains("renamed.jsonl: its genesis names another log id"),
+        "{}",
+        run.out
+    );
+    assert!(
+        run.out.contains("imported") && run.out.contains("waiting.jsonl"),
+        "{}",
+        run.out
+    );
+    // The locked file is not reserved (fix and run again); the renamed one is.
+    let (_, busy) = cluster
+        .get(leader, "/v1/agents/busy/import", &cluster.admin)
+        .await;
+    assert_eq!(busy["state"], "absent", "{busy}");
+    let (_, renamed) = cluster
+        .get(leader, "/v1/agents/renamed/import", &cluster.admin)
+        .await;
+    assert_eq!(renamed["state"], "tombstoned", "{renamed}");
+    // Released, it imports.
+    drop(held);
+    let again = import(&cluster, &reference, &admin);
+    assert!(
+        again.out.contains("imported") && again.out.contains("busy.jsonl"),
+        "{}",
+        again.out
+    );
+
+    // The pending approval is still there, bound to its input, and approvable.
+    let (status, queue) = cluster
+        .get(leader, "/v1/agents/waiting/actions/pending", &cluster.admin)
+        .await;
+    assert_eq!(status, 200, "{queue}");
+    assert_eq!(
+        queue["pending"][0]["action"]["input"],
+        json!({"eur": 7}),
+        "{queue}"
+    );
+    let (status, decision) = cluster
+        .post(
+            leader,
+            &format!("/v1/agents/waiting/actions/{action}/approve"),
+            &cluster.admin,
+            json!({"approver": "alice"}),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &decision["decision"]),
+        (200, &json!("allowed")),
+        "{decision}"
+    );
+
+    a_foreign_directory_is_refused_whole(&cluster, leader, scratch.path(), &admin).await;
+}
+
+/// A directory signed by another key is refused whole: its logs cannot continue here.
+async fn a_foreign_directory_is_refused_whole(
+    cluster: &Cluster,
+    leader: usize,
+    scratch: &Path,
+    admin: &Path,
+) {
+    let foreign = scratch.join("foreign");
+    std::fs::create_dir_all(foreign.join("keys")).unwrap();
+    std::fs::create_dir_all(foreign.join("agents")).unwrap();
+    let other = AuditKey::create(foreign.join("keys/audit.key")).unwrap();
+    drop(
+        Guard::create(
+            foreign.join("agents/stranger.jsonl"),
+            other,
+            "stranger",
+            policy(9),
+        )
+        .unwrap(),
+    );
+    let run = import(cluster, &foreign, admin);
+    assert_eq!(run.code, 1, "{}{}", run.out, run.err);
+    assert!(run.err.contains("is not this cluster's"), "{}", run.err);
+    let (_, stranger) = cluster
+        .get(leader, "/v1/agents/stranger/import", &cluster.admin)
+        .await;
+    assert_eq!(stranger["state"], "absent", "{stranger}");
 }
