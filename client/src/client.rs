@@ -212,7 +212,8 @@ impl Client {
                     let error = api_error(StatusCode::SERVICE_UNAVAILABLE, &text);
                     // No leader here, or leadership moved: another node may answer. A
                     // quarantined agent is quarantined on every node; say so at once.
-                    if matches!(&error, ClientError::Api { code, .. } if code == "quarantined") {
+                    if matches!(&error, ClientError::Api { code, .. } if code == "quarantined" || code == "importing")
+                    {
                         self.preferred.store(index, Ordering::Relaxed);
                         return Err(error);
                     }

@@ -39,6 +39,9 @@ struct Source {
     sha256: String,
     /// What the torn-tail rule dropped.
     dropped: Option<String>,
+    /// The open file, its lock held until this agent's import is done: a reference
+    /// guard started meanwhile cannot append to it.
+    _lock: Option<std::fs::File>,
 }
 
 /// What happened to one file.
@@ -141,10 +144,11 @@ fn source_files(dir: &Path) -> Result<Vec<PathBuf>, Failure> {
 /// Reads and checks one file: locked, the torn-tail rule, every line verified under the
 /// cluster's key, the genesis naming the file's id, no record far in the future.
 fn read_source(path: &Path, public_key: &str) -> Result<Source, Refusal> {
-    let (agent_id, bytes) = read_locked(path).map_err(Refusal::Other)?;
+    let (agent_id, bytes, lock) = read_locked(path).map_err(Refusal::Other)?;
     let sha256 = hex::encode(Sha256::digest(&bytes));
-    let source = checked_source(agent_id, bytes, public_key)
+    let mut source = checked_source(agent_id, bytes, public_key)
         .map_err(|why| Refusal::Tampered { why, sha256 })?;
+    source._lock = Some(lock);
     // Not the content's fault: refused, to be tried again once fixed.
     let horizon = timestamp::now_micros() + MAX_FUTURE_MICROS;
     if let Some(late) = source
@@ -193,7 +197,7 @@ async fn tombstone(client: &Client, path: &Path, why: &str, sha256: &str) -> Str
 }
 
 /// The file's agent id and bytes, read under a try-lock.
-fn read_locked(path: &Path) -> Result<(String, Vec<u8>), String> {
+fn read_locked(path: &Path) -> Result<(String, Vec<u8>, std::fs::File), String> {
     let agent_id = path
         .file_stem()
         .and_then(|s| s.to_str())
@@ -213,27 +217,39 @@ fn read_locked(path: &Path) -> Result<(String, Vec<u8>), String> {
         "it is locked: a reference guard still has it open (stop it first)".to_string()
     })?;
     let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-    Ok((agent_id, bytes))
+    Ok((agent_id, bytes, file))
 }
 
 /// The torn-tail rule, then every check of the content: records, verification under the
 /// cluster's key, the genesis naming the file's id.
 fn checked_source(agent_id: String, bytes: Vec<u8>, public_key: &str) -> Result<Source, String> {
     let sha256 = hex::encode(Sha256::digest(&bytes));
-    let text = String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_string())?;
-    let mut lines: Vec<String> = text.split('\n').map(str::to_string).collect();
-    // `split` leaves "" after a final newline; anything else there is a last line
-    // without one: the reference keeps it if it parses as a record, else drops it.
+    let mut raw: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
+    // `split` leaves an empty piece after a final newline; anything else there is a last
+    // line without one (a torn write, which may end inside a character): the reference
+    // keeps it if it parses as a record, else drops it. Only then must all be UTF-8.
     let mut dropped = None;
-    if let Some(last) = lines.pop() {
+    if let Some(last) = raw.pop() {
         if !last.is_empty() {
-            if Record::from_line(&last).is_ok() {
-                lines.push(last);
+            let whole = std::str::from_utf8(last)
+                .ok()
+                .is_some_and(|line| Record::from_line(line).is_ok());
+            if whole {
+                raw.push(last);
             } else {
                 dropped = Some(format!("{} bytes", last.len()));
             }
         }
     }
+    let lines = raw
+        .iter()
+        .enumerate()
+        .map(|(n, line)| {
+            std::str::from_utf8(line)
+                .map(str::to_string)
+                .map_err(|_| format!("line {} is not UTF-8", n + 1))
+        })
+        .collect::<Result<Vec<String>, String>>()?;
     let records = lines
         .iter()
         .enumerate()
@@ -266,15 +282,13 @@ fn checked_source(agent_id: String, bytes: Vec<u8>, public_key: &str) -> Result<
         records,
         sha256,
         dropped,
+        _lock: None,
     })
 }
 
 async fn import_one(client: &Client, source: &Source) -> Result<Outcome, String> {
     let id = &source.agent_id;
-    let status = client
-        .get_json(&format!("/v1/agents/{id}/import"))
-        .await
-        .map_err(|e| e.to_string())?;
+    let status = import_status(client, id).await?;
     let genesis = &source.records[0].hash;
     let held = status["next_seq"].as_u64().unwrap_or(0) as usize;
     if held > 0 && status["genesis_hash"].as_str() != Some(genesis.as_str()) {
@@ -305,10 +319,12 @@ async fn import_one(client: &Client, source: &Source) -> Result<Outcome, String>
         }
         _ => {}
     }
+    let last = &source.records[source.records.len() - 1];
     client
         .post_json(
             &format!("/v1/agents/{id}/import/begin"),
-            json!({"genesis_hash": genesis, "source_sha256": source.sha256}),
+            json!({"genesis_hash": genesis, "source_sha256": source.sha256,
+                   "head": {"seq": last.seq, "hash": last.hash}}),
         )
         .await
         .map_err(|e| e.to_string())?;
@@ -323,24 +339,57 @@ async fn import_one(client: &Client, source: &Source) -> Result<Outcome, String>
             end += 1;
         }
         let body = format!("{{\"records\":[{}]}}", source.lines[next..end].join(","));
-        client
+        if let Err(e) = client
             .post_raw_json(&format!("/v1/agents/{id}/import/records"), body)
             .await
-            .map_err(|e| e.to_string())?;
+        {
+            // A step retried after it had landed is refused (its records no longer
+            // extend the head): what the cluster holds says which it was.
+            let now = import_status(client, id).await?;
+            let landed = now["state"] == "importing"
+                && now["next_seq"].as_u64().is_some_and(|n| n >= end as u64);
+            if !landed {
+                return Err(e.to_string());
+            }
+        }
         next = end;
     }
-    let last = &source.records[source.records.len() - 1];
-    let answer = client
+    match client
         .post_json(
             &format!("/v1/agents/{id}/import/commit"),
             json!({"head": {"seq": last.seq, "hash": last.hash}}),
         )
         .await
-        .map_err(|e| e.to_string())?;
-    Ok(Outcome::Imported {
-        records: source.records.len(),
-        sealed: answer["sealed"].as_array().map_or(0, Vec::len),
-    })
+    {
+        Ok(answer) => Ok(Outcome::Imported {
+            records: source.records.len(),
+            sealed: answer["sealed"].as_array().map_or(0, Vec::len),
+        }),
+        Err(e) => {
+            let now = import_status(client, id).await?;
+            let file_len = source.records.len();
+            let landed = now["state"] == "active"
+                && now["next_seq"]
+                    .as_u64()
+                    .is_some_and(|n| n >= file_len as u64)
+                && client_record_hash(client, id, file_len - 1).await? == last.hash;
+            if landed {
+                Ok(Outcome::Imported {
+                    records: file_len,
+                    sealed: 0,
+                })
+            } else {
+                Err(e.to_string())
+            }
+        }
+    }
+}
+
+async fn import_status(client: &Client, agent_id: &str) -> Result<Value, String> {
+    client
+        .get_json(&format!("/v1/agents/{agent_id}/import"))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The hash of the cluster's record `seq` of `agent_id`.

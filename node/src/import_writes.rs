@@ -30,6 +30,8 @@ pub struct ImportStatus {
     pub state: &'static str,
     pub next_seq: u64,
     pub head: Option<lineage_core::Head>,
+    /// What the import under way said it brings.
+    pub manifest: Option<crate::raft_types::ImportManifest>,
 }
 
 /// One import step at a time on this leader.
@@ -133,6 +135,7 @@ pub fn status(sm: &StateMachine, agent_id: &str) -> ImportStatus {
             state: "tombstoned",
             next_seq: 0,
             head: None,
+            manifest: None,
         };
     }
     if let Some(importing) = data.imports.get(agent_id) {
@@ -140,6 +143,7 @@ pub fn status(sm: &StateMachine, agent_id: &str) -> ImportStatus {
             state: "importing",
             next_seq: importing.state.next_seq(),
             head: importing.state.head.clone(),
+            manifest: Some(importing.manifest.clone()),
         };
     }
     match data.agents.get(agent_id) {
@@ -147,16 +151,19 @@ pub fn status(sm: &StateMachine, agent_id: &str) -> ImportStatus {
             state: "active",
             next_seq: state.next_seq(),
             head: state.head.clone(),
+            manifest: None,
         },
         Some(AgentSlot::Quarantined(_)) => ImportStatus {
             state: "quarantined",
             next_seq: 0,
             head: None,
+            manifest: None,
         },
         None => ImportStatus {
             state: "absent",
             next_seq: 0,
             head: None,
+            manifest: None,
         },
     }
 }

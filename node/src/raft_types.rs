@@ -47,6 +47,10 @@ pub struct ImportManifest {
     pub genesis_hash: String,
     /// SHA-256 of the source file as it was read.
     pub source_sha256: String,
+    /// The head the source ends with: the commit must be at it, so a shorter copy of
+    /// the file cannot finish an import begun from the whole one.
+    #[serde(default)]
+    pub head: Option<lineage_core::Head>,
 }
 
 /// The steps of importing one agent (`store::imports`): begin, its records in order

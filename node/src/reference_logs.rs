@@ -28,30 +28,46 @@ struct Unheld {
     why: String,
 }
 
-/// The first and last record of a reference log (a last line without its newline that
-/// does not parse is a torn write, as the reference treats it).
-fn genesis_and_head(path: &Path) -> Result<(Record, Record), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-    let mut lines: Vec<&str> = text.split('\n').collect();
-    let torn = !text.ends_with('\n');
+/// The first and last record of a reference log's bytes (a last line without its
+/// newline that does not parse, even one cut inside a character, is a torn write, as the
+/// reference treats it).
+fn genesis_and_head(bytes: &[u8]) -> Result<(Record, Record), String> {
+    let mut lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
     let last = lines.pop().unwrap_or_default();
-    if torn && Record::from_line(last).is_ok() {
+    let whole = std::str::from_utf8(last)
+        .ok()
+        .is_some_and(|line| Record::from_line(line).is_ok());
+    if !last.is_empty() && whole {
         lines.push(last);
     }
-    let lines: Vec<&str> = lines.into_iter().filter(|l| !l.is_empty()).collect();
+    let lines: Vec<&[u8]> = lines.into_iter().filter(|l| !l.is_empty()).collect();
     let (Some(first), Some(last)) = (lines.first(), lines.last()) else {
         return Err("no record in it".into());
     };
-    let first = Record::from_line(first).map_err(|e| format!("first line: {e}"))?;
-    let last = Record::from_line(last).map_err(|e| format!("last line: {e}"))?;
-    Ok((first, last))
+    let parse = |line: &[u8], which: &str| {
+        std::str::from_utf8(line)
+            .map_err(|_| format!("{which} line: not UTF-8"))
+            .and_then(|line| Record::from_line(line).map_err(|e| format!("{which} line: {e}")))
+    };
+    Ok((parse(first, "first")?, parse(last, "last")?))
 }
 
 /// Whether the cluster holds `path`'s log: the agent exists with the same genesis, and
 /// the cluster's record at the file's last seq is the file's last record (the cluster
-/// may have gone on from there).
+/// may have gone on from there); or the id is tombstoned for this very file (it failed
+/// verification at import: nothing of it is served, and the id stays reserved).
 fn held(path: &Path, agent_id: &str, sm: &StateMachine) -> Result<(), String> {
-    let (genesis, head) = genesis_and_head(path)?;
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    if let Some(tombstone) = sm.read_data().tombstones.get(agent_id) {
+        use sha2::Digest;
+        let sha256 = hex::encode(sha2::Sha256::digest(&bytes));
+        return if sha256 == tombstone.source_sha256 {
+            Ok(())
+        } else {
+            Err("its id is tombstoned for another file".into())
+        };
+    }
+    let (genesis, head) = genesis_and_head(&bytes)?;
     match sm.read_data().agents.get(agent_id) {
         None => return Err("the cluster has no such agent".into()),
         Some(AgentSlot::Quarantined(reason)) => {

@@ -150,7 +150,10 @@ fn routes(agent: &str, action: &str, fresh: &str) -> Vec<Route> {
         route(
             "POST",
             format!("/v1/agents/{fresh}/import/begin"),
-            Some(json!({"genesis_hash": "00".repeat(32), "source_sha256": "00".repeat(32)})),
+            Some(
+                json!({"genesis_hash": "00".repeat(32), "source_sha256": "00".repeat(32),
+                        "head": {"seq": 0, "hash": "00".repeat(32)}}),
+            ),
             Need::Admin,
         ),
         route("GET", "/v1/cluster", None, Need::Read),

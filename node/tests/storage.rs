@@ -9,6 +9,7 @@ use lineage_node::raft_types::{
 use lineage_node::store::{self, AgentSlot, LogStore, StateMachine};
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::testing::{log_id, StoreBuilder, Suite};
+use openraft::RaftSnapshotBuilder;
 use openraft::{Entry, EntryPayload, RaftLogReader, StorageError};
 
 struct SegmentLogAndRedbBuilder;
@@ -535,4 +536,143 @@ async fn a_write_authorized_before_a_revocation_it_follows_is_rejected_at_apply(
         AgentSlot::Quarantined(_) => 0,
     });
     assert!(after > head, "{head:?} -> {after:?}");
+}
+
+fn import_entry(index: u64, step: lineage_node::raft_types::ImportStep) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(1, 1, index),
+        payload: EntryPayload::Normal(Proposal::Import(step)),
+    }
+}
+
+/// An import under way is kept through a reopen (the start-up puts the agent back among
+/// the imports from its marker) and through a snapshot installed on an empty node, with
+/// its tombstones; writes for it are rejected meanwhile; a commit at another head than
+/// the manifest's is rejected, and at its head activates the agent with every record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario, step by step: an import cut short, then finished"
+)]
+async fn an_import_under_way_survives_reopen_and_a_snapshot() {
+    use lineage_node::raft_types::{ImportManifest, ImportStep, Tombstone};
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([5; 32]);
+    let writes = entries_with_requests(&key, 3);
+    let lines: Vec<RecordLine> = writes.iter().flat_map(|a| a.records.clone()).collect();
+    let records: Vec<lineage_core::Record> = lines
+        .iter()
+        .map(|l| l.record().unwrap().into_owned())
+        .collect();
+    let head = records.last().unwrap().head();
+    let manifest = ImportManifest {
+        genesis_hash: records[0].hash.clone(),
+        source_sha256: "ab".repeat(32),
+        head: Some(head.clone()),
+    };
+    let id = || "bot".to_string();
+    {
+        let (_log, mut sm) = store::open(dir.path()).unwrap();
+        let outcomes = sm
+            .apply(vec![
+                import_entry(
+                    1,
+                    ImportStep::Begin {
+                        agent_id: id(),
+                        manifest: manifest.clone(),
+                    },
+                ),
+                import_entry(
+                    2,
+                    ImportStep::Records {
+                        agent_id: id(),
+                        records: lines[..3].to_vec(),
+                    },
+                ),
+                import_entry(
+                    3,
+                    ImportStep::Tombstone {
+                        agent_id: "gone".into(),
+                        tombstone: Tombstone {
+                            reason: "tampered".into(),
+                            source_sha256: "cd".repeat(32),
+                        },
+                    },
+                ),
+            ])
+            .await
+            .unwrap();
+        assert!(
+            outcomes.iter().all(|o| o.0 == vec![ApplyOutcome::Applied]),
+            "{outcomes:?}"
+        );
+        sm.flush().unwrap();
+    }
+    let (_log, mut sm) = store::open(dir.path()).unwrap();
+    {
+        let data = sm.read_data();
+        assert_eq!(data.imports.get("bot").map(|i| i.state.next_seq()), Some(3));
+        assert!(
+            !data.agents.contains_key("bot"),
+            "an agent being imported is not served"
+        );
+        assert!(data.tombstones.contains_key("gone"));
+    }
+    // A write for it (a create decided elsewhere) is rejected.
+    let outcome = sm.apply(as_entries(&writes[..1], 4)).await.unwrap();
+    assert!(matches!(&outcome[0].0[..], [ApplyOutcome::Rejected(r)] if r.contains("imported")));
+
+    // The state as a snapshot carries it, installed on an empty node.
+    let meta = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap()
+        .meta;
+    let body = sm.get_current_snapshot().await.unwrap().unwrap().snapshot;
+    let empty = tempfile::tempdir().unwrap();
+    let (_fresh_log, mut fresh) = store::open(empty.path()).unwrap();
+    fresh.install_snapshot(&meta, body).await.unwrap();
+    {
+        let data = fresh.read_data();
+        assert_eq!(data.imports.get("bot").map(|i| i.state.next_seq()), Some(3));
+        assert!(data.tombstones.contains_key("gone"));
+    }
+    let rest = import_entry(
+        5,
+        ImportStep::Records {
+            agent_id: id(),
+            records: lines[3..].to_vec(),
+        },
+    );
+    let short = import_entry(
+        6,
+        ImportStep::Commit {
+            agent_id: id(),
+            head: records[3].head(),
+            sealed: Vec::new(),
+        },
+    );
+    let commit = import_entry(
+        7,
+        ImportStep::Commit {
+            agent_id: id(),
+            head,
+            sealed: Vec::new(),
+        },
+    );
+    let outcomes = fresh.apply(vec![rest, short, commit]).await.unwrap();
+    assert_eq!(outcomes[0].0, vec![ApplyOutcome::Applied]);
+    assert!(
+        matches!(&outcomes[1].0[..], [ApplyOutcome::Rejected(_)]),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[2].0, vec![ApplyOutcome::Applied]);
+    let data = fresh.read_data();
+    match data.agents.get("bot") {
+        Some(AgentSlot::Active(state)) => assert_eq!(state.next_seq(), records.len() as u64),
+        other => panic!("not active: {other:?}"),
+    }
+    assert!(data.imports.is_empty() && data.import_points.contains_key("bot"));
 }

@@ -47,6 +47,8 @@ pub fn routes() -> RouteBook {
 pub struct BeginBody {
     genesis_hash: String,
     source_sha256: String,
+    /// The head the source file ends with; the commit must be at it.
+    head: Head,
 }
 
 #[derive(Deserialize)]
@@ -96,6 +98,7 @@ async fn status(
         "next_seq": status.next_seq,
         "head": status.head,
         "genesis_hash": genesis_hash,
+        "manifest": status.manifest,
     })))
 }
 
@@ -112,6 +115,7 @@ async fn begin(
     let manifest = ImportManifest {
         genesis_hash: body.genesis_hash.to_ascii_lowercase(),
         source_sha256: body.source_sha256.to_ascii_lowercase(),
+        head: Some(body.head),
     };
     app.import_step(ImportStep::Begin {
         agent_id: agent_id.clone(),

@@ -281,7 +281,7 @@ fn apply_import(
     txn: &redb::WriteTransaction,
     step: ImportStep,
 ) -> Result<ApplyOutcome, StorageError> {
-    use super::super::imports::{put_marker, remove_marker, Importing};
+    use super::super::imports::remove_marker;
     let rejected = |reason: String| Ok(ApplyOutcome::Rejected(reason));
     let parse = |lines: &[RecordLine]| -> Result<Vec<Record>, String> {
         lines
@@ -290,33 +290,7 @@ fn apply_import(
             .collect()
     };
     match step {
-        ImportStep::Begin { agent_id, manifest } => {
-            if data.agents.contains_key(&agent_id) {
-                return rejected(format!("agent {agent_id} exists"));
-            }
-            if let Some(tombstone) = data.tombstones.get(&agent_id) {
-                return rejected(format!(
-                    "agent id {agent_id} is reserved: its reference log failed verification ({})",
-                    tombstone.reason
-                ));
-            }
-            if let Some(under_way) = data.imports.get(&agent_id) {
-                return if under_way.manifest.genesis_hash == manifest.genesis_hash {
-                    Ok(ApplyOutcome::Applied)
-                } else {
-                    rejected(format!("another log of {agent_id} is being imported"))
-                };
-            }
-            put_marker(txn, &agent_id, &manifest).map_err(sm_err)?;
-            data.imports.insert(
-                agent_id,
-                Importing {
-                    manifest,
-                    state: AgentState::new(),
-                },
-            );
-            Ok(ApplyOutcome::Applied)
-        }
+        ImportStep::Begin { agent_id, manifest } => apply_begin(data, txn, agent_id, manifest),
         ImportStep::Tombstone {
             agent_id,
             tombstone,
@@ -352,6 +326,17 @@ fn apply_import(
                     importing.state.head
                 ));
             }
+            if importing
+                .manifest
+                .head
+                .as_ref()
+                .is_some_and(|end| *end != head)
+            {
+                return rejected(format!(
+                    "the import of {agent_id} began from a file ending at {:?}, not at {head}",
+                    importing.manifest.head
+                ));
+            }
             let parsed = match parse(&sealed) {
                 Ok(parsed) => parsed,
                 Err(reason) => return rejected(reason),
@@ -377,6 +362,53 @@ fn apply_import(
             Ok(ApplyOutcome::Applied)
         }
     }
+}
+
+/// `ImportStep::Begin`: the agent opened as being imported, unless an agent, a tombstone
+/// or another copy's import holds the id; the same source again is answered as done.
+fn apply_begin(
+    data: &mut SmData,
+    txn: &redb::WriteTransaction,
+    agent_id: String,
+    manifest: crate::raft_types::ImportManifest,
+) -> Result<ApplyOutcome, StorageError> {
+    use super::super::imports::{put_marker, Importing};
+    if data.agents.contains_key(&agent_id) {
+        return Ok(ApplyOutcome::Rejected(format!("agent {agent_id} exists")));
+    }
+    if let Some(tombstone) = data.tombstones.get(&agent_id) {
+        return Ok(ApplyOutcome::Rejected(format!(
+            "agent id {agent_id} is reserved: its reference log failed verification ({})",
+            tombstone.reason
+        )));
+    }
+    if let Some(under_way) = data.imports.get(&agent_id) {
+        // The same source again (a run resumed) is answered as done; another copy
+        // (another genesis, head or file) may not finish this import.
+        return if under_way.manifest == manifest {
+            Ok(ApplyOutcome::Applied)
+        } else {
+            Ok(ApplyOutcome::Rejected(format!(
+                "another copy of {agent_id}'s log is being imported (ending at {}, \
+                 file sha256 {})",
+                under_way
+                    .manifest
+                    .head
+                    .as_ref()
+                    .map_or("?".to_string(), ToString::to_string),
+                under_way.manifest.source_sha256
+            )))
+        };
+    }
+    put_marker(txn, &agent_id, &manifest).map_err(sm_err)?;
+    data.imports.insert(
+        agent_id,
+        Importing {
+            manifest,
+            state: AgentState::new(),
+        },
+    );
+    Ok(ApplyOutcome::Applied)
 }
 
 /// A tombstone (`ImportStep::Tombstone`): the id reserved for good, unless an agent
