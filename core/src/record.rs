@@ -312,5 +312,54 @@ mod tests {
         assert_eq!(head.seq, 3);
         assert!("3".parse::<Head>().is_err());
         assert!("x:ab".parse::<Head>().is_err());
+        // Both the length and the digits are checked, each on its own.
+        assert!(format!("3:{}", "zz".repeat(32)).parse::<Head>().is_err());
+        assert!(format!("3:{}", "ab".repeat(31)).parse::<Head>().is_err());
+        // Written as it is read.
+        assert_eq!(head.to_string(), format!("3:{}", "ab".repeat(32)));
+        assert_eq!(head.to_string().parse::<Head>().unwrap(), head);
+    }
+
+    #[test]
+    fn the_clock_reads_the_time_of_day() {
+        let now = timestamp::now_micros();
+        let system = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as i64;
+        assert!((now - system).abs() < 60_000_000, "{now} vs {system}");
+    }
+
+    #[test]
+    fn a_record_far_larger_than_a_page_still_verifies() {
+        // Bounded at MAX_RECORD_BYTES (16 MiB), not at some smaller size.
+        let key = AuditKey::from_seed([7; 32]);
+        let genesis = Record::seal(
+            &key,
+            0,
+            timestamp::format(1),
+            "bot",
+            "genesis",
+            json!({"public_key": key.public_key_hex(), "log_id": "bot"}),
+            ZERO_HASH,
+        );
+        let big = Record::seal(
+            &key,
+            1,
+            timestamp::format(2),
+            "bot",
+            "note",
+            json!({"text": "x".repeat(1 << 20)}),
+            &genesis.hash,
+        );
+        let text = format!("{}\n{}\n", genesis.to_line(), big.to_line());
+        let report = crate::verify_reader(
+            text.as_bytes(),
+            &crate::VerifyOptions {
+                public_key: Some(key.public_key_hex().to_string()),
+                checkpoint: None,
+            },
+        );
+        assert!(report.ok, "{report:?}");
     }
 }

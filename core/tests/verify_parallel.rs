@@ -95,24 +95,34 @@ fn tamper() -> impl Strategy<Value = Tamper> {
     ]
 }
 
+/// Applies one tamper. Indexes are taken modulo the lines there are now: an earlier
+/// tamper may have deleted one (or emptied a line), and a tamper must never panic.
 fn apply(lines: &mut Vec<Vec<u8>>, tamper: &Tamper) {
+    if lines.is_empty() {
+        return;
+    }
+    let n = lines.len();
     match *tamper {
         Tamper::FlipBit { line, byte, bit } => {
-            let l = &mut lines[line];
-            let i = byte % l.len();
-            l[i] ^= 1 << bit;
+            let l = &mut lines[line % n];
+            if !l.is_empty() {
+                let i = byte % l.len();
+                l[i] ^= 1 << bit;
+            }
         }
         Tamper::Delete { line } => {
-            lines.remove(line);
+            lines.remove(line % n);
         }
-        Tamper::Swap { a, b } => lines.swap(a, b),
+        Tamper::Swap { a, b } => lines.swap(a % n, b % n),
         Tamper::Duplicate { line } => {
-            let copy = lines[line].clone();
-            lines.insert(line, copy);
+            let copy = lines[line % n].clone();
+            lines.insert(line % n, copy);
         }
         Tamper::Truncate { line, keep } => {
-            let l = &mut lines[line];
-            l.truncate(keep % l.len());
+            let l = &mut lines[line % n];
+            if !l.is_empty() {
+                l.truncate(keep % l.len());
+            }
         }
     }
 }
