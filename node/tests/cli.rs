@@ -9,27 +9,11 @@
 #[path = "cluster/util.rs"]
 mod util;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use util::Cluster;
-
-fn lineage_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join("lineage");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo build --workspace` first",
-        path.display()
-    );
-    path
-}
+use util::{lineage_bin, Cluster};
 
 struct Run {
     code: i32,

@@ -22,22 +22,7 @@ use std::time::Duration;
 use lineage_core::guard::Outcome;
 use lineage_core::{AuditKey, Guard, Policy, ToolRule};
 use serde_json::{json, Value};
-use util::Cluster;
-
-fn lineage_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join("lineage");
-    assert!(
-        path.is_file(),
-        "{} is missing: cargo build --workspace",
-        path.display()
-    );
-    path
-}
+use util::{lineage_bin, Cluster};
 
 fn policy(budget: u64) -> Policy {
     Policy::new(budget)

@@ -16,13 +16,13 @@
 #[path = "cluster/util.rs"]
 mod util;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lineage_core::operators::{generate_token, token_sha256};
 use lineage_core::Record;
 use serde_json::{json, Value};
-use util::Cluster;
+use util::{lineage_bin, Cluster};
 
 /// What a route needs, as `docs/SECURITY.md`'s table says.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -725,21 +725,6 @@ async fn revocation_reserved_names_and_the_system_log_on_every_replica() {
         401
     );
     assert_eq!(local_system_log(&cluster, follower).await, records);
-}
-
-fn lineage_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join("lineage");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo build --workspace` first",
-        path.display()
-    );
-    path
 }
 
 /// Exit code, stdout and stderr of `lineage` with a token file.

@@ -117,6 +117,23 @@ pub fn program_or_skip(names: &[&str], require_env: &str) -> Option<PathBuf> {
     found
 }
 
+/// The `lineage` CLI beside this test binary (another package: `cargo test --workspace`
+/// builds it into the same target directory).
+pub fn lineage_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join("lineage");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build --workspace` first",
+        path.display()
+    );
+    path
+}
+
 impl Cluster {
     pub async fn start(n: usize) -> Cluster {
         Self::start_with(n, &[]).await
