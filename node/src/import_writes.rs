@@ -120,9 +120,9 @@ fn prepare(
                 sealed,
             ))
         }
-        other @ (ImportStep::Begin { .. } | ImportStep::Tombstone { .. }) => {
-            Ok((other, Vec::new()))
-        }
+        other @ (ImportStep::Begin { .. }
+        | ImportStep::Tombstone { .. }
+        | ImportStep::Abort { .. }) => Ok((other, Vec::new())),
     }
 }
 

@@ -72,6 +72,9 @@ pub enum ImportStep {
         head: lineage_core::Head,
         sealed: Vec<RecordLine>,
     },
+    /// An import given up by an admin (a wrong file begun, a record too large to
+    /// send): its records so far are deleted on every node and the id is free again.
+    Abort { agent_id: String },
     /// A source log that failed verification: nothing of it is imported (its verified
     /// prefix would refund the agent), and its id stays reserved for good.
     Tombstone {
@@ -97,6 +100,7 @@ impl ImportStep {
             ImportStep::Begin { agent_id, .. }
             | ImportStep::Records { agent_id, .. }
             | ImportStep::Commit { agent_id, .. }
+            | ImportStep::Abort { agent_id }
             | ImportStep::Tombstone { agent_id, .. } => agent_id,
         }
     }

@@ -676,3 +676,85 @@ async fn an_import_under_way_survives_reopen_and_a_snapshot() {
     }
     assert!(data.imports.is_empty() && data.import_points.contains_key("bot"));
 }
+
+/// An import given up is gone on the node: its records, index entry and marker, and the
+/// id can be imported again from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_import_leaves_nothing_behind() {
+    use lineage_node::raft_types::{ImportManifest, ImportStep};
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([5; 32]);
+    let writes = entries_with_requests(&key, 1);
+    let lines: Vec<RecordLine> = writes.iter().flat_map(|a| a.records.clone()).collect();
+    let first = lines[0].record().unwrap().into_owned();
+    let manifest = ImportManifest {
+        genesis_hash: first.hash.clone(),
+        source_sha256: "ab".repeat(32),
+        head: None,
+    };
+    let begin = |i| {
+        import_entry(
+            i,
+            ImportStep::Begin {
+                agent_id: "bot".into(),
+                manifest: manifest.clone(),
+            },
+        )
+    };
+    let (_log, mut sm) = store::open(dir.path()).unwrap();
+    let outcomes = sm
+        .apply(vec![
+            begin(1),
+            import_entry(
+                2,
+                ImportStep::Records {
+                    agent_id: "bot".into(),
+                    records: lines.clone(),
+                },
+            ),
+            import_entry(
+                3,
+                ImportStep::Abort {
+                    agent_id: "bot".into(),
+                },
+            ),
+            import_entry(
+                4,
+                ImportStep::Abort {
+                    agent_id: "bot".into(),
+                },
+            ),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(outcomes[2].0, vec![ApplyOutcome::Applied]);
+    assert!(
+        matches!(&outcomes[3].0[..], [ApplyOutcome::Rejected(_)]),
+        "nothing left to abort"
+    );
+    assert!(sm.records("bot", 0, 100).unwrap().is_empty());
+    assert!(sm.read_data().imports.is_empty());
+    drop(sm);
+    let (_log, mut sm) = store::open(dir.path()).unwrap();
+    assert!(
+        !sm.read_data().agents.contains_key("bot"),
+        "the index entry is gone too"
+    );
+    let again = sm
+        .apply(vec![
+            begin(5),
+            import_entry(
+                6,
+                ImportStep::Records {
+                    agent_id: "bot".into(),
+                    records: lines,
+                },
+            ),
+        ])
+        .await
+        .unwrap();
+    assert!(
+        again.iter().all(|o| o.0 == vec![ApplyOutcome::Applied]),
+        "{again:?}"
+    );
+}

@@ -40,6 +40,7 @@ pub fn routes() -> RouteBook {
             &[Method::POST],
             post(tombstone),
         )
+        .route("/v1/agents/{id}/import/abort", &[Method::POST], post(abort))
 }
 
 #[derive(Deserialize)]
@@ -210,6 +211,25 @@ async fn tombstone(
             reason: body.reason,
             source_sha256: body.source_sha256.to_ascii_lowercase(),
         },
+    })
+    .await?;
+    Ok(Json(json!(crate::import_writes::status(
+        &app.sm, &agent_id
+    ))))
+}
+
+/// `POST /v1/agents/:id/import/abort` (admin): gives up an import under way (a wrong
+/// file begun, a record too large to send); its records so far are deleted on every
+/// node and the id is free again, for a new import.
+async fn abort(
+    State(app): State<Arc<App>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    require(&headers, &app, Need::Admin)?;
+    path_agent_id(&agent_id)?;
+    app.import_step(ImportStep::Abort {
+        agent_id: agent_id.clone(),
     })
     .await?;
     Ok(Json(json!(crate::import_writes::status(

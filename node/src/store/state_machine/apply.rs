@@ -295,6 +295,22 @@ fn apply_import(
             agent_id,
             tombstone,
         } => apply_tombstone(data, txn, agent_id, tombstone),
+        ImportStep::Abort { agent_id } => {
+            if data.imports.remove(&agent_id).is_none() {
+                return rejected(format!("no import of {agent_id} is under way"));
+            }
+            remove_marker(txn, &agent_id).map_err(sm_err)?;
+            let mut records = txn.open_table(super::RECORDS).map_err(sm_write_err)?;
+            records
+                .retain_in(
+                    (agent_id.as_str(), 0)..=(agent_id.as_str(), u64::MAX),
+                    |_, _| false,
+                )
+                .map_err(sm_write_err)?;
+            let mut index = txn.open_table(super::AGENT_INDEX).map_err(sm_write_err)?;
+            index.remove(agent_id.as_str()).map_err(sm_write_err)?;
+            Ok(ApplyOutcome::Applied)
+        }
         ImportStep::Records { agent_id, records } => {
             let Some(importing) = data.imports.get_mut(&agent_id) else {
                 return rejected(format!("no import of {agent_id} is under way"));
