@@ -76,7 +76,7 @@ pub fn import(target: &Target, dir: &Path, out: &mut dyn Write) -> Result<(), Fa
         return Err(Failure::Negative(format!(
             "{}'s audit key ({}) is not this cluster's ({cluster_key}): its logs cannot be \
              continued under lineage-audit-v1. Start the cluster with keys made by \
-             `lineage-node keygen --from-reference {}`",
+             `lineage-node keygen KEYS_DIR --from-reference {}`",
             dir.display(),
             key.public_key_hex(),
             dir.display()
