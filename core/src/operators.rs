@@ -578,6 +578,45 @@ mod tests {
     }
 
     #[test]
+    fn the_edges_of_names_hashes_retries_and_listing() {
+        let mut ops = Operators::default();
+        // Digits, `_` and `-` are name characters; hashes are 64 lowercase hex digits.
+        let records = change(&mut ops, &add("ops-1_a", Role::Admin, "t1"), 1).unwrap();
+        assert_eq!(ops.head(), Some(&records[records.len() - 1].head()));
+        for bad in ["AB".repeat(32), "ab".to_string()] {
+            let change_bad = Change::Add {
+                name: "x".into(),
+                role: Role::Auditor,
+                token_sha256: bad.clone(),
+            };
+            assert_eq!(
+                change(&mut ops, &change_bad, 2),
+                Err(ChangeError::InvalidTokenHash),
+                "{bad}"
+            );
+        }
+        // A retry is the same operator only if role and token match too.
+        for retry in [
+            add("ops-1_a", Role::Auditor, "t1"),
+            add("ops-1_a", Role::Admin, "t2"),
+        ] {
+            assert_eq!(
+                change(&mut ops, &retry, 3),
+                Err(ChangeError::NameTaken("ops-1_a".into()))
+            );
+        }
+        change(&mut ops, &add("second", Role::Approver, "t3"), 4).unwrap();
+        let names: Vec<&str> = ops.all().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["ops-1_a", "second"]);
+        // Agent ids take `_` and `-` too.
+        let reissue = Change::ReissueAgentToken {
+            agent_id: "my-bot_1".into(),
+        };
+        change(&mut ops, &reissue, 5).unwrap();
+        assert_eq!(ops.token_generation("my-bot_1"), 1);
+    }
+
+    #[test]
     fn the_system_log_verifies_as_a_lineage_audit_v1_log() {
         let mut ops = Operators::default();
         let mut lines = Vec::new();
