@@ -439,7 +439,8 @@ fn meta_row<T: Serialize>(value: &T) -> Result<Vec<u8>, StorageError> {
 }
 
 /// Whether the state machine's own bookkeeping in `db` reads back intact (sealed, or an
-/// older plain row); a store that fails is rebuilt, not trusted (`store::open_state_db`).
+/// older plain row): the last applied id, the membership, the system log and the import
+/// rows. A store that fails is rebuilt, not trusted (`store::open_state_db`).
 pub fn meta_intact(db: &Database) -> Result<(), String> {
     let txn = db.begin_read().map_err(|e| e.to_string())?;
     let meta = match txn.open_table(SM_META) {
@@ -455,6 +456,13 @@ pub fn meta_intact(db: &Database) -> Result<(), String> {
         checked_row::unseal_json::<StoredMembership<NodeId, BasicNode>>(v.value())
             .map_err(|e| format!("membership: {e}"))?;
     }
+    // The system log and the imports' rows are sealed too. None may be skipped as
+    // absent: a lost revocation would let a revoked token back in, a lost import marker
+    // would serve a half-imported agent, a lost tombstone would free a tampered log's id.
+    system_log::lines(&txn, 0, usize::MAX)?;
+    super::imports::markers(&txn)?;
+    super::imports::tombstones(&txn)?;
+    super::imports::import_points(&txn)?;
     Ok(())
 }
 
