@@ -203,11 +203,7 @@ fn read_locked(path: &Path) -> Result<(String, Vec<u8>, std::fs::File), String> 
         .and_then(|s| s.to_str())
         .ok_or("the file name is not UTF-8")?
         .to_string();
-    let valid_id = (1..=64).contains(&agent_id.len())
-        && agent_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if !valid_id {
+    if !lineage_core::guard::is_agent_id(&agent_id) {
         return Err(format!(
             "{agent_id:?} is not an agent id this cluster accepts ([A-Za-z0-9_-], 1-64)"
         ));

@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use lineage_core::operators::{generate_token, token_sha256, Role, TOKEN_PREFIX};
+use lineage_core::operators::{generate_token, is_operator_name, token_sha256, Role, TOKEN_PREFIX};
 use serde_json::{json, Value};
 
 use crate::ops_cli::{cell, print_json, runtime, table, Failure, Target};
@@ -143,11 +143,7 @@ pub fn list(target: &Target, out: &mut dyn Write) -> Result<(), Failure> {
 
 /// `lineage operator revoke NAME`.
 pub fn revoke(target: &Target, name: &str, out: &mut dyn Write) -> Result<(), Failure> {
-    let valid = (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-    if !valid {
+    if !is_operator_name(name) {
         return Err(Failure::Usage(format!(
             "{name:?} is not an operator name (1-64 characters of a-z 0-9 _ -)"
         )));

@@ -169,11 +169,7 @@ pub fn find_admin_token(token_file: Option<&Path>) -> Result<String, Failure> {
 /// An agent or action id as it goes into a URL path: the API's id rule (1-64 of
 /// `[A-Za-z0-9_-]`), so `..` or `a/b` can never name another route.
 fn path_id<'a>(id: &'a str, what: &str) -> Result<&'a str, Failure> {
-    let ok = (1..=64).contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if ok {
+    if lineage_core::guard::is_agent_id(id) {
         Ok(id)
     } else {
         Err(Failure::Usage(format!(

@@ -144,7 +144,8 @@ pub fn token_sha256(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
-fn valid_name(name: &str) -> bool {
+/// Whether `name` is an operator name: 1-64 characters of `[a-z0-9_-]`.
+pub fn is_operator_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name
             .bytes()
@@ -201,7 +202,7 @@ impl Operators {
                 if name.eq_ignore_ascii_case(BUILTIN_ADMIN) {
                     return Err(ChangeError::Reserved);
                 }
-                if !valid_name(name) {
+                if !is_operator_name(name) {
                     return Err(ChangeError::InvalidName);
                 }
                 if !valid_hash(token_sha256) {
@@ -247,11 +248,7 @@ impl Operators {
                 (REVOKED, json!({"name": name, "by": by}))
             }
             Change::ReissueAgentToken { agent_id } => {
-                let valid = (1..=64).contains(&agent_id.len())
-                    && agent_id
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-                if !valid {
+                if !crate::guard::is_agent_id(agent_id) {
                     return Err(ChangeError::InvalidAgentId);
                 }
                 let generation = self.token_generation(agent_id) + 1;

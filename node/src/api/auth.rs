@@ -2,6 +2,7 @@
 //! role), or an agent token that acts only as its agent.
 
 use axum::http::HeaderMap;
+use lineage_core::guard::is_agent_id;
 use lineage_core::operators::{Role, BUILTIN_ADMIN};
 use lineage_core::token;
 
@@ -197,17 +198,9 @@ pub fn require_agent_or(
     }
 }
 
-/// `agent_id` must be 1–64 characters of `[A-Za-z0-9_-]`.
-fn is_valid_agent_id(agent_id: &str) -> bool {
-    (1..=64).contains(&agent_id.len())
-        && agent_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
 /// An id a new agent is to get (in a request body): a malformed one is a bad request.
 pub fn validate_agent_id(agent_id: &str) -> Result<(), ApiError> {
-    if is_valid_agent_id(agent_id) {
+    if is_agent_id(agent_id) {
         Ok(())
     } else {
         Err(ApiError::BadRequest(
@@ -219,7 +212,7 @@ pub fn validate_agent_id(agent_id: &str) -> Result<(), ApiError> {
 /// An agent id in a path: no agent can have a malformed id, so it is not found (404),
 /// as the reference answers.
 pub fn path_agent_id(agent_id: &str) -> Result<(), ApiError> {
-    if is_valid_agent_id(agent_id) {
+    if is_agent_id(agent_id) {
         Ok(())
     } else {
         Err(ApiError::agent_not_found())
