@@ -76,7 +76,8 @@ fn prepare(
     let refused = |reason: String| ImportFailed::Refused(reason);
     match step {
         ImportStep::Records { agent_id, records } => {
-            for line in &records {
+            // Only a batch's first record can be the genesis (the rest must follow it).
+            if let Some(line) = records.first() {
                 let record = line.record().map_err(refused)?;
                 if record.seq == 0 {
                     let genesis_key = record

@@ -118,14 +118,7 @@ async fn begin(
         source_sha256: body.source_sha256.to_ascii_lowercase(),
         head: Some(body.head),
     };
-    app.import_step(ImportStep::Begin {
-        agent_id: agent_id.clone(),
-        manifest,
-    })
-    .await?;
-    Ok(Json(json!(crate::import_writes::status(
-        &app.sm, &agent_id
-    ))))
+    step_and_status(&app, ImportStep::Begin { agent_id, manifest }).await
 }
 
 async fn records(
@@ -143,22 +136,30 @@ async fn records(
     if body.records.is_empty() {
         return Err(ApiError::BadRequest("no records".into()));
     }
-    // A line is stored as sent and served as it parses: they must be the same line.
+    // A line is stored as sent and served as it parses: they must be the same line. The
+    // line made from the parsed record carries it, so it is parsed once on this node.
+    let mut records = Vec::with_capacity(body.records.len());
     for line in &body.records {
         let record = Record::from_line(line.line())
             .map_err(|e| ApiError::BadRequest(format!("not a record: {e}")))?;
-        if record.to_line() != line.line() {
-            return Err(ApiError::BadRequest(format!(
-                "record seq {} is not in the format's canonical line form",
-                record.seq
-            )));
-        }
+        let seq = record.seq;
+        let checked = RecordLine::new(record)
+            .ok()
+            .filter(|checked| checked.line() == line.line())
+            .ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "record seq {seq} is not in the format's canonical line form"
+                ))
+            })?;
+        records.push(checked);
     }
-    app.import_step(ImportStep::Records {
-        agent_id: agent_id.clone(),
-        records: body.records,
-    })
-    .await?;
+    step_and_status(&app, ImportStep::Records { agent_id, records }).await
+}
+
+/// Takes `step`, then answers with where the agent's import stands.
+async fn step_and_status(app: &App, step: ImportStep) -> Result<Json<Value>, ApiError> {
+    let agent_id = step.agent_id().to_string();
+    app.import_step(step).await?;
     Ok(Json(json!(crate::import_writes::status(
         &app.sm, &agent_id
     ))))
@@ -205,17 +206,18 @@ async fn tombstone(
     if body.reason.is_empty() || body.reason.len() > 1024 {
         return Err(ApiError::BadRequest("reason must be 1-1024 bytes".into()));
     }
-    app.import_step(ImportStep::Tombstone {
-        agent_id: agent_id.clone(),
-        tombstone: Tombstone {
-            reason: body.reason,
-            source_sha256: body.source_sha256.to_ascii_lowercase(),
+    let tombstone = Tombstone {
+        reason: body.reason,
+        source_sha256: body.source_sha256.to_ascii_lowercase(),
+    };
+    step_and_status(
+        &app,
+        ImportStep::Tombstone {
+            agent_id,
+            tombstone,
         },
-    })
-    .await?;
-    Ok(Json(json!(crate::import_writes::status(
-        &app.sm, &agent_id
-    ))))
+    )
+    .await
 }
 
 /// `POST /v1/agents/:id/import/abort` (admin): gives up an import under way (a wrong
@@ -228,11 +230,5 @@ async fn abort(
 ) -> Result<Json<Value>, ApiError> {
     require(&headers, &app, Need::Admin)?;
     path_agent_id(&agent_id)?;
-    app.import_step(ImportStep::Abort {
-        agent_id: agent_id.clone(),
-    })
-    .await?;
-    Ok(Json(json!(crate::import_writes::status(
-        &app.sm, &agent_id
-    ))))
+    step_and_status(&app, ImportStep::Abort { agent_id }).await
 }

@@ -89,15 +89,23 @@ impl Importing {
             }
         }
         let mut state = self.state.clone();
+        // The key the genesis names, parsed once (the genesis may be in this batch).
+        let mut key = None;
         for record in records {
             state
                 .apply(record)
                 .map_err(|e| format!("seq {}: {e}", record.seq))?;
-            let key = lineage_core::keys::parse_public_key(&state.public_key).ok_or_else(|| {
-                format!("seq {}: the genesis names no valid public key", record.seq)
-            })?;
-            lineage_core::verify::check_signature(record, &key)
-                .map_err(|e| format!("seq {}: {e}", record.seq))?;
+            if key.is_none() {
+                let parsed =
+                    lineage_core::keys::parse_public_key(&state.public_key).ok_or_else(|| {
+                        format!("seq {}: the genesis names no valid public key", record.seq)
+                    })?;
+                key = Some(parsed);
+            }
+            if let Some(key) = &key {
+                lineage_core::verify::check_signature(record, key)
+                    .map_err(|e| format!("seq {}: {e}", record.seq))?;
+            }
         }
         Ok(state)
     }
