@@ -223,7 +223,7 @@ async fn what_this_code_wrote_still_loads_and_gives_the_same_state() {
         .await
         .expect("the pinned snapshot installs");
     assert_eq!(state_of(&fresh), expected, "the snapshot");
-    // An installed snapshot is served from its file, as received.
+    // The installed state, written out again, is the body it was installed from.
     let served = fresh
         .get_current_snapshot()
         .await

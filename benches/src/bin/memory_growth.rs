@@ -105,6 +105,11 @@ impl Drop for Node {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // For a look inside the files afterwards (redb's table statistics, say).
+        if std::env::var_os("LINEAGE_BENCH_KEEP_DATA").is_some() {
+            self.dir.disable_cleanup(true);
+            eprintln!("  data kept in {}", self.dir.path().display());
+        }
     }
 }
 
@@ -120,6 +125,31 @@ fn du_bytes(path: &Path) -> u64 {
         }
     }
     total
+}
+
+/// Where the data directory's bytes go, per record (stderr): each entry at its top.
+fn print_disk_parts(dir: &Path, records: u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut parts: Vec<(String, u64)> = entries
+        .flatten()
+        .map(|entry| {
+            let bytes = match entry.metadata() {
+                Ok(m) if m.is_dir() => du_bytes(&entry.path()),
+                Ok(m) => m.len(),
+                Err(_) => 0,
+            };
+            (entry.file_name().to_string_lossy().into_owned(), bytes)
+        })
+        .collect();
+    parts.sort_by_key(|part| std::cmp::Reverse(part.1));
+    let line: Vec<String> = parts
+        .iter()
+        .filter(|(_, bytes)| *bytes > 0)
+        .map(|(name, bytes)| format!("{name} {:.0}", *bytes as f64 / records.max(1) as f64))
+        .collect();
+    eprintln!("  disk bytes per record: {}", line.join(", "));
 }
 
 async fn wait_ready(http: &reqwest::Client, node: &Node) -> Result<(), String> {
@@ -270,6 +300,7 @@ async fn measure(binary: &Path, sizes: &[u64], load: &Load) -> Result<Vec<Figure
         let first_decision = restart.elapsed();
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (rss_restarted, anon_restarted) = node.memory()?;
+        print_disk_parts(&node.data_dir(), records);
         out.push(Figures {
             records,
             rss_loaded,

@@ -64,8 +64,8 @@ pub fn open_with(
     refuse_redb_raft_log(&db, data_dir)?;
     let sm = StateMachine::open(Arc::new(db))
         .map_err(|e| format!("state machine: {e}"))?
-        .with_fsync_interval(state_fsync_interval)
-        .with_snapshot_dir(data_dir.join(SNAPSHOT_DIR))?;
+        .with_fsync_interval(state_fsync_interval);
+    remove_old_snapshot_files(data_dir);
     let log_dir = data_dir.join(RAFT_LOG_DIR);
     let applied = sm.read_data().last_applied;
     let single_voter = single_voter(&sm, configured_alone);
@@ -91,8 +91,20 @@ pub fn open_with(
 
 /// The state machine's file, where the marker of a clean stop is kept.
 const STATE_DB: &str = "node.redb";
-/// Snapshot bodies (`state_machine::snapshot`): rebuilt when needed, never read at start.
+/// Where earlier builds kept snapshot bodies.
 const SNAPSHOT_DIR: &str = "snapshot";
+
+/// Earlier builds kept each snapshot's body in `DATA/snapshot/`, a second copy of every
+/// record, and emptied it at start. Bodies are now written only while being sent; a
+/// directory left by an older version is removed (best effort: it is never read).
+fn remove_old_snapshot_files(data_dir: &Path) {
+    let dir = data_dir.join(SNAPSHOT_DIR);
+    if dir.exists() {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot remove old snapshot files");
+        }
+    }
+}
 /// redb's page cache. Its default (1 GiB) let a node's memory grow with its history:
 /// replay and the scrub read every record once, and each page read stayed cached. Reads
 /// here are mostly of recent records (and the scrub's one pass), which the OS page cache

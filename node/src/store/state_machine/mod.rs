@@ -27,7 +27,7 @@ mod snapshot;
 pub use apply::check_extends;
 use apply::fold_into;
 use overlay::Unflushed;
-use snapshot::{SnapshotBody, StoredSnapshot};
+use snapshot::SnapshotBody;
 
 use super::agent_slot::AgentSlot;
 use super::checked_row;
@@ -80,7 +80,8 @@ pub struct SmData {
 pub struct StateMachine {
     db: Arc<Database>,
     pub data: Arc<RwLock<SmData>>,
-    current_snapshot: Arc<RwLock<Option<StoredSnapshot>>>,
+    /// The last snapshot built or installed (`snapshot::snapshot_now`).
+    latest_snapshot: Arc<RwLock<Option<SnapshotMeta<NodeId, BasicNode>>>>,
     /// Commits applied rows behind the applies (and durably every fsync interval: the
     /// Raft log is the durable copy, and a crash rolls the state machine back to its last
     /// durable commit, from where openraft re-applies the log; durable commits also let
@@ -91,8 +92,6 @@ pub struct StateMachine {
     /// When set, an entry is applied only once it is durable in this node's Raft log (the
     /// leader acknowledges its own appends before their fsync: `log_store` docs).
     durable_log: Option<DurableLog>,
-    /// Where snapshot bodies are kept (`None`: in memory).
-    snapshot_dir: Option<std::path::PathBuf>,
 }
 
 const WRITER_TABLES: Tables = Tables {
@@ -152,11 +151,10 @@ impl StateMachine {
         let sm = StateMachine {
             db,
             data: Arc::new(RwLock::new(SmData::default())),
-            current_snapshot: Arc::new(RwLock::new(None)),
+            latest_snapshot: Arc::new(RwLock::new(None)),
             writer,
             next_batch: Arc::default(),
             durable_log: None,
-            snapshot_dir: None,
         };
         let loaded = sm.load_from_disk()?;
         *sm.write_data() = loaded;
@@ -167,20 +165,6 @@ impl StateMachine {
     pub fn behind(mut self, log: DurableLog) -> Self {
         self.durable_log = Some(log);
         self
-    }
-
-    /// Keeps snapshot bodies in files in `dir` rather than memory. Files there from before
-    /// (a snapshot is rebuilt or received again when needed) are removed.
-    pub fn with_snapshot_dir(mut self, dir: std::path::PathBuf) -> Result<Self, String> {
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        if let Ok(entries) = std::fs::read_dir(&dir) {
-            for entry in entries.flatten() {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-        self.snapshot_dir = Some(dir);
-        Ok(self)
     }
 
     pub fn with_fsync_interval(self, interval: std::time::Duration) -> Self {
@@ -555,21 +539,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         txn.commit().map_err(sm_write_err)?;
         *data = self.load_from_disk()?;
         drop(data);
-        drop(body);
-        self.keep_installed(meta, bytes)
+        self.note_snapshot(meta);
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let current = self
-            .current_snapshot
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
-        let Some(stored) = current.as_ref() else {
-            return Ok(None);
-        };
-        Ok(Some(Snapshot {
-            meta: stored.meta.clone(),
-            snapshot: Box::new(Cursor::new(stored.bytes()?)),
-        }))
+        self.snapshot_now().await
     }
 }

@@ -1,15 +1,14 @@
-//! Snapshots: the whole state as one JSON body, written from the committed tables into a
-//! file as the rows are read, and read back only when a follower needs it.
+//! Snapshots: the whole state as one JSON body, written from the committed tables when a
+//! follower needs one. Building a snapshot only checkpoints and notes the point; no copy
+//! of the records is kept beside the tables.
 
 use std::collections::BTreeMap;
 use std::io::{Cursor, Write};
-use std::path::PathBuf;
 
 use openraft::storage::Snapshot;
 use openraft::{BasicNode, RaftSnapshotBuilder, SnapshotMeta};
 use redb::ReadableTable;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::super::heads::{HeadsLog, HeadsSnapshot};
 use super::super::{idempotency_rows, record_rows};
@@ -35,68 +34,6 @@ pub(super) struct SnapshotBody {
     /// Imported agents' figures at their imports' commits.
     #[serde(default)]
     pub(super) import_points: Vec<(String, super::super::imports::ImportPoint)>,
-}
-
-/// The last snapshot built or installed, served to followers that need one: its meta,
-/// and its body in a file (or, for a state machine opened without a directory, memory).
-pub(super) struct StoredSnapshot {
-    pub(super) meta: SnapshotMeta<NodeId, BasicNode>,
-    pub(super) body: SnapshotBytes,
-}
-
-pub(super) enum SnapshotBytes {
-    Memory(Vec<u8>),
-    /// The file, and the SHA-256 of what was written to it (kept in memory: the file
-    /// never outlives this process, since start-up empties the snapshot directory).
-    File(PathBuf, [u8; 32]),
-}
-
-impl StoredSnapshot {
-    /// The body, read back for a follower that needs it (callers hold the snapshot lock,
-    /// so a newer snapshot cannot remove the file meanwhile). A file whose bytes are not
-    /// the ones written (flipped, zeroed, cut short) is an error, never a smaller
-    /// snapshot: openraft stops on it, the node restarts and builds a new one.
-    pub(super) fn bytes(&self) -> Result<Vec<u8>, StorageError> {
-        let failed = |e: String| {
-            StorageError::from(openraft::StorageIOError::read_snapshot(
-                Some(self.meta.signature()),
-                openraft::AnyError::error(e),
-            ))
-        };
-        match &self.body {
-            SnapshotBytes::Memory(bytes) => Ok(bytes.clone()),
-            SnapshotBytes::File(path, digest) => {
-                let bytes =
-                    std::fs::read(path).map_err(|e| failed(format!("{}: {e}", path.display())))?;
-                if <[u8; 32]>::from(Sha256::digest(&bytes)) != *digest {
-                    return Err(failed(format!(
-                        "{}: the snapshot file is not what was written ({} bytes read)",
-                        path.display(),
-                        bytes.len()
-                    )));
-                }
-                Ok(bytes)
-            }
-        }
-    }
-}
-
-/// A writer that hashes what passes through it.
-struct Hashing<W> {
-    inner: W,
-    hasher: Sha256,
-}
-
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
 }
 
 /// One value as JSON onto `out`.
@@ -189,147 +126,90 @@ pub(super) fn write_body(txn: &redb::ReadTransaction, out: &mut impl Write) -> R
     Ok(())
 }
 
-/// A new file name for a snapshot body: never the current one's, which a follower may be
-/// reading (the same snapshot id can be built twice).
-fn snapshot_file(dir: &std::path::Path, meta: &SnapshotMeta<NodeId, BasicNode>) -> PathBuf {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    dir.join(format!("snapshot-{}-{n}.json", meta.snapshot_id))
-}
-
 impl StateMachine {
-    /// Writes the state that `txn` sees as the snapshot `meta` names: into a new file in
-    /// the snapshot directory (the one before it is removed once this one is current),
-    /// or into memory without one.
-    fn store_snapshot(
+    /// Fixes the state to snapshot: under the data lock, only long enough to flush (so the
+    /// tables hold what memory does) and open a read transaction, which keeps that view
+    /// while the body is written without the lock (applies carry on meanwhile).
+    fn fixed_view(
         &self,
-        meta: &SnapshotMeta<NodeId, BasicNode>,
-        txn: &redb::ReadTransaction,
-    ) -> Result<StoredSnapshot, StorageError> {
+    ) -> Result<(SnapshotMeta<NodeId, BasicNode>, redb::ReadTransaction), StorageError> {
+        let data = self.read_data();
+        self.flush()?;
+        let txn = self.db.begin_read().map_err(sm_read_err)?;
+        let snapshot_id = match data.last_applied {
+            Some(id) => format!("{}-{}", id.leader_id, id.index),
+            None => "empty".to_string(),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: data.last_applied,
+            last_membership: data.membership.clone(),
+            snapshot_id,
+        };
+        Ok((meta, txn))
+    }
+
+    /// Records that a snapshot as new as `meta` exists (built, or installed from a
+    /// leader), unless a newer one already does: a build runs beside installs.
+    pub(super) fn note_snapshot(&self, meta: &SnapshotMeta<NodeId, BasicNode>) {
+        let mut latest = self
+            .latest_snapshot
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        if latest
+            .as_ref()
+            .is_none_or(|newer| newer.last_log_id <= meta.last_log_id)
+        {
+            *latest = Some(meta.clone());
+        }
+    }
+
+    /// The snapshot a follower is sent: the body is written now, from the state as it is
+    /// now, so no second copy of the records is ever kept on disk. Its meta names the
+    /// applied id it was written at, which is never older than the last snapshot built
+    /// (and so never behind the log's purge point). `None` until a snapshot was built or
+    /// installed in this process: start-up asks for one only to learn its meta, and
+    /// openraft builds one (cheap: a checkpoint) when the log was purged.
+    pub(super) async fn snapshot_now(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        if self
+            .latest_snapshot
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+        {
+            return Ok(None);
+        }
+        let (meta, txn) = self.fixed_view()?;
         let failed = |e: String| {
-            StorageError::from(openraft::StorageIOError::write_snapshot(
+            StorageError::from(openraft::StorageIOError::read_snapshot(
                 Some(meta.signature()),
                 openraft::AnyError::error(e),
             ))
         };
-        let body = match &self.snapshot_dir {
-            None => {
-                let mut bytes = Vec::new();
-                write_body(txn, &mut bytes).map_err(failed)?;
-                SnapshotBytes::Memory(bytes)
-            }
-            Some(dir) => {
-                let path = snapshot_file(dir, meta);
-                let written = std::fs::File::create(&path)
-                    .map_err(|e| e.to_string())
-                    .and_then(|file| {
-                        let mut out = Hashing {
-                            inner: std::io::BufWriter::with_capacity(1 << 20, file),
-                            hasher: Sha256::new(),
-                        };
-                        write_body(txn, &mut out)?;
-                        out.flush().map_err(|e| e.to_string())?;
-                        Ok(out.hasher.finalize().into())
-                    });
-                match written {
-                    Ok(digest) => SnapshotBytes::File(path, digest),
-                    Err(e) => {
-                        // A part-written body would only take disk space (a full disk, say).
-                        let _ = std::fs::remove_file(&path);
-                        return Err(failed(e));
-                    }
-                }
-            }
-        };
-        Ok(StoredSnapshot {
-            meta: meta.clone(),
-            body,
+        let bytes = tokio::task::spawn_blocking(move || {
+            let mut bytes = Vec::new();
+            write_body(&txn, &mut bytes).map(|()| bytes)
         })
-    }
-
-    /// Makes `stored` the snapshot served to followers, unless a newer one is already
-    /// current (a build runs beside installs: a snapshot received while an older one was
-    /// being written must stay), and removes the file of the one that lost (after the
-    /// swap, which waits for a reader: readers hold the lock).
-    pub(super) fn set_current_snapshot(&self, stored: StoredSnapshot) {
-        let loser = {
-            let mut current = self
-                .current_snapshot
-                .write()
-                .unwrap_or_else(|p| p.into_inner());
-            match current.as_ref() {
-                Some(newer) if newer.meta.last_log_id > stored.meta.last_log_id => Some(stored),
-                _ => current.replace(stored),
-            }
-        };
-        if let Some(StoredSnapshot {
-            body: SnapshotBytes::File(old, _),
-            ..
-        }) = loser
-        {
-            let _ = std::fs::remove_file(old);
-        }
-    }
-
-    /// Keeps a received snapshot's body as the current one (in its file, when there is a
-    /// snapshot directory, so memory lets it go).
-    pub(super) fn keep_installed(
-        &self,
-        meta: &SnapshotMeta<NodeId, BasicNode>,
-        bytes: Vec<u8>,
-    ) -> Result<(), StorageError> {
-        let body = match &self.snapshot_dir {
-            None => SnapshotBytes::Memory(bytes),
-            Some(dir) => {
-                let path = snapshot_file(dir, meta);
-                std::fs::write(&path, &bytes).map_err(|e| {
-                    StorageError::from(openraft::StorageIOError::write_snapshot(
-                        Some(meta.signature()),
-                        openraft::AnyError::new(&e),
-                    ))
-                })?;
-                SnapshotBytes::File(path, Sha256::digest(&bytes).into())
-            }
-        };
-        self.set_current_snapshot(StoredSnapshot {
-            meta: meta.clone(),
-            body,
-        });
-        Ok(())
+        .await
+        .map_err(|e| failed(e.to_string()))?
+        .map_err(failed)?;
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        }))
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    /// A snapshot here is a point the state machine has made durable, after which openraft
+    /// may purge the log: the body is written only when a follower needs it
+    /// ([`StateMachine::snapshot_now`]).
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        // Logs up to this snapshot may be purged next: make the applied state durable,
-        // with fresh checkpoints so a restart replays only what follows.
+        // Fresh checkpoints, so a restart replays only what follows.
         self.checkpoint_agents()?;
-        // Under the data lock, only long enough to fix the state: flushed, the tables
-        // hold what memory does, and a read transaction keeps that view while the body
-        // is written without the lock (applies carry on meanwhile).
-        let (meta, txn) = {
-            let data = self.read_data();
-            self.flush()?;
-            let txn = self.db.begin_read().map_err(sm_read_err)?;
-            let snapshot_id = match data.last_applied {
-                Some(id) => format!("{}-{}", id.leader_id, id.index),
-                None => "empty".to_string(),
-            };
-            let meta = SnapshotMeta {
-                last_log_id: data.last_applied,
-                last_membership: data.membership.clone(),
-                snapshot_id,
-            };
-            (meta, txn)
-        };
-        let sm = self.clone();
-        let for_writer = meta.clone();
-        let stored = tokio::task::spawn_blocking(move || sm.store_snapshot(&for_writer, &txn))
-            .await
-            .map_err(|e| sm_read_err(std::io::Error::other(e.to_string())))??;
-        self.set_current_snapshot(stored);
-        // openraft keeps only the meta of a snapshot it asked to build; followers get the
-        // body from `get_current_snapshot`.
+        let (meta, txn) = self.fixed_view()?;
+        drop(txn);
+        self.note_snapshot(&meta);
+        // openraft keeps only the meta of a snapshot it asked to build.
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(Vec::new())),
