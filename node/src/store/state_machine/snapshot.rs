@@ -202,7 +202,7 @@ impl StateMachine {
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     /// A snapshot here is a point the state machine has made durable, after which openraft
     /// may purge the log: the body is written only when a follower needs it
-    /// ([`StateMachine::snapshot_now`]).
+    /// (`snapshot_now`).
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         // Fresh checkpoints, so a restart replays only what follows.
         self.checkpoint_agents()?;
