@@ -197,6 +197,15 @@ async fn an_operators_day_with_the_cli() {
     );
     assert!(terminated.contains("terminated bot"), "{terminated}");
 
+    // A snapshot of the node asked first, whichever leads, with its log purged.
+    let snapshot: Value = serde_json::from_str(&ok(
+        on_from(&cluster, 2, &["cluster", "snapshot"]),
+        "snapshot",
+    ))
+    .expect("the answer is printed as JSON");
+    assert_eq!(snapshot["node_id"], 3, "{snapshot}");
+    assert!(snapshot["snapshot_index"].as_u64() > Some(0), "{snapshot}");
+
     // A stopped node shows as unreachable, while the leader keeps serving.
     let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
     let stopped = (leader + 1) % 3;

@@ -259,8 +259,9 @@ fn policy() -> Value {
            "tools": {"work": {"cost": 1}, "pay": {"cost": 1, "requires_approval": true}}})
 }
 
-/// Membership changes: admin only. An admin "adds" a member as a learner, which changes
-/// nothing; a removal of a node that is not a member is refused by Raft.
+/// Membership changes and node snapshots: admin only. An admin "adds" a member as a
+/// learner, which changes nothing; a removal of a node that is not a member is refused by
+/// Raft.
 async fn membership_changes_are_admin_only(
     cluster: &Cluster,
     via: usize,
@@ -274,6 +275,7 @@ async fn membership_changes_are_admin_only(
         for (path, body) in [
             ("/v1/cluster/nodes", add.clone()),
             ("/v1/cluster/nodes/remove", json!({"id": 77})),
+            ("/v1/node/snapshot", json!({})),
         ] {
             let (status, answer) = cluster.post(via, path, token, body, None).await;
             if *role == "admin" {

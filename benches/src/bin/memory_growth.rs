@@ -1,7 +1,8 @@
 //! Memory and disk against history: one `lineage-node` loaded to a small and then a large
 //! number of records, with VmRSS and RssAnon read from /proc after the load and after a
 //! restart at each size, the restart's time to the first decision, and the data
-//! directory's bytes per record. A node whose memory does not grow with history shows a
+//! directory's bytes per record after a snapshot and a purge of the log
+//! (`POST /v1/node/snapshot`). A node whose memory does not grow with history shows a
 //! large/small ratio near 1.
 //!
 //!   cargo build --release -p lineage-node -p lineage-benches
@@ -152,6 +153,28 @@ fn print_disk_parts(dir: &Path, records: u64) {
     eprintln!("  disk bytes per record: {}", line.join(", "));
 }
 
+/// Asks the node for a snapshot and a purge of its log (`POST /v1/node/snapshot`), so the
+/// data directory is measured as it is after one. A build without the route (a baseline)
+/// is measured as it is, and says so.
+async fn snapshot_and_purge(http: &reqwest::Client, node: &Node) {
+    let answer = http
+        .post(format!("{}/v1/node/snapshot", node.url))
+        .bearer_auth(&node.admin)
+        .send()
+        .await;
+    match answer {
+        Ok(reply) if reply.status().is_success() => {
+            let body: serde_json::Value = reply.json().await.unwrap_or_default();
+            eprintln!(
+                "  snapshot at {}, log purged through {}",
+                body["snapshot_index"], body["purged_index"]
+            );
+        }
+        Ok(reply) => eprintln!("  no snapshot ({}): disk measured as it is", reply.status()),
+        Err(e) => eprintln!("  no snapshot ({e}): disk measured as it is"),
+    }
+}
+
 async fn wait_ready(http: &reqwest::Client, node: &Node) -> Result<(), String> {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(300) {
@@ -284,6 +307,7 @@ async fn measure(binary: &Path, sizes: &[u64], load: &Load) -> Result<Vec<Figure
         let records = du_records(&http, &node, &tokens).await?;
         eprintln!("  loaded {records} records in {:.0?}", started.elapsed());
         let (rss_loaded, anon_loaded) = node.memory()?;
+        snapshot_and_purge(&http, &node).await;
         let restart = Instant::now();
         node.restart()?;
         wait_ready(&http, &node).await?;

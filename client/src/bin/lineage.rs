@@ -181,6 +181,9 @@ enum ClusterCommand {
     },
     /// Remove a node from the cluster
     Remove { id: u64 },
+    /// Snapshot one node and purge its Raft log through it: the node `--url` names (the
+    /// first that answers; its id is in the answer)
+    Snapshot,
 }
 
 #[derive(Subcommand)]
@@ -357,6 +360,9 @@ fn main() -> ExitCode {
                     json!({"id": id}),
                     &mut out,
                 ),
+                ClusterCommand::Snapshot => {
+                    ops_cli::cluster_change(&target, "/v1/node/snapshot", json!({}), &mut out)
+                }
             };
             report(result, &mut err)
         }

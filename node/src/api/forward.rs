@@ -64,9 +64,11 @@ pub async fn route_to_leader(
     }
 }
 
-/// Public, node-local answers: the public key and `?local=true` reads of a node's own copy.
+/// Node-local answers: the public key, `?local=true` reads of a node's own copy, and
+/// operator actions on the node itself (`/v1/node/…`).
 fn serves_locally(request: &Request) -> bool {
-    request.uri().path() == "/v1/public-key" || asks_for_local_copy(request)
+    let path = request.uri().path();
+    path == "/v1/public-key" || path.starts_with("/v1/node/") || asks_for_local_copy(request)
 }
 
 /// `local=true`, read by the API's one query parser (a query it refuses is not a local

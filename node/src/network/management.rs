@@ -25,9 +25,11 @@ pub fn health_routes() -> RouteBook {
         .route("/readyz", &[Method::GET], get(readyz))
 }
 
-/// Under `/v1`, so they are routed to the leader like every other operator call.
+/// Under `/v1`, so they are routed to the leader like every other operator call (except
+/// `/v1/node/…`, which acts on the node asked: `api::forward`).
 pub fn cluster_routes() -> RouteBook {
     RouteBook::default()
+        .route("/v1/node/snapshot", &[Method::POST], post(snapshot_now))
         .route("/v1/cluster", &[Method::GET], get(cluster))
         .route("/v1/cluster/nodes", &[Method::POST], post(add_node))
         .route(
@@ -174,6 +176,68 @@ async fn remove_node(
         .await
         .map_err(|e| ApiError::unavailable(e.to_string()))?;
     Ok(Json(json!({"ok": true})))
+}
+
+/// How long `POST /v1/node/snapshot` waits for the snapshot, and then for the purge.
+const SNAPSHOT_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+const PURGE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `POST /v1/node/snapshot`: this node builds a snapshot of what it has applied and purges
+/// its Raft log through it, so its disk holds each record once (before a backup, or to
+/// measure). Openraft does the same by itself every `--snapshot-every` entries, keeping
+/// some entries behind for lagging followers; after this, a follower behind the purge
+/// gets a snapshot instead. A leader purges only once no replication is reading the
+/// entries: the answer's `purged_index` says how far it got within the wait.
+async fn snapshot_now(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require(&headers, &app, Need::Admin)?;
+    if let Some(reason) = app.repairing() {
+        // Its state may lack acknowledged entries: it gets the leader's snapshot instead.
+        return Err(ApiError::unavailable(format!(
+            "this node is being repaired from the cluster: {reason}"
+        )));
+    }
+    let Some(applied) = app.raft.metrics().borrow().last_applied else {
+        return Err(ApiError::Rejected(
+            "this node has applied nothing to snapshot yet".into(),
+        ));
+    };
+    let fatal = |e: openraft::error::Fatal<NodeId>| ApiError::unavailable(e.to_string());
+    app.raft.trigger().snapshot().await.map_err(fatal)?;
+    let built = app
+        .raft
+        .wait(Some(SNAPSHOT_WAIT))
+        .metrics(
+            |m| m.snapshot.is_some_and(|s| s.index >= applied.index),
+            "snapshot built",
+        )
+        .await
+        .map_err(|e| ApiError::unavailable(format!("the snapshot was not built: {e}")))?;
+    let snapshot = built.snapshot.map_or(applied.index, |s| s.index);
+    app.raft
+        .trigger()
+        .purge_log(snapshot)
+        .await
+        .map_err(fatal)?;
+    let purged = match app
+        .raft
+        .wait(Some(PURGE_WAIT))
+        .metrics(
+            |m| m.purged.is_some_and(|p| p.index >= snapshot),
+            "log purged",
+        )
+        .await
+    {
+        Ok(m) => m.purged,
+        Err(_) => app.raft.metrics().borrow().purged,
+    };
+    Ok(Json(json!({
+        "node_id": app.id,
+        "snapshot_index": snapshot,
+        "purged_index": purged.map(|p| p.index),
+    })))
 }
 
 /// The initial membership, from `id=addr` peers.

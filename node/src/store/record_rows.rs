@@ -12,9 +12,15 @@
 
 use redb::{ReadableTable, StorageError, Table};
 
-/// A run stops growing at about this many bytes, so no row gets huge (a snapshot install
-/// writes whole agents at once).
-const MAX_RUN_BYTES: usize = 64 * 1024;
+/// A run takes another line only while it stays within this many bytes, so no row gets
+/// huge (a snapshot install writes whole agents at once). A row bigger than a page sits
+/// alone in a leaf of a power-of-two number of pages: a full run, with its key and the
+/// leaf's header, fills 64 KiB rather than spilling into 128 KiB.
+const MAX_RUN_BYTES: usize = 64 * 1024 - 256;
+/// A row at least this long counts as settled: [`merge_tail`] stops there.
+const SETTLED_RUN_BYTES: usize = MAX_RUN_BYTES / 2;
+/// How many bytes of rows one [`merge_tail`] call rewrites at most.
+pub const MERGE_LIMIT_BYTES: usize = 16 * 1024 * 1024;
 
 /// Inserts `records`, sorted by (agent, seq), as runs of consecutive seqs.
 pub fn insert_runs<'a>(
@@ -24,7 +30,7 @@ pub fn insert_runs<'a>(
     let mut run: Option<(&str, u64, u64, String)> = None;
     for (agent, seq, line) in records {
         if let Some((run_agent, first, next, text)) = &mut run {
-            if *run_agent == agent && *next == seq && text.len() < MAX_RUN_BYTES {
+            if *run_agent == agent && *next == seq && text.len() + 1 + line.len() <= MAX_RUN_BYTES {
                 text.push('\n');
                 text.push_str(line);
                 *next += 1;
@@ -38,6 +44,50 @@ pub fn insert_runs<'a>(
         table.insert((agent, first), text.as_str())?;
     }
     Ok(())
+}
+
+/// Rewrites `agent_id`'s newest rows, back to the last settled one, as full runs, and
+/// returns how many bytes of rows it read. Each commit of the writer leaves one small row
+/// per agent (tens of milliseconds of records), and each such row takes a leaf of its
+/// own rounded up to a power-of-two number of pages: merged, the records cost about
+/// their own size on disk, and the small rows' pages are reused by later ones. One
+/// transaction, so a crash leaves either the old rows or the merged ones; the records
+/// and their seqs are the same either way.
+pub fn merge_tail(
+    table: &mut Table<(&'static str, u64), &'static str>,
+    agent_id: &str,
+) -> Result<usize, StorageError> {
+    let mut tail: Vec<(u64, String)> = Vec::new();
+    let mut bytes = 0;
+    for row in table.range((agent_id, 0)..=(agent_id, u64::MAX))?.rev() {
+        let (key, text) = row?;
+        let text = text.value();
+        if text.len() >= SETTLED_RUN_BYTES || bytes + text.len() > MERGE_LIMIT_BYTES {
+            break;
+        }
+        bytes += text.len();
+        tail.push((key.value().1, text.to_string()));
+    }
+    if tail.len() < 2 {
+        return Ok(bytes);
+    }
+    tail.reverse();
+    let mut lines = Vec::new();
+    let mut next = tail[0].0;
+    for (first, text) in &tail {
+        for (seq, line) in row_lines(*first, text) {
+            // An older overlapping row's records count once.
+            if seq >= next {
+                lines.push((agent_id, seq, line));
+                next = seq + 1;
+            }
+        }
+    }
+    for (first, _) in &tail {
+        table.remove((agent_id, *first))?;
+    }
+    insert_runs(table, lines)?;
+    Ok(bytes)
 }
 
 /// A row's records as (seq, line): the run starts at `first`.
@@ -182,11 +232,89 @@ mod tests {
         txn.commit().unwrap();
         let txn = db.begin_read().unwrap();
         let table = txn.open_table(RECORDS).unwrap();
-        let rows = table.iter().unwrap().count();
-        assert!((3..=4).contains(&rows), "{rows} rows");
+        let rows: Vec<usize> = table
+            .iter()
+            .unwrap()
+            .map(|row| row.unwrap().1.value().len())
+            .collect();
+        assert_eq!(rows.len(), 4, "{rows:?}");
+        assert!(rows.iter().all(|&len| len <= MAX_RUN_BYTES), "{rows:?}");
         drop(table);
         drop(txn);
         assert_eq!(lines(&db, "a", 0, usize::MAX).len(), 200);
         assert_eq!(lines(&db, "a", 150, 1), [(150, line.clone())]);
+    }
+
+    /// Rows of one record each (one commit each), plus an older row overlapping them,
+    /// merge into full runs that read back the same; a second merge changes nothing, and
+    /// the rows written after a merge merge with its last, unsettled run.
+    #[test]
+    fn small_rows_merge_into_full_runs_that_read_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::create(dir.path().join("t.redb")).unwrap();
+        let line = |seq: u64| format!("{seq}:{}", "y".repeat(300));
+        let write = |range: std::ops::Range<u64>| {
+            let txn = db.begin_write().unwrap();
+            {
+                let mut table = txn.open_table(RECORDS).unwrap();
+                for seq in range {
+                    let text = line(seq);
+                    insert_runs(&mut table, [("a", seq, text.as_str())]).unwrap();
+                }
+                insert_runs(&mut table, [("b", 0, "b0")]).unwrap();
+            }
+            txn.commit().unwrap();
+        };
+        let rows = |db: &Database| -> Vec<(u64, usize)> {
+            let txn = db.begin_read().unwrap();
+            let table = txn.open_table(RECORDS).unwrap();
+            let rows = table
+                .range(("a", 0)..=("a", u64::MAX))
+                .unwrap()
+                .map(|row| {
+                    let (key, text) = row.unwrap();
+                    (key.value().1, text.value().len())
+                })
+                .collect();
+            rows
+        };
+        let merge = |db: &Database| {
+            let txn = db.begin_write().unwrap();
+            {
+                let mut table = txn.open_table(RECORDS).unwrap();
+                merge_tail(&mut table, "a").unwrap();
+            }
+            txn.commit().unwrap();
+        };
+        write(0..500);
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(RECORDS).unwrap();
+            let pair = format!("{}\n{}", line(40), line(41));
+            table.insert(("a", 40), pair.as_str()).unwrap();
+        }
+        txn.commit().unwrap();
+        let expected: Vec<(u64, String)> = (0..500).map(|seq| (seq, line(seq))).collect();
+        assert_eq!(lines(&db, "a", 0, usize::MAX), expected);
+
+        merge(&db);
+        let merged = rows(&db);
+        assert_eq!(merged.len(), 3, "{merged:?}");
+        assert!(merged[..2]
+            .iter()
+            .all(|&(_, len)| (SETTLED_RUN_BYTES..=MAX_RUN_BYTES).contains(&len)));
+        assert_eq!(lines(&db, "a", 0, usize::MAX), expected);
+        assert_eq!(lines(&db, "a", 300, 1), [(300, line(300))]);
+        assert_eq!(lines(&db, "b", 0, 9), [(0, "b0".into())]);
+        merge(&db);
+        assert_eq!(rows(&db), merged, "a second merge rewrote rows");
+
+        write(500..520);
+        merge(&db);
+        let after = rows(&db);
+        assert_eq!(after[..2], merged[..2], "settled runs were rewritten");
+        assert_eq!(after.len(), 3, "{after:?}");
+        let expected: Vec<(u64, String)> = (0..520).map(|seq| (seq, line(seq))).collect();
+        assert_eq!(lines(&db, "a", 0, usize::MAX), expected);
     }
 }

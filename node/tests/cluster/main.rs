@@ -366,6 +366,60 @@ async fn a_wiped_node_catches_up_from_a_snapshot_when_the_log_was_purged() {
     assert_eq!(log_after, log);
 }
 
+/// `POST /v1/node/snapshot` acts on the node asked, never forwarded: an admin gets that
+/// node's snapshot with its log purged through it (others get 401/403). On the leader,
+/// with a follower down, the purge means that follower can come back wiped only through
+/// a snapshot, whose body is written then from the leader's tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_snapshot_purges_the_nodes_log_and_a_wiped_node_catches_up_from_it() {
+    // The default policy: openraft builds no snapshot by itself in this test.
+    let wiped = wipe_a_follower(Cluster::start(3).await).await;
+    let (cluster, leader, token) = (&wiped.cluster, wiped.leader, &wiped.token);
+    for n in 0..20 {
+        act_until_served(cluster, leader, "bot", token, &format!("p{n}")).await;
+    }
+    let other = 3 - leader - wiped.victim;
+    let (status, body) = cluster
+        .post(other, "/v1/node/snapshot", "", json!({}), None)
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (401, Some("unauthorized")),
+        "{body}"
+    );
+    let (status, body) = cluster
+        .post(other, "/v1/node/snapshot", token, json!({}), None)
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (403, Some("forbidden")),
+        "{body}"
+    );
+
+    let admin = cluster.admin.clone();
+    for node in [other, leader] {
+        let (_, before) = cluster.get(node, "/v1/cluster", &admin).await;
+        let (status, body) = cluster
+            .post(node, "/v1/node/snapshot", &admin, json!({}), None)
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            body["node_id"],
+            node + 1,
+            "answered by another node: {body}"
+        );
+        let snapshot = body["snapshot_index"].as_u64().unwrap_or(0);
+        assert!(
+            snapshot >= before["applied_index"].as_u64().unwrap_or(u64::MAX),
+            "the snapshot is older than what the node had applied: {body} {before}"
+        );
+        assert_eq!(body["purged_index"], snapshot, "{body}");
+    }
+    // The wiped node needs entries from index 1, which the leader no longer has.
+    let log = wiped.restart_and_check(20, Duration::from_secs(30)).await;
+    assert_eq!(cluster.local_log(wiped.victim, "bot").await, Some(log));
+}
+
 /// Request bodies whose numbers and strings a careless parser changes on the way back:
 /// 17-digit floats at both ends of the range, subnormals, integers at and past the u64
 /// and i64 limits, escapes and astral-plane text; the rest drawn from a seeded generator.

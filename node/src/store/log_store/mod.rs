@@ -79,8 +79,10 @@ use super::repair_floor::{self, RepairFloor};
 use super::watermark::Mark;
 use crate::raft_types::{NodeId, StorageError, TypeConfig};
 
-/// A segment is closed and a new one started once it reaches this size.
-pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+/// A segment is closed and a new one started once it reaches this size. Purging behind
+/// a snapshot deletes whole segments, so this is about what a purged log still keeps on
+/// disk (64 MiB kept every record of a 100k-record node twice).
+pub const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
 pub(super) const FRAME_HEADER: usize = 8;
 /// How many bytes of frames the newest durable entries may hold decoded in memory.
 const RECENT_BYTES: u64 = 16 * 1024 * 1024;

@@ -399,6 +399,30 @@ impl StateMachine {
     }
 }
 
+impl StateMachine {
+    /// Merges each agent's newest small record rows into full runs
+    /// (`record_rows::merge_tail`), at most [`record_rows::MERGE_LIMIT_BYTES`] of rows per
+    /// agent and four times that in all per call (the rest waits for the next). Runs
+    /// beside applies: only rows already committed are rewritten, in one write
+    /// transaction, which the writer's commits wait for. Returns the bytes of rows read.
+    pub fn merge_record_runs(&self) -> Result<usize, StorageError> {
+        let agents: Vec<String> = self.read_data().agents.keys().cloned().collect();
+        let txn = self.db.begin_write().map_err(sm_write_err)?;
+        let mut read = 0;
+        {
+            let mut table = txn.open_table(RECORDS).map_err(sm_write_err)?;
+            for agent_id in &agents {
+                if read >= 4 * record_rows::MERGE_LIMIT_BYTES {
+                    break;
+                }
+                read += record_rows::merge_tail(&mut table, agent_id).map_err(sm_write_err)?;
+            }
+        }
+        txn.commit().map_err(sm_write_err)?;
+        Ok(read)
+    }
+}
+
 /// Records the last applied log id and membership in `txn` (the writer thread stores the
 /// same two keys for the batches it commits).
 fn write_applied(
