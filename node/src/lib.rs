@@ -324,6 +324,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     if repairing {
         spawn_campaign_after_repair(raft.clone(), log_handle.clone());
     }
+    spawn_record_merges(state_machine.clone());
     spawn_exit_on_fatal(raft.clone());
     let disk = disk_reserve::DiskReserve::new(&config.data_dir, config.disk_reserve_bytes);
     heads_rounds::spawn(
@@ -397,6 +398,25 @@ fn spawn_exit_on_fatal(raft: raft_types::Raft) {
             if metrics.changed().await.is_err() {
                 // Raft shut down (graceful stop): nothing more to watch.
                 return;
+            }
+        }
+    });
+}
+
+/// How often the records written since the last pass are merged into full runs.
+const RECORD_MERGE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Merges the small record rows the writer's commits leave into full runs
+/// (`StateMachine::merge_record_runs`), so records cost about their own size on disk.
+fn spawn_record_merges(state_machine: store::state_machine::StateMachine) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(RECORD_MERGE_INTERVAL).await;
+            let sm = state_machine.clone();
+            match tokio::task::spawn_blocking(move || sm.merge_record_runs()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "could not merge record rows"),
+                Err(e) => tracing::warn!(error = %e, "record merge task failed"),
             }
         }
     });

@@ -446,6 +446,79 @@ async fn a_snapshot_body_is_written_from_the_state_when_a_follower_needs_it() {
     );
 }
 
+/// Record rows merged into full runs behind the applies (one small row per commit
+/// before) read back the same, verify, and survive a reopen; the state built from them
+/// after the reopen is the state before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_merged_behind_the_applies_read_the_same_and_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([5; 32]);
+    let appends = entries_with_requests(&key, 300);
+    let expected: Vec<String> = appends
+        .iter()
+        .flat_map(|a| a.records.iter().map(|r| r.line().to_string()))
+        .collect();
+    let rows = |dir: &std::path::Path| {
+        let db = redb::Database::open(dir.join("node.redb")).unwrap();
+        let txn = db.begin_read().unwrap();
+        let table = txn
+            .open_table(redb::TableDefinition::<(&str, u64), &str>::new("records"))
+            .unwrap();
+        redb::ReadableTableMetadata::len(&table).unwrap()
+    };
+    let before_reopen = {
+        let (_log, mut sm) = store::open(dir.path()).unwrap();
+        let mut merged = 0;
+        for (n, chunk) in appends.chunks(10).enumerate() {
+            sm.apply(as_entries(chunk, 1 + 10 * n as u64))
+                .await
+                .unwrap();
+            // Each chunk its own committed rows, then merges while more arrive.
+            sm.flush().unwrap();
+            merged += sm.merge_record_runs().unwrap();
+        }
+        assert!(merged > 0, "nothing was merged");
+        sm.flush().unwrap();
+        let lines: Vec<String> = sm
+            .records("bot", 0, usize::MAX)
+            .unwrap()
+            .iter()
+            .map(lineage_core::record::Record::to_line)
+            .collect();
+        assert_eq!(lines, expected);
+        let options = lineage_core::verify::VerifyOptions {
+            public_key: Some(key.public_key_hex().to_string()),
+            checkpoint: None,
+        };
+        let report = sm.verify_stored("bot", options, 2).unwrap();
+        assert!(report.ok, "{report:?}");
+        assert_eq!(report.records, expected.len() as u64);
+        let state = match sm.read_data().agents.get("bot") {
+            Some(AgentSlot::Active(state)) => state.as_ref().clone(),
+            other => panic!("{other:?}"),
+        };
+        state
+    };
+    assert!(
+        rows(dir.path()) < appends.len().div_ceil(10) as u64,
+        "{} rows: not merged",
+        rows(dir.path())
+    );
+    let (_log, sm) = store::open(dir.path()).unwrap();
+    let reopened: Vec<String> = sm
+        .records("bot", 0, usize::MAX)
+        .unwrap()
+        .iter()
+        .map(lineage_core::record::Record::to_line)
+        .collect();
+    assert_eq!(reopened, expected);
+    let data = sm.read_data();
+    match data.agents.get("bot") {
+        Some(AgentSlot::Active(state)) => assert_eq!(state.as_ref(), &before_reopen),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// The system log's records for `changes`, made by the shared admin, sealed in order.
 fn system_entry(
     operators: &mut lineage_core::operators::Operators,

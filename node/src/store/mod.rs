@@ -60,8 +60,9 @@ pub fn open_with(
 ) -> Result<(LogStore, StateMachine), String> {
     std::fs::create_dir_all(data_dir)
         .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
-    let db = open_state_db(data_dir)?;
+    let mut db = open_state_db(data_dir)?;
     refuse_redb_raft_log(&db, data_dir)?;
+    compact_if_it_pays(&mut db, &data_dir.join(STATE_DB));
     let sm = StateMachine::open(Arc::new(db))
         .map_err(|e| format!("state machine: {e}"))?
         .with_fsync_interval(state_fsync_interval);
@@ -156,6 +157,55 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
     }
 }
 
+/// Free space in the state machine's file worth compacting away at start: at least this
+/// much, and at least a quarter of the file.
+const COMPACT_FREE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// redb reuses freed pages but never gives them back to the file system: the file stays
+/// as large as it ever was (merging record rows and snapshot installs free much). Only a
+/// database nothing else holds yet can be compacted, so it is done here, at start, when
+/// the free space is worth it. A failed or interrupted compaction leaves a valid file
+/// (redb commits each step), so it is reported and the node goes on.
+fn compact_if_it_pays(db: &mut redb::Database, path: &Path) {
+    let Ok(file_bytes) = std::fs::metadata(path).map(|m| m.len()) else {
+        return;
+    };
+    // Pages a commit frees are released by the commits after it: two empty ones first,
+    // so the count is of pages in use.
+    let empty_commit = || {
+        db.begin_write()
+            .map_err(redb::Error::from)?
+            .commit()
+            .map_err(redb::Error::from)
+    };
+    let used_bytes = match empty_commit().and_then(|()| empty_commit()).and_then(|()| {
+        let txn = db.begin_write()?;
+        let stats = txn.stats()?;
+        txn.abort()?;
+        Ok(stats.allocated_pages() * stats.page_size() as u64)
+    }) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the state machine file's page use");
+            return;
+        }
+    };
+    let free = file_bytes.saturating_sub(used_bytes);
+    if free < COMPACT_FREE_BYTES || free < file_bytes / 4 {
+        return;
+    }
+    let started = std::time::Instant::now();
+    match db.compact() {
+        Ok(_) => tracing::info!(
+            before = file_bytes,
+            after = std::fs::metadata(path).map_or(0, |m| m.len()),
+            millis = started.elapsed().as_millis() as u64,
+            "state machine file compacted"
+        ),
+        Err(e) => tracing::warn!(error = %e, "state machine file not compacted"),
+    }
+}
+
 fn create_state_db(path: &Path) -> Result<redb::Database, redb::DatabaseError> {
     redb::Builder::new()
         .set_cache_size(STATE_DB_CACHE_BYTES)
@@ -199,4 +249,51 @@ fn refuse_redb_raft_log(db: &redb::Database, data_dir: &Path) -> Result<(), Stri
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROWS: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("rows");
+
+    fn fill(db: &redb::Database, rows: std::ops::Range<u64>, remove: bool) {
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(ROWS).unwrap();
+            let value = vec![7u8; 60 * 1024];
+            for n in rows {
+                if remove {
+                    table.remove(n).unwrap();
+                } else {
+                    table.insert(n, value.as_slice()).unwrap();
+                }
+            }
+        }
+        txn.commit().unwrap();
+    }
+
+    /// A file with a few MiB free is left alone; one with more free than the threshold and
+    /// a quarter of the file shrinks, and what it still holds reads back.
+    #[test]
+    fn the_state_file_is_compacted_at_start_only_when_it_pays() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        let mut db = redb::Database::create(&path).unwrap();
+        fill(&db, 0..1_500, false);
+        fill(&db, 1_400..1_500, true);
+        let size = || std::fs::metadata(&path).unwrap().len();
+        let before = size();
+        compact_if_it_pays(&mut db, &path);
+        assert_eq!(size(), before, "compacted for a few MiB");
+
+        fill(&db, 100..1_400, true);
+        compact_if_it_pays(&mut db, &path);
+        let after = size();
+        assert!(after < before / 4, "{before} -> {after}");
+        let txn = db.begin_read().unwrap();
+        let table = txn.open_table(ROWS).unwrap();
+        assert_eq!(redb::ReadableTableMetadata::len(&table).unwrap(), 100);
+        assert_eq!(table.get(99).unwrap().unwrap().value().len(), 60 * 1024);
+    }
 }

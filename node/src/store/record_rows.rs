@@ -21,6 +21,21 @@ const MAX_RUN_BYTES: usize = 64 * 1024 - 256;
 const SETTLED_RUN_BYTES: usize = MAX_RUN_BYTES / 2;
 /// How many bytes of rows one [`merge_tail`] call rewrites at most.
 pub const MERGE_LIMIT_BYTES: usize = 16 * 1024 * 1024;
+/// Small rows are left to gather until there are this many, or enough bytes for a
+/// settled run, so an agent that writes a little at a time does not have its last,
+/// unsettled run rewritten at every merge.
+const MERGE_MIN_ROWS: usize = 16;
+
+/// What [`merge_tail`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Merged {
+    /// No small rows to merge.
+    Nothing,
+    /// Small rows wait for more ([`MERGE_MIN_ROWS`]).
+    NotYet,
+    /// Rows holding this many bytes were rewritten as full runs.
+    Rewrote(usize),
+}
 
 /// Inserts `records`, sorted by (agent, seq), as runs of consecutive seqs.
 pub fn insert_runs<'a>(
@@ -46,8 +61,8 @@ pub fn insert_runs<'a>(
     Ok(())
 }
 
-/// Rewrites `agent_id`'s newest rows, back to the last settled one, as full runs, and
-/// returns how many bytes of rows it read. Each commit of the writer leaves one small row
+/// Rewrites `agent_id`'s newest rows, back to the last settled one, as full runs, once
+/// there are enough of them to be worth it. Each commit of the writer leaves one small row
 /// per agent (tens of milliseconds of records), and each such row takes a leaf of its
 /// own rounded up to a power-of-two number of pages: merged, the records cost about
 /// their own size on disk, and the small rows' pages are reused by later ones. One
@@ -56,7 +71,7 @@ pub fn insert_runs<'a>(
 pub fn merge_tail(
     table: &mut Table<(&'static str, u64), &'static str>,
     agent_id: &str,
-) -> Result<usize, StorageError> {
+) -> Result<Merged, StorageError> {
     let mut tail: Vec<(u64, String)> = Vec::new();
     let mut bytes = 0;
     for row in table.range((agent_id, 0)..=(agent_id, u64::MAX))?.rev() {
@@ -69,7 +84,10 @@ pub fn merge_tail(
         tail.push((key.value().1, text.to_string()));
     }
     if tail.len() < 2 {
-        return Ok(bytes);
+        return Ok(Merged::Nothing);
+    }
+    if tail.len() < MERGE_MIN_ROWS && bytes < SETTLED_RUN_BYTES {
+        return Ok(Merged::NotYet);
     }
     tail.reverse();
     let mut lines = Vec::new();
@@ -87,7 +105,7 @@ pub fn merge_tail(
         table.remove((agent_id, *first))?;
     }
     insert_runs(table, lines)?;
-    Ok(bytes)
+    Ok(Merged::Rewrote(bytes))
 }
 
 /// A row's records as (seq, line): the run starts at `first`.
@@ -280,11 +298,12 @@ mod tests {
         };
         let merge = |db: &Database| {
             let txn = db.begin_write().unwrap();
-            {
+            let merged = {
                 let mut table = txn.open_table(RECORDS).unwrap();
-                merge_tail(&mut table, "a").unwrap();
-            }
+                merge_tail(&mut table, "a").unwrap()
+            };
             txn.commit().unwrap();
+            merged
         };
         write(0..500);
         let txn = db.begin_write().unwrap();
@@ -297,7 +316,7 @@ mod tests {
         let expected: Vec<(u64, String)> = (0..500).map(|seq| (seq, line(seq))).collect();
         assert_eq!(lines(&db, "a", 0, usize::MAX), expected);
 
-        merge(&db);
+        assert!(matches!(merge(&db), Merged::Rewrote(_)));
         let merged = rows(&db);
         assert_eq!(merged.len(), 3, "{merged:?}");
         assert!(merged[..2]
@@ -306,11 +325,15 @@ mod tests {
         assert_eq!(lines(&db, "a", 0, usize::MAX), expected);
         assert_eq!(lines(&db, "a", 300, 1), [(300, line(300))]);
         assert_eq!(lines(&db, "b", 0, 9), [(0, "b0".into())]);
-        merge(&db);
+        assert_eq!(merge(&db), Merged::Nothing);
         assert_eq!(rows(&db), merged, "a second merge rewrote rows");
 
-        write(500..520);
-        merge(&db);
+        // A few small rows wait for more; enough of them merge with the unsettled run.
+        write(500..505);
+        assert_eq!(merge(&db), Merged::NotYet);
+        assert_eq!(rows(&db).len(), merged.len() + 5);
+        write(505..520);
+        assert!(matches!(merge(&db), Merged::Rewrote(_)));
         let after = rows(&db);
         assert_eq!(after[..2], merged[..2], "settled runs were rewritten");
         assert_eq!(after.len(), 3, "{after:?}");

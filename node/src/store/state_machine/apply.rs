@@ -179,6 +179,7 @@ impl StateMachine {
                     data.heads.mark_if_grown(&append.agent_id, slot);
                     add_rows(append, &records, &mut rows)?;
                     data.dirty.insert(append.agent_id.clone());
+                    data.unmerged.insert(append.agent_id.clone());
                 } else if matches!(slot, AgentSlot::Active(s) if s.head.is_none()) {
                     // A rejected first write leaves no agent behind.
                     data.agents.remove(&append.agent_id);

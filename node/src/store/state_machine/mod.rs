@@ -61,6 +61,8 @@ pub struct SmData {
     pub agents: BTreeMap<String, AgentSlot>,
     /// Agents changed since their last checkpoint.
     dirty: std::collections::BTreeSet<String>,
+    /// Agents with record rows written since their last merge (`merge_record_runs`).
+    unmerged: std::collections::BTreeSet<String>,
     /// Records folded while loading from disk (what start-up cost).
     pub records_replayed_at_open: u64,
     pub heads: HeadsLog,
@@ -400,25 +402,35 @@ impl StateMachine {
 }
 
 impl StateMachine {
-    /// Merges each agent's newest small record rows into full runs
-    /// (`record_rows::merge_tail`), at most [`record_rows::MERGE_LIMIT_BYTES`] of rows per
-    /// agent and four times that in all per call (the rest waits for the next). Runs
-    /// beside applies: only rows already committed are rewritten, in one write
+    /// Merges the newest small record rows of the agents written since the last call into
+    /// full runs (`record_rows::merge_tail`), at most four times
+    /// [`record_rows::MERGE_LIMIT_BYTES`] of rows per call (the rest waits for the next).
+    /// Runs beside applies: only rows already committed are rewritten, in one write
     /// transaction, which the writer's commits wait for. Returns the bytes of rows read.
     pub fn merge_record_runs(&self) -> Result<usize, StorageError> {
-        let agents: Vec<String> = self.read_data().agents.keys().cloned().collect();
-        let txn = self.db.begin_write().map_err(sm_write_err)?;
+        let agents = std::mem::take(&mut self.write_data().unmerged);
+        if agents.is_empty() {
+            return Ok(0);
+        }
+        let mut later = Vec::new();
         let mut read = 0;
+        let txn = self.db.begin_write().map_err(sm_write_err)?;
         {
             let mut table = txn.open_table(RECORDS).map_err(sm_write_err)?;
-            for agent_id in &agents {
+            for agent_id in agents {
                 if read >= 4 * record_rows::MERGE_LIMIT_BYTES {
-                    break;
+                    later.push(agent_id);
+                    continue;
                 }
-                read += record_rows::merge_tail(&mut table, agent_id).map_err(sm_write_err)?;
+                match record_rows::merge_tail(&mut table, &agent_id).map_err(sm_write_err)? {
+                    record_rows::Merged::Nothing => {}
+                    record_rows::Merged::NotYet => later.push(agent_id),
+                    record_rows::Merged::Rewrote(bytes) => read += bytes,
+                }
             }
         }
         txn.commit().map_err(sm_write_err)?;
+        self.write_data().unmerged.extend(later);
         Ok(read)
     }
 }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::super::heads::{HeadsLog, HeadsSnapshot};
 use super::super::{idempotency_rows, record_rows};
-use super::{sm_read_err, sm_write_err, StateMachine, IDEMPOTENCY, RECORDS};
+use super::{sm_read_err, StateMachine, IDEMPOTENCY, RECORDS};
 use crate::raft_types::{IdempotentAnswer, NodeId, StorageError, TypeConfig};
 
 /// The whole state machine as a snapshot carries it.
@@ -206,12 +206,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         // Fresh checkpoints, so a restart replays only what follows.
         self.checkpoint_agents()?;
-        // And the records since the last snapshot into full runs, so they cost about
-        // their own size on disk.
-        let merger = self.clone();
-        tokio::task::spawn_blocking(move || merger.merge_record_runs())
-            .await
-            .map_err(sm_write_err)??;
+
         let (meta, txn) = self.fixed_view()?;
         drop(txn);
         self.note_snapshot(&meta);
