@@ -31,7 +31,7 @@ const MERGE_MIN_ROWS: usize = 16;
 pub enum Merged {
     /// No small rows to merge.
     Nothing,
-    /// Small rows wait for more ([`MERGE_MIN_ROWS`]).
+    /// Small rows wait for more (`MERGE_MIN_ROWS`).
     NotYet,
     /// Rows holding this many bytes were rewritten as full runs.
     Rewrote(usize),
