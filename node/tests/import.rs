@@ -346,6 +346,45 @@ async fn a_reference_data_directory_moves_in_through_raft() {
         "{}",
         again.out
     );
+
+    a_follower_wiped_after_the_import_gets_it_by_snapshot(&cluster, leader, &statuses).await;
+}
+
+/// A follower wiped after the import, once the leader's log is purged behind a snapshot
+/// (`POST /v1/node/snapshot`), comes back by that snapshot alone: it holds every imported
+/// agent's log as the leader does, and the tombstone.
+async fn a_follower_wiped_after_the_import_gets_it_by_snapshot(
+    cluster: &Cluster,
+    leader: usize,
+    statuses: &[(String, Value)],
+) {
+    let victim = (leader + 1) % 3;
+    cluster.kill(victim);
+    cluster.wipe(victim);
+    let (status, body) = cluster
+        .post(leader, "/v1/node/snapshot", &cluster.admin, json!({}), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["purged_index"], body["snapshot_index"], "{body}");
+    cluster.start_node(victim);
+    cluster.wait_ready(victim, Duration::from_secs(30)).await;
+    for (id, _) in statuses {
+        let want = cluster.local_log(leader, id).await;
+        assert!(want.as_ref().is_some_and(|log| !log.is_empty()), "{id}");
+        let start = std::time::Instant::now();
+        loop {
+            let got = cluster.local_log(victim, id).await;
+            if got == want {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{id} on the wiped node: {got:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    the_tampered_id_is_reserved_everywhere(cluster, leader).await;
 }
 
 /// A reference data directory with keys and no agents yet; its audit key.
