@@ -324,13 +324,202 @@ impl Frontier {
     }
 }
 
-/// A whole RFC 6962 tree kept as levels of perfect-subtree hashes (level 0 = leaf
-/// hashes, level k = every complete, aligned subtree of 2^k leaves): about two hashes
-/// per leaf, and inclusion and consistency proofs for any earlier size in O(log² n)
-/// without rehashing leaves. The heads log keeps one in memory on every node.
+/// Where an RFC 6962 tree's hashes come from, for roots and proofs at any earlier size:
+/// the hashes of perfect, aligned subtrees it keeps, and leaf hashes for the rest. Kept
+/// whole in memory ([`MerkleLevels`]) or on disk with a bounded part in memory (the heads
+/// log's tree on a node).
+pub trait SubtreeSource {
+    /// How many leaves the tree holds.
+    fn size(&self) -> u64;
+    /// The hash of the perfect subtree of `2^level` leaves starting at leaf
+    /// `index * 2^level`, when it is kept.
+    fn perfect(&self, level: u32, index: u64) -> Result<Option<Hash>, TransparencyError>;
+    /// Ranges of at most this many leaves are hashed from their leaf hashes.
+    fn leaf_batch(&self) -> u64;
+    /// The leaf hashes of leaves `start..end` (`end - start` at most [`Self::leaf_batch`]).
+    fn leaf_hashes(&self, start: u64, end: u64) -> Result<Vec<Hash>, TransparencyError>;
+}
+
+/// `MTH(D[start..start+len])`, for ranges within the tree and `len > 0`.
+fn subtree(source: &impl SubtreeSource, start: u64, len: u64) -> Result<Hash, TransparencyError> {
+    if len.is_power_of_two() && start.is_multiple_of(len) {
+        if let Some(hash) = source.perfect(len.trailing_zeros(), start / len)? {
+            return Ok(hash);
+        }
+    }
+    if len <= source.leaf_batch().max(1) {
+        let hashes = source.leaf_hashes(start, start + len)?;
+        if hashes.len() as u64 != len {
+            return Err(err(format!(
+                "{} leaf hashes for leaves {start}..{}",
+                hashes.len(),
+                start + len
+            )));
+        }
+        return Ok(mth_of_leaf_hashes(&hashes));
+    }
+    let k = split_point(len);
+    Ok(node_hash(
+        &subtree(source, start, k)?,
+        &subtree(source, start + k, len - k)?,
+    ))
+}
+
+/// RFC 6962 `MTH` of a run of leaf hashes (`SHA-256("")` for none).
+pub fn root_of_leaf_hashes(hashes: &[Hash]) -> Hash {
+    if hashes.is_empty() {
+        return sha2::Sha256::digest([]).into();
+    }
+    mth_of_leaf_hashes(hashes)
+}
+
+/// RFC 6962 `MTH` of a non-empty run of leaf hashes.
+fn mth_of_leaf_hashes(hashes: &[Hash]) -> Hash {
+    if hashes.len() == 1 {
+        return hashes[0];
+    }
+    let k = split_point(hashes.len() as u64) as usize;
+    node_hash(
+        &mth_of_leaf_hashes(&hashes[..k]),
+        &mth_of_leaf_hashes(&hashes[k..]),
+    )
+}
+
+/// The root of the tree of the first `size` leaves.
+pub fn root_at(source: &impl SubtreeSource, size: u64) -> Result<Hash, TransparencyError> {
+    if size > source.size() {
+        return Err(err(format!(
+            "size {size} is above the tree's {}",
+            source.size()
+        )));
+    }
+    if size == 0 {
+        return Ok(sha2::Sha256::digest([]).into());
+    }
+    subtree(source, 0, size)
+}
+
+/// RFC 6962 `PATH(index, D[0:size])`, leaf to root.
+pub fn inclusion_proof_at(
+    source: &impl SubtreeSource,
+    index: u64,
+    size: u64,
+) -> Result<Vec<Hash>, TransparencyError> {
+    if size > source.size() || index >= size {
+        return Err(err(format!(
+            "index {index} must be below size {size}, at most {}",
+            source.size()
+        )));
+    }
+    let mut proof = Vec::new();
+    path(source, index, 0, size, &mut proof)?;
+    Ok(proof)
+}
+
+fn path(
+    source: &impl SubtreeSource,
+    index: u64,
+    start: u64,
+    len: u64,
+    proof: &mut Vec<Hash>,
+) -> Result<(), TransparencyError> {
+    if len <= 1 {
+        return Ok(());
+    }
+    let k = split_point(len);
+    if index < k {
+        path(source, index, start, k, proof)?;
+        proof.push(subtree(source, start + k, len - k)?);
+    } else {
+        path(source, index - k, start + k, len - k, proof)?;
+        proof.push(subtree(source, start, k)?);
+    }
+    Ok(())
+}
+
+/// RFC 6962 `PROOF(old, D[0:size])`; empty when `old` is 0 or `size`.
+pub fn consistency_proof_at(
+    source: &impl SubtreeSource,
+    old: u64,
+    size: u64,
+) -> Result<Vec<Hash>, TransparencyError> {
+    if size > source.size() || old > size {
+        return Err(err(format!(
+            "old size {old} must not exceed size {size}, at most {}",
+            source.size()
+        )));
+    }
+    let mut proof = Vec::new();
+    if old > 0 && old < size {
+        subproof(source, old, 0, size, true, &mut proof)?;
+    }
+    Ok(proof)
+}
+
+fn subproof(
+    source: &impl SubtreeSource,
+    m: u64,
+    start: u64,
+    len: u64,
+    whole: bool,
+    proof: &mut Vec<Hash>,
+) -> Result<(), TransparencyError> {
+    if m == len {
+        if !whole {
+            proof.push(subtree(source, start, len)?);
+        }
+        return Ok(());
+    }
+    let k = split_point(len);
+    if m <= k {
+        subproof(source, m, start, k, whole, proof)?;
+        proof.push(subtree(source, start + k, len - k)?);
+    } else {
+        subproof(source, m - k, start + k, len - k, false, proof)?;
+        proof.push(subtree(source, start, k)?);
+    }
+    Ok(())
+}
+
+/// The parent of two nodes, `SHA-256(0x01 || left || right)`.
+pub fn parent_hash(left: &Hash, right: &Hash) -> Hash {
+    node_hash(left, right)
+}
+
+/// A whole RFC 6962 tree kept in memory as levels of perfect-subtree hashes (level 0 =
+/// leaf hashes, level k = every complete, aligned subtree of 2^k leaves): about two
+/// hashes per leaf, and inclusion and consistency proofs for any earlier size in
+/// O(log² n) without rehashing leaves. The reference for [`SubtreeSource`]s kept
+/// elsewhere.
 #[derive(Debug, Clone, Default)]
 pub struct MerkleLevels {
     levels: Vec<Vec<Hash>>,
+}
+
+impl SubtreeSource for MerkleLevels {
+    fn size(&self) -> u64 {
+        self.levels.first().map_or(0, |l| l.len() as u64)
+    }
+
+    fn perfect(&self, level: u32, index: u64) -> Result<Option<Hash>, TransparencyError> {
+        Ok(self
+            .levels
+            .get(level as usize)
+            .and_then(|l| l.get(index as usize))
+            .copied())
+    }
+
+    fn leaf_batch(&self) -> u64 {
+        1
+    }
+
+    fn leaf_hashes(&self, start: u64, end: u64) -> Result<Vec<Hash>, TransparencyError> {
+        let leaves = self.levels.first().map_or(&[][..], Vec::as_slice);
+        leaves
+            .get(start as usize..end as usize)
+            .map(<[Hash]>::to_vec)
+            .ok_or_else(|| err(format!("no leaves {start}..{end}")))
+    }
 }
 
 impl MerkleLevels {
@@ -339,7 +528,7 @@ impl MerkleLevels {
     }
 
     pub fn size(&self) -> u64 {
-        self.levels.first().map_or(0, |l| l.len() as u64)
+        SubtreeSource::size(self)
     }
 
     /// Appends a leaf by its leaf hash (`SHA-256(0x00 || data)`).
@@ -364,94 +553,19 @@ impl MerkleLevels {
         self.levels.first()?.get(index as usize).copied()
     }
 
-    /// `MTH(D[start..start+len])`, for ranges within the tree and `len > 0`.
-    fn subtree(&self, start: u64, len: u64) -> Hash {
-        if len.is_power_of_two() && start.is_multiple_of(len) {
-            let level = len.trailing_zeros() as usize;
-            if let Some(hash) = self
-                .levels
-                .get(level)
-                .and_then(|l| l.get((start / len) as usize))
-            {
-                return *hash;
-            }
-        }
-        let k = split_point(len);
-        node_hash(&self.subtree(start, k), &self.subtree(start + k, len - k))
-    }
-
     /// The root of the tree of the first `size` leaves.
     pub fn root_at(&self, size: u64) -> Result<Hash, TransparencyError> {
-        if size > self.size() {
-            return Err(err(format!(
-                "size {size} is above the tree's {}",
-                self.size()
-            )));
-        }
-        Ok(if size == 0 {
-            sha2::Sha256::digest([]).into()
-        } else {
-            self.subtree(0, size)
-        })
+        root_at(self, size)
     }
 
     /// RFC 6962 `PATH(index, D[0:size])`, leaf to root.
     pub fn inclusion_proof(&self, index: u64, size: u64) -> Result<Vec<Hash>, TransparencyError> {
-        if size > self.size() || index >= size {
-            return Err(err(format!(
-                "index {index} must be below size {size}, at most {}",
-                self.size()
-            )));
-        }
-        let mut proof = Vec::new();
-        self.path(index, 0, size, &mut proof);
-        Ok(proof)
-    }
-
-    fn path(&self, index: u64, start: u64, len: u64, proof: &mut Vec<Hash>) {
-        if len <= 1 {
-            return;
-        }
-        let k = split_point(len);
-        if index < k {
-            self.path(index, start, k, proof);
-            proof.push(self.subtree(start + k, len - k));
-        } else {
-            self.path(index - k, start + k, len - k, proof);
-            proof.push(self.subtree(start, k));
-        }
+        inclusion_proof_at(self, index, size)
     }
 
     /// RFC 6962 `PROOF(old, D[0:size])`; empty when `old` is 0 or `size`.
     pub fn consistency_proof(&self, old: u64, size: u64) -> Result<Vec<Hash>, TransparencyError> {
-        if size > self.size() || old > size {
-            return Err(err(format!(
-                "old size {old} must not exceed size {size}, at most {}",
-                self.size()
-            )));
-        }
-        let mut proof = Vec::new();
-        if old > 0 && old < size {
-            self.subproof(old, 0, size, true, &mut proof);
-        }
-        Ok(proof)
-    }
-
-    fn subproof(&self, m: u64, start: u64, len: u64, whole: bool, proof: &mut Vec<Hash>) {
-        if m == len {
-            if !whole {
-                proof.push(self.subtree(start, len));
-            }
-            return;
-        }
-        let k = split_point(len);
-        if m <= k {
-            self.subproof(m, start, k, whole, proof);
-            proof.push(self.subtree(start + k, len - k));
-        } else {
-            self.subproof(m - k, start + k, len - k, false, proof);
-            proof.push(self.subtree(start, k));
-        }
+        consistency_proof_at(self, old, size)
     }
 }
 

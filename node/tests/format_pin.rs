@@ -121,11 +121,12 @@ fn state_of(sm: &StateMachine) -> Value {
         Some(AgentSlot::Active(state)) => serde_json::to_value(state.status()).expect("status"),
         other => panic!("agent bot not loaded: {other:?}"),
     };
-    let heads = json!({
-        "size": data.heads.tree.size(),
-        "rounds": data.heads.rounds,
-    });
+    let size = data.heads.tree.size();
     drop(data);
+    let heads = json!({
+        "size": size,
+        "rounds": sm.heads_rounds().expect("heads rounds"),
+    });
     let lines: Vec<String> = sm
         .records("bot", 0, 100)
         .expect("records")

@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lineage_core::heads::{HeadProof, HeadStatement};
-use lineage_core::transparency::{Checkpoint, NoteSigner};
+use lineage_core::transparency::{self, Checkpoint, NoteSigner};
 use serde_json::{json, Value};
 
 use super::agents::{b64, query_numbers};
@@ -49,10 +49,8 @@ fn signer(app: &App) -> Result<NoteSigner> {
 fn signed_checkpoint(app: &App, size: u64) -> Result<String> {
     let root = app
         .sm
-        .read_data()
-        .heads
-        .tree
-        .root_at(size)
+        .read_heads_tree(|view| transparency::root_at(&view.tree, size))
+        .map_err(ApiError::Internal)?
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     Checkpoint {
         origin: origin(app),
@@ -70,7 +68,7 @@ pub async fn vkey(State(app): State<Arc<App>>) -> Result<Response> {
 
 /// `GET /v1/transparency/checkpoint`: the latest round's checkpoint (size 0 before any).
 pub async fn checkpoint(State(app): State<Arc<App>>) -> Result<Response> {
-    let size = app.sm.read_data().heads.rounds.last().copied().unwrap_or(0);
+    let size = app.sm.read_data().heads.last_round.unwrap_or(0);
     Ok(text(signed_checkpoint(&app, size)?))
 }
 
@@ -119,15 +117,15 @@ pub async fn consistency(State(app): State<Arc<App>>, query: Query) -> Result<Js
     let [old, size] = query_numbers(&query, &["old", "size"])?[..] else {
         return Err(ApiError::Internal("query parsing".into()));
     };
-    let data = app.sm.read_data();
-    let tree = &data.heads.tree;
-    let proof = tree
-        .consistency_proof(old, size)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let roots = (tree.root_at(old), tree.root_at(size));
-    let (Ok(old_root), Ok(root)) = roots else {
-        return Err(ApiError::BadRequest("size out of range".into()));
-    };
+    let (proof, old_root, root) = app
+        .sm
+        .read_heads_tree(|view| {
+            let proof = transparency::consistency_proof_at(&view.tree, old, size)?;
+            let old_root = transparency::root_at(&view.tree, old)?;
+            Ok((proof, old_root, transparency::root_at(&view.tree, size)?))
+        })
+        .map_err(ApiError::Internal)?
+        .map_err(|e: transparency::TransparencyError| ApiError::BadRequest(e.to_string()))?;
     Ok(Json(json!({
         "old": old,
         "size": size,
@@ -173,31 +171,33 @@ pub async fn head_proof(
     path_agent_id(&agent_id)?;
     let size = match query.number("size")? {
         Some(size) => size,
-        None => app.sm.read_data().heads.rounds.last().copied().unwrap_or(0),
+        None => app.sm.read_data().heads.last_round.unwrap_or(0),
     };
     // `before=I` walks back through the agent's earlier statements, still proved in
     // the tree of `size` (an auditor narrows down where a log was rewritten).
     let before = query.number("before")?.map_or(size, |b| b.min(size));
-    let (index, proof) = {
-        let data = app.sm.read_data();
-        let heads = &data.heads;
-        if size > heads.tree.size() {
-            return Err(ApiError::BadRequest(format!(
-                "size must be at most {} (the heads log's size)",
-                heads.tree.size()
-            )));
-        }
-        let index = heads.statement_below(&agent_id, before).ok_or_else(|| {
-            ApiError::NotFound(format!(
-                "the agent has no head statement below index {before}"
-            ))
-        })?;
-        let proof = heads
-            .tree
-            .inclusion_proof(index, size)
-            .map_err(|e| ApiError::Internal(e.to_string()))?;
-        (index, proof)
-    };
+    let (index, proof) = app
+        .sm
+        .read_heads_tree(|view| {
+            if size > view.tree.size {
+                return Err(ApiError::BadRequest(format!(
+                    "size must be at most {} (the heads log's size)",
+                    view.tree.size
+                )));
+            }
+            let index = view
+                .statement_below(&agent_id, before)
+                .map_err(ApiError::Internal)?
+                .ok_or_else(|| {
+                    ApiError::NotFound(format!(
+                        "the agent has no head statement below index {before}"
+                    ))
+                })?;
+            let proof = transparency::inclusion_proof_at(&view.tree, index, size)
+                .map_err(|e| ApiError::Internal(e.to_string()))?;
+            Ok((index, proof))
+        })
+        .map_err(ApiError::Internal)??;
     let leaf = app
         .sm
         .heads_leaves(index, index + 1)

@@ -11,10 +11,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use lineage_core::heads::HeadStatement;
-use lineage_core::transparency::{Hash, MerkleLevels};
+use lineage_core::transparency::{self, Hash};
 use redb::{ReadableTable, TableDefinition};
 
 use super::agent_slot::AgentSlot;
+use super::heads_tree::{self, HeadsTree, StoredTree, HEADS_BY_AGENT, HEADS_NODES};
 
 /// Leaf index → head statement (canonical JSON).
 pub const HEADS_LEAVES: TableDefinition<u64, &str> = TableDefinition::new("heads_leaves");
@@ -24,18 +25,22 @@ pub const HEADS_ROUNDS: TableDefinition<u64, ()> = TableDefinition::new("heads_r
 pub const HEADS_META: TableDefinition<&str, &str> = TableDefinition::new("heads_meta");
 const ORIGIN_KEY: &str = "origin";
 const WITNESSED_KEY: &str = "witnessed";
+/// How many leaves `heads_nodes` and `heads_by_agent` cover; when it is not the number of
+/// leaves (a data directory from before those tables), they are rebuilt at open.
+const INDEXED_KEY: &str = "indexed";
 
 /// Largest cosigned note accepted (a checkpoint with many cosignatures is ~2 KiB).
 pub const MAX_WITNESSED_NOTE: usize = 64 * 1024;
 
+/// What memory holds of the heads log: the tree's right edge, the last round, and per
+/// agent the size it was last stated at; statements, interior nodes and rounds stay on
+/// disk (`heads_tree`).
 #[derive(Debug, Default)]
 pub struct HeadsLog {
     pub origin: Option<String>,
-    pub tree: MerkleLevels,
-    /// Sizes at which rounds ended, ascending.
-    pub rounds: Vec<u64>,
-    /// Each agent's statements: leaf indexes, ascending.
-    pub statements: BTreeMap<String, Vec<u64>>,
+    pub tree: HeadsTree,
+    /// The size at which the last round ended.
+    pub last_round: Option<u64>,
     /// The size each agent was last stated at.
     stated: BTreeMap<String, u64>,
     /// Agents whose logs grew since their last statement.
@@ -46,7 +51,8 @@ pub struct HeadsLog {
 type StorageResult<T> = Result<T, redb::Error>;
 
 impl HeadsLog {
-    /// Rebuilds the heads log from its tables; `agents` decides what is pending.
+    /// Rebuilds the heads log from its tables (indexed: [`index_if_needed`]); `agents`
+    /// decides what is pending.
     pub fn load(
         txn: &redb::ReadTransaction,
         agents: &BTreeMap<String, AgentSlot>,
@@ -55,30 +61,21 @@ impl HeadsLog {
         let meta = txn.open_table(HEADS_META)?;
         heads.origin = meta.get(ORIGIN_KEY)?.map(|v| v.value().to_string());
         heads.witnessed = meta.get(WITNESSED_KEY)?.map(|v| v.value().to_string());
-        for item in txn.open_table(HEADS_LEAVES)?.iter()? {
-            let (index, leaf) = item?;
-            let statement = HeadStatement::from_leaf(leaf.value()).map_err(|e| {
-                redb::Error::Corrupted(format!("heads leaf {}: {e}", index.value()))
-            })?;
-            heads.record(index.value(), &statement);
-        }
-        for item in txn.open_table(HEADS_ROUNDS)?.iter()? {
-            heads.rounds.push(item?.0.value());
-        }
+        let leaves = txn.open_table(HEADS_LEAVES)?;
+        let size = leaf_count(&leaves)?;
+        heads.tree = HeadsTree::load(size, &txn.open_table(HEADS_NODES)?, &leaves)?;
+        heads.last_round = txn
+            .open_table(HEADS_ROUNDS)?
+            .last()?
+            .map(|(size, _)| size.value());
+        let by_agent = txn.open_table(HEADS_BY_AGENT)?;
         for (agent_id, slot) in agents {
+            if let Some(size) = heads_tree::last_stated_size(&by_agent, agent_id)? {
+                heads.stated.insert(agent_id.clone(), size);
+            }
             heads.mark_if_grown(agent_id, slot);
         }
         Ok(heads)
-    }
-
-    fn record(&mut self, index: u64, statement: &HeadStatement) {
-        self.tree.push_leaf_hash(statement.leaf_hash());
-        self.statements
-            .entry(statement.agent_id.clone())
-            .or_default()
-            .push(index);
-        self.stated
-            .insert(statement.agent_id.clone(), statement.size);
     }
 
     /// Notes that `agent_id` may have grown (called for every applied write).
@@ -99,6 +96,8 @@ impl HeadsLog {
         txn: &redb::WriteTransaction,
     ) -> StorageResult<usize> {
         let mut leaves = txn.open_table(HEADS_LEAVES)?;
+        let mut nodes = txn.open_table(HEADS_NODES)?;
+        let mut by_agent = txn.open_table(HEADS_BY_AGENT)?;
         let mut appended = 0;
         for agent_id in std::mem::take(&mut self.pending) {
             let Some(AgentSlot::Active(state)) = agents.get(&agent_id) else {
@@ -117,8 +116,11 @@ impl HeadsLog {
                 head_hash: head.hash.clone(),
             };
             let index = self.tree.size();
-            leaves.insert(index, statement.to_leaf().as_str())?;
-            self.record(index, &statement);
+            let leaf = statement.to_leaf();
+            leaves.insert(index, leaf.as_str())?;
+            self.tree.push(&leaf, &mut nodes)?;
+            by_agent.insert((agent_id.as_str(), index), statement.size)?;
+            self.stated.insert(agent_id, statement.size);
             appended += 1;
         }
         if appended > 0 {
@@ -129,16 +131,31 @@ impl HeadsLog {
                 meta.insert(ORIGIN_KEY, origin)?;
                 self.origin = Some(origin.to_string());
             }
+            meta.insert(INDEXED_KEY, self.tree.size().to_string().as_str())?;
             txn.open_table(HEADS_ROUNDS)?.insert(self.tree.size(), ())?;
-            self.rounds.push(self.tree.size());
+            self.last_round = Some(self.tree.size());
         }
         Ok(appended)
     }
 
     /// Whether `size` with `root` is a checkpoint this log had.
-    pub fn had_checkpoint(&self, size: u64, root: &Hash) -> bool {
-        self.rounds.binary_search(&size).is_ok()
-            && self.tree.root_at(size).ok().as_ref() == Some(root)
+    fn had_checkpoint(
+        &self,
+        size: u64,
+        root: &Hash,
+        txn: &redb::WriteTransaction,
+    ) -> StorageResult<bool> {
+        if txn.open_table(HEADS_ROUNDS)?.get(size)?.is_none() {
+            return Ok(false);
+        }
+        let nodes = txn.open_table(HEADS_NODES)?;
+        let leaves = txn.open_table(HEADS_LEAVES)?;
+        let tree = StoredTree {
+            size: self.tree.size(),
+            nodes: &nodes,
+            leaves: &leaves,
+        };
+        Ok(transparency::root_at(&tree, size).ok().as_ref() == Some(root))
     }
 
     /// Stores a cosigned note for a checkpoint this log had, unless a later one is
@@ -148,7 +165,7 @@ impl HeadsLog {
         note: &str,
         txn: &redb::WriteTransaction,
     ) -> StorageResult<Result<(), String>> {
-        let merged = match self.accept_witnessed(note) {
+        let merged = match self.accept_witnessed(note, txn) {
             Ok(merged) => merged,
             Err(reason) => return Ok(Err(reason)),
         };
@@ -158,7 +175,7 @@ impl HeadsLog {
         Ok(Ok(()))
     }
 
-    fn accept_witnessed(&self, note: &str) -> Result<String, String> {
+    fn accept_witnessed(&self, note: &str, txn: &redb::WriteTransaction) -> Result<String, String> {
         if note.len() > MAX_WITNESSED_NOTE {
             return Err(format!("note is over {MAX_WITNESSED_NOTE} bytes"));
         }
@@ -168,7 +185,10 @@ impl HeadsLog {
         if self.origin.as_deref() != Some(checkpoint.origin.as_str()) {
             return Err(format!("origin {:?} is not this log's", checkpoint.origin));
         }
-        if !self.had_checkpoint(checkpoint.size, &checkpoint.root) {
+        let had = self
+            .had_checkpoint(checkpoint.size, &checkpoint.root, txn)
+            .map_err(|e| format!("heads tables: {e}"))?;
+        if !had {
             return Err(format!(
                 "size {} with this root is not a checkpoint of this log",
                 checkpoint.size
@@ -208,19 +228,20 @@ impl HeadsLog {
         Ok(out)
     }
 
-    /// The agent's latest statement index below `size`.
-    pub fn statement_below(&self, agent_id: &str, size: u64) -> Option<u64> {
-        let indexes = self.statements.get(agent_id)?;
-        let below = indexes.partition_point(|&i| i < size);
-        below.checked_sub(1).map(|i| indexes[i])
-    }
-
     /// Replaces the tables' content (snapshot install).
     pub fn install(txn: &redb::WriteTransaction, body: &HeadsSnapshot) -> StorageResult<()> {
         let mut leaves = txn.open_table(HEADS_LEAVES)?;
         leaves.retain(|_, _| false)?;
         for (index, leaf) in body.leaves.iter().enumerate() {
             leaves.insert(index as u64, leaf.as_str())?;
+        }
+        let mut nodes = txn.open_table(HEADS_NODES)?;
+        nodes.retain(|_, _| false)?;
+        let mut by_agent = txn.open_table(HEADS_BY_AGENT)?;
+        by_agent.retain(|_, _| false)?;
+        let mut tree = HeadsTree::default();
+        for (index, leaf) in body.leaves.iter().enumerate() {
+            index_leaf(&mut tree, index as u64, leaf, &mut nodes, &mut by_agent)?;
         }
         let mut rounds = txn.open_table(HEADS_ROUNDS)?;
         rounds.retain(|_, _| false)?;
@@ -235,23 +256,99 @@ impl HeadsLog {
         if let Some(note) = &body.witnessed {
             meta.insert(WITNESSED_KEY, note.as_str())?;
         }
+        meta.insert(INDEXED_KEY, tree.size().to_string().as_str())?;
         Ok(())
+    }
+
+    /// Every size at which a round ended, ascending.
+    pub fn rounds(txn: &redb::ReadTransaction) -> StorageResult<Vec<u64>> {
+        let mut rounds = Vec::new();
+        for item in txn.open_table(HEADS_ROUNDS)?.iter()? {
+            rounds.push(item?.0.value());
+        }
+        Ok(rounds)
     }
 
     /// The tables' content for a snapshot.
     pub fn snapshot(txn: &redb::ReadTransaction) -> StorageResult<HeadsSnapshot> {
         let meta = txn.open_table(HEADS_META)?;
-        let mut rounds = Vec::new();
-        for item in txn.open_table(HEADS_ROUNDS)?.iter()? {
-            rounds.push(item?.0.value());
-        }
         Ok(HeadsSnapshot {
             leaves: Self::leaves(txn, 0, u64::MAX)?,
-            rounds,
+            rounds: Self::rounds(txn)?,
             origin: meta.get(ORIGIN_KEY)?.map(|v| v.value().to_string()),
             witnessed: meta.get(WITNESSED_KEY)?.map(|v| v.value().to_string()),
         })
     }
+}
+
+/// How many leaves the heads log holds (they are keyed 0, 1, 2, …).
+fn leaf_count(leaves: &impl ReadableTable<u64, &'static str>) -> StorageResult<u64> {
+    Ok(leaves.last()?.map_or(0, |(index, _)| index.value() + 1))
+}
+
+/// Adds leaf `index` to the tree and the by-agent index.
+fn index_leaf(
+    tree: &mut HeadsTree,
+    index: u64,
+    leaf: &str,
+    nodes: &mut redb::Table<(u8, u64), &[u8]>,
+    by_agent: &mut redb::Table<(&str, u64), u64>,
+) -> StorageResult<()> {
+    let statement = HeadStatement::from_leaf(leaf)
+        .map_err(|e| redb::Error::Corrupted(format!("heads leaf {index}: {e}")))?;
+    tree.push(leaf, nodes)?;
+    by_agent.insert((statement.agent_id.as_str(), index), statement.size)?;
+    Ok(())
+}
+
+/// Builds `heads_nodes` and `heads_by_agent` from the leaves when they do not cover them
+/// all (a data directory written before those tables existed): once, at open.
+pub fn index_if_needed(db: &redb::Database) -> StorageResult<()> {
+    let txn = db.begin_write()?;
+    let indexed = {
+        let leaves = txn.open_table(HEADS_LEAVES)?;
+        let size = leaf_count(&leaves)?;
+        let mut meta = txn.open_table(HEADS_META)?;
+        let indexed = meta
+            .get(INDEXED_KEY)?
+            .and_then(|v| v.value().parse::<u64>().ok());
+        if indexed == Some(size) || (size == 0 && indexed.is_none()) {
+            None
+        } else {
+            let mut nodes = txn.open_table(HEADS_NODES)?;
+            nodes.retain(|_, _| false)?;
+            let mut by_agent = txn.open_table(HEADS_BY_AGENT)?;
+            by_agent.retain(|_, _| false)?;
+            let mut tree = HeadsTree::default();
+            for item in leaves.iter()? {
+                let (index, leaf) = item?;
+                if index.value() != tree.size() {
+                    return Err(redb::Error::Corrupted(format!(
+                        "heads leaf {} follows {} leaves",
+                        index.value(),
+                        tree.size()
+                    )));
+                }
+                index_leaf(
+                    &mut tree,
+                    index.value(),
+                    leaf.value(),
+                    &mut nodes,
+                    &mut by_agent,
+                )?;
+            }
+            meta.insert(INDEXED_KEY, size.to_string().as_str())?;
+            Some(size)
+        }
+    };
+    match indexed {
+        None => txn.abort()?,
+        Some(size) => {
+            txn.commit()?;
+            tracing::info!(leaves = size, "heads log indexed");
+        }
+    }
+    Ok(())
 }
 
 /// The heads log as a snapshot carries it.

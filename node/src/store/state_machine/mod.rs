@@ -32,6 +32,7 @@ use snapshot::SnapshotBody;
 use super::agent_slot::AgentSlot;
 use super::checked_row;
 use super::heads::{self, HeadsLog};
+use super::heads_tree::{self, StoredTree};
 use super::idempotency_rows;
 use super::log_store::DurableLog;
 use super::record_rows;
@@ -121,6 +122,27 @@ fn idempotency_key(agent_id: &str, key: &str) -> String {
     format!("{agent_id}\n{key}")
 }
 
+/// The heads tree as a read transaction sees it.
+pub type ReadOnlyHeadsTree<'a> = StoredTree<
+    'a,
+    redb::ReadOnlyTable<(u8, u64), &'static [u8]>,
+    redb::ReadOnlyTable<u64, &'static str>,
+>;
+
+/// The heads tree and its by-agent index inside one read transaction
+/// ([`StateMachine::read_heads_tree`]).
+pub struct HeadsTreeView<'a> {
+    pub tree: ReadOnlyHeadsTree<'a>,
+    pub by_agent: &'a redb::ReadOnlyTable<(&'static str, u64), u64>,
+}
+
+impl HeadsTreeView<'_> {
+    /// The agent's latest statement with an index below `below`.
+    pub fn statement_below(&self, agent_id: &str, below: u64) -> Result<Option<u64>, String> {
+        heads_tree::statement_below(self.by_agent, agent_id, below).map_err(|e| e.to_string())
+    }
+}
+
 impl StateMachine {
     /// Opens the tables and rebuilds every agent's state by replaying its records.
     pub fn open(db: Arc<Database>) -> Result<Self, StorageError> {
@@ -134,6 +156,10 @@ impl StateMachine {
             txn.open_table(heads::HEADS_LEAVES).map_err(sm_write_err)?;
             txn.open_table(heads::HEADS_ROUNDS).map_err(sm_write_err)?;
             txn.open_table(heads::HEADS_META).map_err(sm_write_err)?;
+            txn.open_table(heads_tree::HEADS_NODES)
+                .map_err(sm_write_err)?;
+            txn.open_table(heads_tree::HEADS_BY_AGENT)
+                .map_err(sm_write_err)?;
             txn.open_table(system_log::SYSTEM_LOG)
                 .map_err(sm_write_err)?;
             txn.open_table(super::imports::IMPORTS)
@@ -144,6 +170,7 @@ impl StateMachine {
                 .map_err(sm_write_err)?;
             txn.commit().map_err(sm_write_err)?;
         }
+        heads::index_if_needed(&db).map_err(sm_write_err)?;
         let writer = SmWriter::spawn(
             db.clone(),
             WRITER_TABLES,
@@ -337,6 +364,38 @@ impl StateMachine {
     }
 
     /// Heads-log leaves `start..end` from this node's copy.
+    /// Runs `read` on the heads tree as applied (roots and proofs: `transparency::root_at`
+    /// and the rest) and its by-agent index, in one read transaction opened under the
+    /// data lock, so the size memory holds and the tables agree.
+    pub fn read_heads_tree<T>(
+        &self,
+        read: impl FnOnce(&HeadsTreeView<'_>) -> T,
+    ) -> Result<T, String> {
+        let (txn, size) = {
+            let data = self.read_data();
+            let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+            (txn, data.heads.tree.size())
+        };
+        let open = |e: redb::TableError| format!("heads tables: {e}");
+        let nodes = txn.open_table(heads_tree::HEADS_NODES).map_err(open)?;
+        let leaves = txn.open_table(heads::HEADS_LEAVES).map_err(open)?;
+        let by_agent = txn.open_table(heads_tree::HEADS_BY_AGENT).map_err(open)?;
+        Ok(read(&HeadsTreeView {
+            tree: StoredTree {
+                size,
+                nodes: &nodes,
+                leaves: &leaves,
+            },
+            by_agent: &by_agent,
+        }))
+    }
+
+    /// Every size at which a heads round ended (each a checkpoint of the heads log).
+    pub fn heads_rounds(&self) -> Result<Vec<u64>, String> {
+        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+        HeadsLog::rounds(&txn).map_err(|e| e.to_string())
+    }
+
     pub fn heads_leaves(&self, start: u64, end: u64) -> Result<Vec<String>, String> {
         let txn = self.db.begin_read().map_err(|e| e.to_string())?;
         HeadsLog::leaves(&txn, start, end.max(start)).map_err(|e| e.to_string())
