@@ -126,6 +126,11 @@ enum Command {
         #[command(flatten)]
         tls: TlsFlags,
     },
+    /// Import a reference guard's data directory through Raft: through this node's own
+    /// Raft (--data-dir, --keys-dir: it runs as a single-node cluster on a loopback port
+    /// until the import is done), or through a running cluster's API (--url). Exits 1
+    /// when a file was refused (the report says why)
+    Import(ImportArgs),
     /// Run a local cluster on 127.0.0.1 (ports P, P+1, …) until Ctrl-C
     Dev {
         #[arg(long, default_value_t = 3)]
@@ -306,6 +311,37 @@ fn exit_on_panic() {
     }));
 }
 
+#[derive(clap::Args)]
+struct ImportArgs {
+    /// The reference guard's data directory (keys/, agents/*.jsonl)
+    #[arg(long)]
+    from: PathBuf,
+    /// This node's data directory (import through its own Raft)
+    #[arg(long, env = "LINEAGE_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// This node's keys (made by `keygen --from-reference`)
+    #[arg(long, env = "LINEAGE_KEYS_DIR")]
+    keys_dir: Option<PathBuf>,
+    /// A running cluster's node URLs, comma-separated (import through its API)
+    #[arg(long, value_delimiter = ',')]
+    url: Vec<String>,
+    /// With --url: the admin token's file
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
+impl ImportArgs {
+    fn run(self) -> Result<(), String> {
+        lineage_node::node_import::import(&lineage_node::node_import::ImportTarget {
+            from: self.from,
+            urls: self.url,
+            token_file: self.token_file,
+            data_dir: self.data_dir,
+            keys_dir: self.keys_dir,
+        })
+    }
+}
+
 fn main() -> ExitCode {
     no_transparent_huge_pages();
     let cli = Cli::parse();
@@ -390,6 +426,7 @@ fn main() -> ExitCode {
             base_port,
             data_dir,
         }) => dev_cluster::dev(nodes, base_port, &data_dir),
+        Some(Command::Import(args)) => args.run(),
         None => reference_mode(),
     };
     match result {

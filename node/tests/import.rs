@@ -387,6 +387,99 @@ async fn a_follower_wiped_after_the_import_gets_it_by_snapshot(
     the_tampered_id_is_reserved_everywhere(cluster, leader).await;
 }
 
+/// `lineage-node import --from REF` on node 0's data directory and keys (its own Raft),
+/// killed if it takes over three minutes.
+fn node_import(cluster: &Cluster, reference: &Path) -> Run {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lineage-node"))
+        .arg("import")
+        .arg("--from")
+        .arg(reference)
+        .arg("--data-dir")
+        .arg(cluster.data_dir(0))
+        .arg("--keys-dir")
+        .arg(cluster.dir.path().join("keys"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run lineage-node import");
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if started.elapsed() > Duration::from_secs(180) {
+            let _ = child.kill();
+            panic!("lineage-node import did not finish within 180 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().expect("output");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        out: String::from_utf8_lossy(&output.stdout).to_string(),
+        err: String::from_utf8_lossy(&output.stderr).to_string(),
+    }
+}
+
+/// `lineage-node import` without `--url` goes through the node's own Raft: the node runs
+/// as a single-node cluster for the import and stops cleanly after. Started again, it
+/// serves every agent as the reference left it and keeps the tampered id reserved; a
+/// second run finds everything imported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lineage_node_import_goes_through_the_nodes_own_raft() {
+    let scratch = tempfile::tempdir().unwrap();
+    let reference = scratch.path().join("guard-data");
+    let statuses = reference_dir(&reference);
+    let before = snapshot(&reference);
+    let cluster = Cluster::prepare_from_reference(1, &reference);
+
+    let run = node_import(&cluster, &reference);
+    assert_eq!(
+        run.code, 1,
+        "the tampered log fails the run: {}{}",
+        run.out, run.err
+    );
+    assert!(
+        run.out
+            .contains("cut.jsonl (6 records, sealed 1 missing termination"),
+        "{}",
+        run.out
+    );
+    assert!(
+        run.out.contains("REFUSED") && run.out.contains("tampered.jsonl"),
+        "{}",
+        run.out
+    );
+    assert!(
+        run.err.contains("to import through its Raft"),
+        "{}",
+        run.err
+    );
+    assert!(
+        cluster.data_dir(0).join("clean-stop").exists(),
+        "the node did not stop cleanly: {}",
+        run.err
+    );
+    assert_eq!(snapshot(&reference), before, "the source was written");
+
+    cluster.start_node(0);
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    for (id, expected) in &statuses {
+        holds_as_the_reference_left_it(&cluster, leader, &reference, id, expected).await;
+    }
+    let (_, state) = cluster
+        .get(0, "/v1/agents/tampered/import?local=true", &cluster.admin)
+        .await;
+    assert_eq!(state["state"], "tombstoned", "{state}");
+
+    cluster.stop_gracefully(0);
+    let again = node_import(&cluster, &reference);
+    assert_eq!(again.code, 1, "{}{}", again.out, again.err);
+    assert_eq!(
+        again.out.matches("already imported").count(),
+        4,
+        "{}",
+        again.out
+    );
+}
+
 /// A reference data directory with keys and no agents yet; its audit key.
 fn empty_reference(reference: &Path) -> AuditKey {
     std::fs::create_dir_all(reference.join("keys")).unwrap();

@@ -178,6 +178,11 @@ impl Cluster {
         cluster
     }
 
+    /// `start_from_reference`'s keys and ports, with no node started yet.
+    pub fn prepare_from_reference(n: usize, reference: &Path) -> Cluster {
+        Self::prepare_keys(n, &[], Some(reference))
+    }
+
     /// A cluster's keys and ports, with no node started yet.
     fn prepare(n: usize, extra_args: &[&str]) -> Cluster {
         Self::prepare_keys(n, extra_args, None)
