@@ -414,7 +414,7 @@ fn spawn_record_merges(state_machine: store::state_machine::StateMachine) {
         loop {
             tokio::time::sleep(RECORD_MERGE_INTERVAL).await;
             let sm = state_machine.clone();
-            match tokio::task::spawn_blocking(move || sm.merge_record_runs()).await {
+            match tokio::task::spawn_blocking(move || sm.merge_record_runs(false)).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => tracing::warn!(error = %e, "could not merge record rows"),
                 Err(e) => tracing::warn!(error = %e, "record merge task failed"),

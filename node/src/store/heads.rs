@@ -145,7 +145,7 @@ impl HeadsLog {
         root: &Hash,
         txn: &redb::WriteTransaction,
     ) -> StorageResult<bool> {
-        if txn.open_table(HEADS_ROUNDS)?.get(size)?.is_none() {
+        if size > self.tree.size() || txn.open_table(HEADS_ROUNDS)?.get(size)?.is_none() {
             return Ok(false);
         }
         let nodes = txn.open_table(HEADS_NODES)?;
@@ -155,7 +155,11 @@ impl HeadsLog {
             nodes: &nodes,
             leaves: &leaves,
         };
-        Ok(transparency::root_at(&tree, size).ok().as_ref() == Some(root))
+        // Within the tree, a failure is the tables' (a read error, a missing node): an
+        // error, never a refusal that this node alone would record.
+        let stored = transparency::root_at(&tree, size)
+            .map_err(|e| redb::Error::Corrupted(format!("heads tree at size {size}: {e}")))?;
+        Ok(&stored == root)
     }
 
     /// Stores a cosigned note for a checkpoint this log had, unless a later one is
@@ -165,7 +169,14 @@ impl HeadsLog {
         note: &str,
         txn: &redb::WriteTransaction,
     ) -> StorageResult<Result<(), String>> {
-        let merged = match self.accept_witnessed(note, txn) {
+        // A read error of the tables is an error, not a refusal this node alone records.
+        let had = split_note(note)
+            .ok()
+            .and_then(|(text, _)| lineage_core::transparency::Checkpoint::parse(text).ok())
+            .map(|c| self.had_checkpoint(c.size, &c.root, txn))
+            .transpose()?
+            .unwrap_or(false);
+        let merged = match self.accept_witnessed(note, had) {
             Ok(merged) => merged,
             Err(reason) => return Ok(Err(reason)),
         };
@@ -175,7 +186,8 @@ impl HeadsLog {
         Ok(Ok(()))
     }
 
-    fn accept_witnessed(&self, note: &str, txn: &redb::WriteTransaction) -> Result<String, String> {
+    /// `had`: whether the note's checkpoint is one this log had (`had_checkpoint`).
+    fn accept_witnessed(&self, note: &str, had: bool) -> Result<String, String> {
         if note.len() > MAX_WITNESSED_NOTE {
             return Err(format!("note is over {MAX_WITNESSED_NOTE} bytes"));
         }
@@ -185,9 +197,6 @@ impl HeadsLog {
         if self.origin.as_deref() != Some(checkpoint.origin.as_str()) {
             return Err(format!("origin {:?} is not this log's", checkpoint.origin));
         }
-        let had = self
-            .had_checkpoint(checkpoint.size, &checkpoint.root, txn)
-            .map_err(|e| format!("heads tables: {e}"))?;
         if !had {
             return Err(format!(
                 "size {} with this root is not a checkpoint of this log",

@@ -62,7 +62,7 @@ pub fn insert_runs<'a>(
 }
 
 /// Rewrites `agent_id`'s newest rows, back to the last settled one, as full runs, once
-/// there are enough of them to be worth it. Each commit of the writer leaves one small row
+/// there are enough of them to be worth it (or `however_few`). Each commit of the writer leaves one small row
 /// per agent (tens of milliseconds of records), and each such row takes a leaf of its
 /// own rounded up to a power-of-two number of pages: merged, the records cost about
 /// their own size on disk, and the small rows' pages are reused by later ones. One
@@ -71,6 +71,7 @@ pub fn insert_runs<'a>(
 pub fn merge_tail(
     table: &mut Table<(&'static str, u64), &'static str>,
     agent_id: &str,
+    however_few: bool,
 ) -> Result<Merged, StorageError> {
     let mut tail: Vec<(u64, String)> = Vec::new();
     let mut bytes = 0;
@@ -86,7 +87,7 @@ pub fn merge_tail(
     if tail.len() < 2 {
         return Ok(Merged::Nothing);
     }
-    if tail.len() < MERGE_MIN_ROWS && bytes < SETTLED_RUN_BYTES {
+    if !however_few && tail.len() < MERGE_MIN_ROWS && bytes < SETTLED_RUN_BYTES {
         return Ok(Merged::NotYet);
     }
     tail.reverse();
@@ -300,7 +301,7 @@ mod tests {
             let txn = db.begin_write().unwrap();
             let merged = {
                 let mut table = txn.open_table(RECORDS).unwrap();
-                merge_tail(&mut table, "a").unwrap()
+                merge_tail(&mut table, "a", false).unwrap()
             };
             txn.commit().unwrap();
             merged

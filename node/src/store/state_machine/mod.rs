@@ -464,33 +464,56 @@ impl StateMachine {
     /// Merges the newest small record rows of the agents written since the last call into
     /// full runs (`record_rows::merge_tail`), at most four times
     /// [`record_rows::MERGE_LIMIT_BYTES`] of rows per call (the rest waits for the next).
-    /// Runs beside applies: only rows already committed are rewritten, in one write
-    /// transaction, which the writer's commits wait for. Returns the bytes of rows read.
-    pub fn merge_record_runs(&self) -> Result<usize, StorageError> {
-        let agents = std::mem::take(&mut self.write_data().unmerged);
+    /// An agent whose few small rows are not worth a rewrite yet waits for its next
+    /// write; `all` (at a snapshot) merges every agent's rows however few. Runs beside
+    /// applies: only rows already committed are rewritten, in one write transaction the
+    /// writer's commits wait for, committed without an fsync (the writer's next durable
+    /// commit carries it; a crash leaves the old rows or the merged ones, the same
+    /// records). Returns the bytes of rows rewritten.
+    pub fn merge_record_runs(&self, all: bool) -> Result<usize, StorageError> {
+        let agents: Vec<String> = if all {
+            self.write_data().unmerged.clear();
+            self.read_data().agents.keys().cloned().collect()
+        } else {
+            std::mem::take(&mut self.write_data().unmerged)
+                .into_iter()
+                .collect()
+        };
         if agents.is_empty() {
             return Ok(0);
         }
         let mut later = Vec::new();
-        let mut read = 0;
-        let txn = self.db.begin_write().map_err(sm_write_err)?;
+        let mut rewritten = 0;
+        let mut txn = self.db.begin_write().map_err(sm_write_err)?;
+        txn.set_durability(redb::Durability::None);
         {
             let mut table = txn.open_table(RECORDS).map_err(sm_write_err)?;
             for agent_id in agents {
-                if read >= 4 * record_rows::MERGE_LIMIT_BYTES {
+                if rewritten >= 4 * record_rows::MERGE_LIMIT_BYTES {
                     later.push(agent_id);
                     continue;
                 }
-                match record_rows::merge_tail(&mut table, &agent_id).map_err(sm_write_err)? {
-                    record_rows::Merged::Nothing => {}
-                    record_rows::Merged::NotYet => later.push(agent_id),
-                    record_rows::Merged::Rewrote(bytes) => read += bytes,
+                if let record_rows::Merged::Rewrote(bytes) =
+                    record_rows::merge_tail(&mut table, &agent_id, all).map_err(sm_write_err)?
+                {
+                    rewritten += bytes;
                 }
             }
         }
-        txn.commit().map_err(sm_write_err)?;
+        if rewritten == 0 {
+            txn.abort().map_err(sm_write_err)?;
+        } else {
+            txn.commit().map_err(sm_write_err)?;
+        }
         self.write_data().unmerged.extend(later);
-        Ok(read)
+        Ok(rewritten)
+    }
+
+    /// Makes every commit so far durable (an empty commit with an fsync: redb's commits
+    /// are ordered, so it carries the ones made without).
+    fn make_durable(&self) -> Result<(), StorageError> {
+        let txn = self.db.begin_write().map_err(sm_write_err)?;
+        txn.commit().map_err(sm_write_err)
     }
 }
 

@@ -129,7 +129,9 @@ pub(super) fn write_body(txn: &redb::ReadTransaction, out: &mut impl Write) -> R
 impl StateMachine {
     /// Fixes the state to snapshot: under the data lock, only long enough to flush (so the
     /// tables hold what memory does) and open a read transaction, which keeps that view
-    /// while the body is written without the lock (applies carry on meanwhile).
+    /// while the body is written without the lock. (openraft asks for the current snapshot
+    /// from its state machine task, so applies wait while a body is written: about as long
+    /// as reading and hashing the body file took before.)
     fn fixed_view(
         &self,
     ) -> Result<(SnapshotMeta<NodeId, BasicNode>, redb::ReadTransaction), StorageError> {
@@ -206,9 +208,13 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         // Fresh checkpoints, so a restart replays only what follows.
         self.checkpoint_agents()?;
-
+        // Small record rows of every agent into full runs, once per snapshot.
+        self.merge_record_runs(true)?;
         let (meta, txn) = self.fixed_view()?;
         drop(txn);
+        // openraft may purge the log up to this point once this returns: the point must
+        // survive a power loss in redb, not only in a commit made without an fsync.
+        self.make_durable()?;
         self.note_snapshot(&meta);
         // openraft keeps only the meta of a snapshot it asked to build.
         Ok(Snapshot {
