@@ -61,6 +61,49 @@ enum Refusal {
     Other(String),
 }
 
+/// Records sent between two progress lines of one long log.
+const PROGRESS_RECORDS: usize = 2_000;
+
+/// A long log says how far it is, on stderr, every `PROGRESS_RECORDS` or so, and at
+/// its end.
+fn report_progress(id: &str, before: usize, now: usize, total: usize) {
+    if total > PROGRESS_RECORDS
+        && (before / PROGRESS_RECORDS != now / PROGRESS_RECORDS || now == total)
+    {
+        eprintln!("  {id}: {now}/{total} records sent");
+    }
+}
+
+/// What a run did, printed last.
+#[derive(Default)]
+struct Summary {
+    imported: usize,
+    records: usize,
+    already: usize,
+    torn_tails: usize,
+    sealed: usize,
+    tombstoned: usize,
+    refused: usize,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "summary: {} agent(s) imported ({} records), {} already imported, {} torn tail(s) \
+             dropped, {} termination(s) sealed, {} failed verification (ids reserved for good), \
+             {} refused in all",
+            self.imported,
+            self.records,
+            self.already,
+            self.torn_tails,
+            self.sealed,
+            self.tombstoned,
+            self.refused
+        )
+    }
+}
+
 /// `lineage import --from DIR`.
 pub fn import(target: &Target, dir: &Path, out: &mut dyn Write) -> Result<(), Failure> {
     let w = |e: std::io::Error| Failure::Usage(e.to_string());
@@ -85,10 +128,12 @@ pub fn import(target: &Target, dir: &Path, out: &mut dyn Write) -> Result<(), Fa
     let mut files = source_files(dir)?;
     files.sort();
     let mut refused = 0;
+    let mut summary = Summary::default();
     for path in files {
         let outcome = match read_source(&path, key.public_key_hex()) {
             Ok(source) => {
                 if let Some(dropped) = &source.dropped {
+                    summary.torn_tails += 1;
                     writeln!(
                         out,
                         "{}: dropped a torn last line ({dropped})",
@@ -101,11 +146,15 @@ pub fn import(target: &Target, dir: &Path, out: &mut dyn Write) -> Result<(), Fa
             }
             Err(Refusal::Other(why)) => Outcome::Refused(why),
             Err(Refusal::Tampered { why, sha256 }) => {
+                summary.tombstoned += 1;
                 Outcome::Refused(rt.block_on(tombstone(&client, &path, &why, &sha256)))
             }
         };
         let line = match outcome {
             Outcome::Imported { records, sealed } => {
+                summary.imported += 1;
+                summary.records += records;
+                summary.sealed += sealed;
                 let sealed = match sealed {
                     0 => String::new(),
                     n => {
@@ -114,7 +163,10 @@ pub fn import(target: &Target, dir: &Path, out: &mut dyn Write) -> Result<(), Fa
                 };
                 format!("imported {} ({records} records{sealed})", path.display())
             }
-            Outcome::AlreadyThere => format!("already imported {}", path.display()),
+            Outcome::AlreadyThere => {
+                summary.already += 1;
+                format!("already imported {}", path.display())
+            }
             Outcome::Refused(why) => {
                 refused += 1;
                 format!("REFUSED {}: {why}", path.display())
@@ -122,6 +174,8 @@ pub fn import(target: &Target, dir: &Path, out: &mut dyn Write) -> Result<(), Fa
         };
         writeln!(out, "{line}").map_err(w)?;
     }
+    summary.refused = refused;
+    writeln!(out, "{summary}").map_err(w)?;
     if refused > 0 {
         return Err(Failure::Negative(format!(
             "{refused} file(s) refused; nothing was imported from them"
@@ -326,6 +380,7 @@ async fn import_one(client: &Client, source: &Source) -> Result<Outcome, String>
         .map_err(|e| e.to_string())?;
     let mut next = held;
     while next < source.lines.len() {
+        let sent = next;
         let mut end = next;
         let mut bytes = 0;
         while end < source.lines.len()
@@ -349,6 +404,7 @@ async fn import_one(client: &Client, source: &Source) -> Result<Outcome, String>
             }
         }
         next = end;
+        report_progress(id, sent, next, source.lines.len());
     }
     match client
         .post_json(

@@ -244,24 +244,8 @@ async fn the_metrics_start_at_the_import(cluster: &Cluster, leader: usize) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reference_data_directory_moves_in_through_raft() {
-    let scratch = tempfile::tempdir().unwrap();
-    let reference = scratch.path().join("guard-data");
-    let statuses = reference_dir(&reference);
-    let before = snapshot(&reference);
-    let cluster = Cluster::start_from_reference(3, &reference).await;
-    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
-    let admin = scratch.path().join("admin.token");
-    std::fs::write(&admin, &cluster.admin).unwrap();
-
-    let run = import(&cluster, &reference, &admin);
-    assert_eq!(
-        run.code, 1,
-        "the tampered log makes the run fail: {}{}",
-        run.out, run.err
-    );
-    let report = run.out.clone();
+/// The first run's report: each file's outcome, then a summary adding them up.
+fn the_report_says_what_was_done(report: &str, reference: &Path) {
     for id in ["alpha", "spent", "cut", "torn"] {
         assert!(
             report.contains(&format!(
@@ -285,6 +269,48 @@ async fn a_reference_data_directory_moves_in_through_raft() {
             && report.contains("fails verification"),
         "{report}"
     );
+    // The summary adds up the lines above it.
+    let records: usize = report
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("imported ")?
+                .split_once(" (")?
+                .1
+                .split(' ')
+                .next()
+        })
+        .map(|n| n.parse::<usize>().unwrap())
+        .sum();
+    assert!(records > 0, "{report}");
+    assert!(
+        report.contains(&format!(
+            "summary: 4 agent(s) imported ({records} records), 0 already imported, 1 torn \
+             tail(s) dropped, 1 termination(s) sealed, 1 failed verification (ids reserved \
+             for good), 1 refused in all"
+        )),
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reference_data_directory_moves_in_through_raft() {
+    let scratch = tempfile::tempdir().unwrap();
+    let reference = scratch.path().join("guard-data");
+    let statuses = reference_dir(&reference);
+    let before = snapshot(&reference);
+    let cluster = Cluster::start_from_reference(3, &reference).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let admin = scratch.path().join("admin.token");
+    std::fs::write(&admin, &cluster.admin).unwrap();
+
+    let run = import(&cluster, &reference, &admin);
+    assert_eq!(
+        run.code, 1,
+        "the tampered log makes the run fail: {}{}",
+        run.out, run.err
+    );
+    let report = run.out.clone();
+    the_report_says_what_was_done(&report, &reference);
     assert_eq!(snapshot(&reference), before, "the source was written");
 
     // Every status is the reference's; every replica holds the same lines.
@@ -342,7 +368,14 @@ async fn a_reference_data_directory_moves_in_through_raft() {
     assert_eq!(again.code, 1, "{}{}", again.out, again.err);
     assert_eq!(
         again.out.matches("already imported").count(),
-        4,
+        5,
+        "4 files and the summary: {}",
+        again.out
+    );
+    assert!(
+        again
+            .out
+            .contains("summary: 0 agent(s) imported (0 records), 4 already imported"),
         "{}",
         again.out
     );
@@ -474,7 +507,7 @@ async fn lineage_node_import_goes_through_the_nodes_own_raft() {
     assert_eq!(again.code, 1, "{}{}", again.out, again.err);
     assert_eq!(
         again.out.matches("already imported").count(),
-        4,
+        5,
         "{}",
         again.out
     );
@@ -616,6 +649,16 @@ async fn an_import_cut_short_resumes_and_is_served_only_once_committed() {
     std::fs::write(&admin, &cluster.admin).unwrap();
     let run = import(&cluster, &reference, &admin);
     assert_eq!(run.code, 0, "{}{}", run.out, run.err);
+    // A long log says how far it is, to its end.
+    let total = lines.len();
+    assert!(
+        run.err.matches("  long: ").count() == 2
+            && run
+                .err
+                .contains(&format!("long: {total}/{total} records sent")),
+        "{}",
+        run.err
+    );
     let (status, got) = cluster.get(leader, "/v1/agents/long", &cluster.admin).await;
     assert_eq!((status, &got), (200, &expected));
     let log = cluster.converged_log("long", Duration::from_secs(30)).await;
