@@ -224,7 +224,10 @@ async fn thirty_leader_kills_each_recover_within_five_seconds() {
         worst = worst.max(took);
         cluster.start_node(leader);
     }
-    let (_, status) = cluster.get(0, "/v1/agents/bot", &token).await;
+    // Node 0 may be the one the last round restarted: ask it once it is ready.
+    cluster.wait_ready(0, Duration::from_secs(20)).await;
+    let (code, status) = cluster.get(0, "/v1/agents/bot", &token).await;
+    assert_eq!(code, 200, "{status}");
     assert_eq!(status["spent"], 30, "exactly one charge per round");
     eprintln!("worst recovery over 30 leader kills: {worst:?}");
 }
