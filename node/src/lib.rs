@@ -44,7 +44,6 @@ pub mod keys;
 pub mod log_noise;
 pub mod metrics;
 pub mod network;
-pub mod node_import;
 pub mod operator_changes;
 pub mod raft_types;
 pub mod reference_logs;

@@ -4,6 +4,7 @@
 
 mod dev_cluster;
 mod dev_supervisor;
+mod node_import;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -332,7 +333,7 @@ struct ImportArgs {
 
 impl ImportArgs {
     fn run(self) -> Result<(), String> {
-        lineage_node::node_import::import(&lineage_node::node_import::ImportTarget {
+        node_import::import(&node_import::ImportTarget {
             from: self.from,
             urls: self.url,
             token_file: self.token_file,

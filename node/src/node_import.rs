@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use lineage_client::import_cli;
 use lineage_client::ops_cli::Target;
 
-use crate::keys;
+use lineage_node::keys;
 
 /// How long the node may take to start and lead its single-node cluster.
 const READY_WITHIN: Duration = Duration::from_secs(120);
