@@ -208,6 +208,13 @@ pub async fn head_proof(
         .transpose()
         .map_err(|e| ApiError::Internal(format!("stored heads leaf: {e}")))?
         .ok_or_else(|| ApiError::Internal("heads leaf missing".into()))?;
+    if statement.agent_id != agent_id {
+        // The per-agent index pointed at another agent's leaf: damage, never a proof.
+        return Err(ApiError::Internal(format!(
+            "heads leaf {index} is {}'s, indexed as {agent_id}'s",
+            statement.agent_id
+        )));
+    }
     let head_proof = HeadProof {
         statement,
         index,

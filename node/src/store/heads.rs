@@ -70,7 +70,7 @@ impl HeadsLog {
             .map(|(size, _)| size.value());
         let by_agent = txn.open_table(HEADS_BY_AGENT)?;
         for (agent_id, slot) in agents {
-            if let Some(size) = heads_tree::last_stated_size(&by_agent, agent_id)? {
+            if let Some(size) = heads_tree::last_stated_size(&by_agent, &leaves, agent_id)? {
                 heads.stated.insert(agent_id.clone(), size);
             }
             heads.mark_if_grown(agent_id, slot);
@@ -119,7 +119,7 @@ impl HeadsLog {
             let leaf = statement.to_leaf();
             leaves.insert(index, leaf.as_str())?;
             self.tree.push(&leaf, &mut nodes)?;
-            by_agent.insert((agent_id.as_str(), index), statement.size)?;
+            by_agent.insert((agent_id.as_str(), index), ())?;
             self.stated.insert(agent_id, statement.size);
             appended += 1;
         }
@@ -301,12 +301,12 @@ fn index_leaf(
     index: u64,
     leaf: &str,
     nodes: &mut redb::Table<(u8, u64), &[u8]>,
-    by_agent: &mut redb::Table<(&str, u64), u64>,
+    by_agent: &mut redb::Table<(&str, u64), ()>,
 ) -> StorageResult<()> {
     let statement = HeadStatement::from_leaf(leaf)
         .map_err(|e| redb::Error::Corrupted(format!("heads leaf {index}: {e}")))?;
     tree.push(leaf, nodes)?;
-    by_agent.insert((statement.agent_id.as_str(), index), statement.size)?;
+    by_agent.insert((statement.agent_id.as_str(), index), ())?;
     Ok(())
 }
 

@@ -16,9 +16,8 @@ use redb::{ReadableTable, TableDefinition};
 /// (level, index) → the hash of the perfect subtree of 2^level leaves at
 /// `index * 2^level`, for levels from `CHUNK_LEVEL` (8) up.
 pub const HEADS_NODES: TableDefinition<(u8, u64), &[u8]> = TableDefinition::new("heads_nodes");
-/// (agent, leaf index) → the size the statement gives the agent's log.
-pub const HEADS_BY_AGENT: TableDefinition<(&str, u64), u64> =
-    TableDefinition::new("heads_by_agent");
+/// (agent, leaf index) of each statement (the statement itself is the leaf).
+pub const HEADS_BY_AGENT: TableDefinition<(&str, u64), ()> = TableDefinition::new("heads_by_agent");
 
 /// Subtrees of `2^CHUNK_LEVEL` leaves and up are stored.
 const CHUNK_LEVEL: u32 = 8;
@@ -174,7 +173,7 @@ where
 
 /// The agent's latest statement with an index below `below`.
 pub fn statement_below(
-    by_agent: &impl ReadableTable<(&'static str, u64), u64>,
+    by_agent: &impl ReadableTable<(&'static str, u64), ()>,
     agent_id: &str,
     below: u64,
 ) -> StorageResult<Option<u64>> {
@@ -188,16 +187,29 @@ pub fn statement_below(
     Ok(last.map(|(key, _)| key.value().1))
 }
 
-/// The size the agent's latest statement gives its log.
+/// The size the agent's latest statement gives its log, read from the leaf itself (the
+/// index only points at it): a leaf that does not parse canonically, or names another
+/// agent, is an error, never "not stated".
 pub fn last_stated_size(
-    by_agent: &impl ReadableTable<(&'static str, u64), u64>,
+    by_agent: &impl ReadableTable<(&'static str, u64), ()>,
+    leaves: &impl ReadableTable<u64, &'static str>,
     agent_id: &str,
 ) -> StorageResult<Option<u64>> {
-    let last = by_agent
-        .range((agent_id, 0)..=(agent_id, u64::MAX))?
-        .next_back()
-        .transpose()?;
-    Ok(last.map(|(_, size)| size.value()))
+    let Some(index) = statement_below(by_agent, agent_id, u64::MAX)? else {
+        return Ok(None);
+    };
+    let leaf = leaves
+        .get(index)?
+        .ok_or_else(|| corrupted(format!("heads leaf {index} ({agent_id}'s) is not stored")))?;
+    let statement = lineage_core::heads::HeadStatement::from_leaf(leaf.value())
+        .map_err(|e| corrupted(format!("heads leaf {index}: {e}")))?;
+    if statement.agent_id != agent_id {
+        return Err(corrupted(format!(
+            "heads leaf {index} is {}'s, indexed as {agent_id}'s",
+            statement.agent_id
+        )));
+    }
+    Ok(Some(statement.size))
 }
 
 #[cfg(test)]
@@ -301,16 +313,39 @@ mod tests {
             }
             assert!(root_at(&stored, N + 1).is_err());
         }
+        the_index_finds_each_agents_statements(&indexed);
+    }
+
+    /// Statements found per agent in the tree indexed from leaves of `leaf(i)`; an index
+    /// entry pointing at another agent's leaf is an error, not "not stated".
+    fn the_index_finds_each_agents_statements(indexed: &redb::Database) {
         let txn = indexed.begin_read().unwrap();
         let by_agent = txn.open_table(HEADS_BY_AGENT).unwrap();
         assert_eq!(statement_below(&by_agent, "agent-3", 0).unwrap(), None);
         assert_eq!(statement_below(&by_agent, "agent-3", 4).unwrap(), Some(3));
         assert_eq!(statement_below(&by_agent, "agent-3", 10).unwrap(), Some(3));
         assert_eq!(statement_below(&by_agent, "agent-3", 11).unwrap(), Some(10));
+        let leaves = txn.open_table(HEADS_LEAVES).unwrap();
         assert_eq!(
-            last_stated_size(&by_agent, "agent-0").unwrap(),
+            last_stated_size(&by_agent, &leaves, "agent-0").unwrap(),
             Some(1_099 + 1)
         );
-        assert_eq!(last_stated_size(&by_agent, "nobody").unwrap(), None);
+        assert_eq!(
+            last_stated_size(&by_agent, &leaves, "nobody").unwrap(),
+            None
+        );
+        // An index entry pointing at another agent's leaf is an error, not "not stated".
+        drop((by_agent, leaves, txn));
+        let txn = indexed.begin_write().unwrap();
+        txn.open_table(HEADS_BY_AGENT)
+            .unwrap()
+            .insert(("agent-3", 1_099), ())
+            .unwrap();
+        txn.commit().unwrap();
+        let txn = indexed.begin_read().unwrap();
+        let by_agent = txn.open_table(HEADS_BY_AGENT).unwrap();
+        let leaves = txn.open_table(HEADS_LEAVES).unwrap();
+        let error = last_stated_size(&by_agent, &leaves, "agent-3").unwrap_err();
+        assert!(error.to_string().contains("agent-0's"), "{error}");
     }
 }

@@ -35,6 +35,9 @@ pub enum Merged {
     NotYet,
     /// Rows holding this many bytes were rewritten as full runs.
     Rewrote(usize),
+    /// The rows do not agree (a gap, or an overlap that differs): left as they are, for
+    /// the scrub and start-up's chain checks to find.
+    Inconsistent,
 }
 
 /// Inserts `records`, sorted by (agent, seq), as runs of consecutive seqs.
@@ -91,14 +94,23 @@ pub fn merge_tail(
         return Ok(Merged::NotYet);
     }
     tail.reverse();
-    let mut lines = Vec::new();
+    let mut lines: Vec<(&str, u64, &str)> = Vec::new();
     let mut next = tail[0].0;
     for (first, text) in &tail {
         for (seq, line) in row_lines(*first, text) {
-            // An older overlapping row's records count once.
             if seq >= next {
+                if seq > next {
+                    // A gap: a row holds fewer lines than the next row's key says (a byte
+                    // changed into or out of a newline, a row lost). Rewriting would make
+                    // the damage permanent and could drop records: leave it for the scrub.
+                    return Ok(Merged::Inconsistent);
+                }
                 lines.push((agent_id, seq, line));
                 next = seq + 1;
+            } else if lines.get((seq - tail[0].0) as usize).map(|l| l.2) != Some(line) {
+                // An older overlapping row counts once only if it says the same; one that
+                // differs (a row holding more lines than its place allows) is damage.
+                return Ok(Merged::Inconsistent);
             }
         }
     }
@@ -340,5 +352,66 @@ mod tests {
         assert_eq!(after.len(), 3, "{after:?}");
         let expected: Vec<(u64, String)> = (0..520).map(|seq| (seq, line(seq))).collect();
         assert_eq!(lines(&db, "a", 0, usize::MAX), expected);
+    }
+
+    /// Rows that do not fit together are never rewritten: a flipped byte that became a
+    /// newline (a row with one line too many, overlapping the next row with other text)
+    /// or a row with a line too few (a gap before the next row) leaves every row as it was.
+    #[test]
+    fn damaged_rows_are_not_merged() {
+        let line = |seq: u64| format!("{seq}:{}", "z".repeat(200));
+        for damage in ["newline", "cut"] {
+            let dir = tempfile::tempdir().unwrap();
+            let db = Database::create(dir.path().join("t.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut table = txn.open_table(RECORDS).unwrap();
+                for seq in 0..40 {
+                    let text = line(seq);
+                    insert_runs(&mut table, [("a", seq, text.as_str())]).unwrap();
+                }
+                let damaged = match damage {
+                    "newline" => line(5).replacen('z', "\n", 1),
+                    _ => String::new(),
+                };
+                if damage == "newline" {
+                    table.insert(("a", 5), damaged.as_str()).unwrap();
+                } else {
+                    table.remove(("a", 5)).unwrap();
+                }
+            }
+            txn.commit().unwrap();
+            let before: Vec<(u64, String)> = {
+                let txn = db.begin_read().unwrap();
+                let table = txn.open_table(RECORDS).unwrap();
+                let rows = table
+                    .iter()
+                    .unwrap()
+                    .map(|r| {
+                        let (k, v) = r.unwrap();
+                        (k.value().1, v.value().to_string())
+                    })
+                    .collect();
+                rows
+            };
+            let txn = db.begin_write().unwrap();
+            let merged = {
+                let mut table = txn.open_table(RECORDS).unwrap();
+                merge_tail(&mut table, "a", true).unwrap()
+            };
+            txn.commit().unwrap();
+            assert_eq!(merged, Merged::Inconsistent, "{damage}");
+            let txn = db.begin_read().unwrap();
+            let table = txn.open_table(RECORDS).unwrap();
+            let after: Vec<(u64, String)> = table
+                .iter()
+                .unwrap()
+                .map(|r| {
+                    let (k, v) = r.unwrap();
+                    (k.value().1, v.value().to_string())
+                })
+                .collect();
+            assert_eq!(after, before, "{damage}: rows were rewritten");
+        }
     }
 }

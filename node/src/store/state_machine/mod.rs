@@ -133,7 +133,7 @@ pub type ReadOnlyHeadsTree<'a> = StoredTree<
 /// ([`StateMachine::read_heads_tree`]).
 pub struct HeadsTreeView<'a> {
     pub tree: ReadOnlyHeadsTree<'a>,
-    pub by_agent: &'a redb::ReadOnlyTable<(&'static str, u64), u64>,
+    pub by_agent: &'a redb::ReadOnlyTable<(&'static str, u64), ()>,
 }
 
 impl HeadsTreeView<'_> {
@@ -493,10 +493,13 @@ impl StateMachine {
                     later.push(agent_id);
                     continue;
                 }
-                if let record_rows::Merged::Rewrote(bytes) =
-                    record_rows::merge_tail(&mut table, &agent_id, all).map_err(sm_write_err)?
-                {
-                    rewritten += bytes;
+                match record_rows::merge_tail(&mut table, &agent_id, all).map_err(sm_write_err)? {
+                    record_rows::Merged::Rewrote(bytes) => rewritten += bytes,
+                    record_rows::Merged::Inconsistent => tracing::error!(
+                        agent_id = %agent_id,
+                        "stored record rows do not fit together: not merged (the scrub checks them)"
+                    ),
+                    record_rows::Merged::Nothing | record_rows::Merged::NotYet => {}
                 }
             }
         }
