@@ -446,6 +446,15 @@ async fn a_snapshot_body_is_written_from_the_state_when_a_follower_needs_it() {
     );
 }
 
+/// Agent `bot`'s stored records, as lines.
+fn stored_lines(sm: &StateMachine) -> Vec<String> {
+    sm.records("bot", 0, usize::MAX)
+        .unwrap()
+        .iter()
+        .map(lineage_core::record::Record::to_line)
+        .collect()
+}
+
 /// Record rows merged into full runs behind the applies (one small row per commit
 /// before) read back the same, verify, and survive a reopen; the state built from them
 /// after the reopen is the state before.
@@ -479,13 +488,7 @@ async fn records_merged_behind_the_applies_read_the_same_and_survive_reopen() {
         }
         assert!(merged > 0, "nothing was merged");
         sm.flush().unwrap();
-        let lines: Vec<String> = sm
-            .records("bot", 0, usize::MAX)
-            .unwrap()
-            .iter()
-            .map(lineage_core::record::Record::to_line)
-            .collect();
-        assert_eq!(lines, expected);
+        assert_eq!(stored_lines(&sm), expected);
         let options = lineage_core::verify::VerifyOptions {
             public_key: Some(key.public_key_hex().to_string()),
             checkpoint: None,
@@ -505,13 +508,7 @@ async fn records_merged_behind_the_applies_read_the_same_and_survive_reopen() {
         rows(dir.path())
     );
     let (_log, sm) = store::open(dir.path()).unwrap();
-    let reopened: Vec<String> = sm
-        .records("bot", 0, usize::MAX)
-        .unwrap()
-        .iter()
-        .map(lineage_core::record::Record::to_line)
-        .collect();
-    assert_eq!(reopened, expected);
+    assert_eq!(stored_lines(&sm), expected);
     let data = sm.read_data();
     match data.agents.get("bot") {
         Some(AgentSlot::Active(state)) => assert_eq!(state.as_ref(), &before_reopen),

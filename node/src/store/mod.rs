@@ -173,6 +173,10 @@ fn compact_if_it_pays(db: &mut redb::Database, path: &Path) {
     let Ok(file_bytes) = std::fs::metadata(path).map(|m| m.len()) else {
         return;
     };
+    // Too small to have half of it and the threshold free: no commits at start.
+    if file_bytes < 2 * COMPACT_FREE_BYTES {
+        return;
+    }
     // Pages a commit frees are released by the commits after it: two empty ones first,
     // so the count is of pages in use.
     let empty_commit = || {
