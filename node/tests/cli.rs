@@ -299,3 +299,163 @@ async fn an_operators_day_with_the_cli() {
     let usage = run(&["agent", "approve"]);
     assert_eq!(usage.code, 2, "{}", usage.err);
 }
+
+/// Decides `n` actions for `bot` through node `via`, each allowed; a 503 while
+/// leadership moves is retried under the same key, as a client would.
+async fn act(cluster: &Cluster, via: usize, token: &str, tag: &str, n: usize) {
+    for i in 0..n {
+        let (status, decision) = cluster
+            .post_until_served(
+                via,
+                "/v1/agents/bot/actions",
+                token,
+                json!({"tool": "work", "input": {"n": format!("{tag}-{i}")}}),
+                &format!("{tag}-{i}"),
+            )
+            .await;
+        assert_eq!(
+            (status, decision["decision"].as_str()),
+            (200, Some("allowed")),
+            "{decision}"
+        );
+    }
+}
+
+/// The members, as (id, role), and the leader, as the leader `node` knows tells them
+/// (the route is answered by the leader); `None` while there is none (503).
+async fn members(cluster: &Cluster, node: usize) -> Option<(Vec<(u64, String)>, Option<u64>)> {
+    let (status, view) = cluster.get(node, "/v1/cluster", &cluster.admin).await;
+    if status == 503 {
+        return None;
+    }
+    assert_eq!(status, 200, "{view}");
+    let nodes = view["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| {
+            (
+                n["id"].as_u64().expect("id"),
+                n["role"].as_str().expect("role").to_string(),
+            )
+        })
+        .collect();
+    Some((nodes, view["leader"].as_u64()))
+}
+
+/// Membership changes with `lineage cluster add` and `remove`, run as binaries against
+/// real nodes: a spare node joins as a voter with the whole log; the leader itself is
+/// removed and the cluster decides on without it; a node whose disk is replaced comes
+/// back by the procedure ARCHITECTURE.md gives (remove, wipe, add). Every node left has
+/// the same log, which verifies, and counts every decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_changes_with_the_cli() {
+    let cluster = Cluster::start_with_spares(3, 1).await;
+    let token = cluster
+        .create_agent(
+            0,
+            "bot",
+            json!({"budget": 1000, "scar_limit": 10, "tools": {"work": {"cost": 1}}}),
+        )
+        .await;
+    act(&cluster, 0, &token, "before", 20).await;
+
+    // A spare node, running but not a member, joins: a learner until caught up, then a
+    // voter (the command answers when it is one).
+    cluster.start_node(3);
+    let addr4 = cluster.addrs[3].clone();
+    ok(on(&cluster, &["cluster", "add", "4", &addr4]), "add 4");
+    let (nodes, leader) = members(&cluster, 0).await.expect("a leader");
+    assert_eq!(
+        nodes.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4],
+        "{nodes:?}"
+    );
+    assert!(
+        nodes.iter().all(|(_, role)| role != "learner"),
+        "node 4 is a voter: {nodes:?}"
+    );
+    let status = ok(on(&cluster, &["cluster", "status"]), "status");
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with('4') && l.contains(&addr4)),
+        "{status}"
+    );
+    cluster.wait_ready(3, Duration::from_secs(30)).await;
+    act(&cluster, 3, &token, "after-add", 10).await;
+    // Two records to create an agent, two per decision (request and answer).
+    let log = cluster.converged_log("bot", Duration::from_secs(30)).await;
+    assert_eq!(log.len(), 2 + 2 * 30);
+
+    // A node that is not a member cannot be removed; the answer says why.
+    let refused = on(&cluster, &["cluster", "remove", "9"]);
+    assert_eq!(refused.code, 1, "{}{}", refused.out, refused.err);
+    assert!(
+        refused
+            .err
+            .contains("node 9 is not a member of the cluster (members: 1, 2, 3, 4)"),
+        "{}",
+        refused.err
+    );
+
+    // The leader removes itself: the others elect a leader among themselves.
+    let removed_id = leader.expect("a leader");
+    let leader = usize::try_from(removed_id).expect("id") - 1;
+    ok(
+        on(&cluster, &["cluster", "remove", &removed_id.to_string()]),
+        "remove the leader",
+    );
+    cluster.stop_gracefully(leader);
+    let survivor = (leader + 1) % 4;
+    let start = Instant::now();
+    let new_leader = loop {
+        let view = members(&cluster, survivor).await;
+        if let Some((nodes, Some(new_leader))) = view.filter(|(_, l)| *l != Some(removed_id)) {
+            assert_eq!(nodes.len(), 3, "{nodes:?}");
+            assert!(nodes.iter().all(|(id, _)| *id != removed_id), "{nodes:?}");
+            break usize::try_from(new_leader).expect("id") - 1;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no new leader after the old one was removed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    act(&cluster, survivor, &token, "after-remove", 10).await;
+
+    // A replaced disk: remove the node, wipe it, and add it back under its old id.
+    let replaced = (0..4)
+        .find(|i| *i != leader && *i != new_leader)
+        .expect("a follower");
+    let replaced_id = (replaced + 1).to_string();
+    ok(
+        on_from(&cluster, new_leader, &["cluster", "remove", &replaced_id]),
+        "remove for a new disk",
+    );
+    cluster.stop_gracefully(replaced);
+    cluster.wipe(replaced);
+    cluster.start_node(replaced);
+    let addr = cluster.addrs[replaced].clone();
+    ok(
+        on_from(
+            &cluster,
+            new_leader,
+            &["cluster", "add", &replaced_id, &addr],
+        ),
+        "add the new disk",
+    );
+    cluster.wait_ready(replaced, Duration::from_secs(30)).await;
+    act(&cluster, replaced, &token, "after-replace", 10).await;
+
+    let log = cluster.converged_log("bot", Duration::from_secs(30)).await;
+    assert_eq!(
+        log.len(),
+        2 + 2 * 50,
+        "the agent's creation and 50 decisions"
+    );
+    util::verify_log(&log, &cluster.public_key().await);
+    let (status, bot) = cluster.get(replaced, "/v1/agents/bot", &token).await;
+    assert_eq!(status, 200, "{bot}");
+    assert_eq!(bot["spent"], 50, "{bot}");
+}

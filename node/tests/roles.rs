@@ -260,8 +260,8 @@ fn policy() -> Value {
 }
 
 /// Membership changes and node snapshots: admin only. An admin "adds" a member as a
-/// learner, which changes nothing; a removal of a node that is not a member is refused by
-/// Raft.
+/// learner, which changes nothing; a removal of a node that is not a member is refused
+/// (404).
 async fn membership_changes_are_admin_only(
     cluster: &Cluster,
     via: usize,

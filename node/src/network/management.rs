@@ -157,22 +157,40 @@ async fn add_node(
     Ok(Json(json!({"ok": true})))
 }
 
-/// Removes a node from the voters and from the cluster.
+/// Removes a node from the cluster: a voter in one membership change (openraft's joint
+/// then uniform config, not retained as a learner), a learner by removing it from the
+/// nodes. 404 for a node that is not a member.
+///
+/// One change, never two: a leader that removes itself steps down once the change is
+/// committed, and a second change sent to it then (the learner removal this did before)
+/// made openraft 0.9 panic ("Only leader is allowed to call
+/// update_effective_membership()"), found by the CLI membership test.
 async fn remove_node(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<RemoveNode>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     require(&headers, &app, Need::Admin)?;
+    let membership = app.raft.metrics().borrow().membership_config.clone();
+    let membership = membership.membership();
+    let is_voter = membership.voter_ids().any(|id| id == body.id);
+    // openraft takes the removal of a node it does not know as done: an operator who
+    // typed the wrong id would be told the node is gone.
+    if !membership.nodes().any(|(id, _)| *id == body.id) {
+        let members: Vec<String> = membership.nodes().map(|(id, _)| id.to_string()).collect();
+        return Err(ApiError::NotFound(format!(
+            "node {} is not a member of the cluster (members: {})",
+            body.id,
+            members.join(", ")
+        )));
+    }
+    let change = if is_voter {
+        ChangeMembers::RemoveVoters(BTreeSet::from([body.id]))
+    } else {
+        ChangeMembers::RemoveNodes(BTreeSet::from([body.id]))
+    };
     app.raft
-        .change_membership(
-            ChangeMembers::RemoveVoters(BTreeSet::from([body.id])),
-            false,
-        )
-        .await
-        .map_err(|e| ApiError::unavailable(e.to_string()))?;
-    app.raft
-        .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([body.id])), false)
+        .change_membership(change, false)
         .await
         .map_err(|e| ApiError::unavailable(e.to_string()))?;
     Ok(Json(json!({"ok": true})))

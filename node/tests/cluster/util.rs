@@ -30,6 +30,9 @@ pub struct Cluster {
     external: bool,
     /// Where each node keeps its data, when not under `dir` (a loop-mounted disk).
     data_dirs: Option<Vec<PathBuf>>,
+    /// The first this many nodes are the new cluster's voters (`--peers`); the others are
+    /// spares, started empty, that join only when an operator adds them.
+    voters: usize,
 }
 
 /// A loopback port nothing listens on right now, and that no outgoing connection will
@@ -233,6 +236,18 @@ impl Cluster {
         cluster
     }
 
+    /// `voters` nodes started as a cluster, and `spares` more with ports and keys but not
+    /// started and not members (`start_node` runs one, waiting to be added).
+    pub async fn start_with_spares(voters: usize, spares: usize) -> Cluster {
+        let mut cluster = Self::prepare(voters + spares, &[]);
+        cluster.voters = voters;
+        for i in 0..voters {
+            cluster.start_node(i);
+        }
+        cluster.wait_for_leader(Duration::from_secs(15)).await;
+        cluster
+    }
+
     /// Talks to nodes someone else runs (for example containers) at `addrs`, over HTTPS
     /// with the CA bundle `ca` when given.
     pub async fn attach(
@@ -272,6 +287,7 @@ impl Cluster {
             tls_dir: None,
             external,
             data_dirs: None,
+            voters: n,
         }
     }
 
@@ -294,8 +310,7 @@ impl Cluster {
             "node {} is already running",
             i + 1
         );
-        let peers: Vec<String> = self
-            .addrs
+        let peers: Vec<String> = self.addrs[..self.voters]
             .iter()
             .enumerate()
             .map(|(j, a)| format!("{}={a}", j + 1))
@@ -682,8 +697,12 @@ impl Cluster {
         parse_metrics(&self.get_text(i, "/metrics").await)
     }
 
+    /// The cluster's audit public key, from the first node that is running.
     pub async fn public_key(&self) -> String {
-        let (_, body) = self.get(0, "/v1/public-key", "").await;
+        let node = (0..self.addrs.len())
+            .find(|i| self.is_running(*i))
+            .expect("a running node");
+        let (_, body) = self.get(node, "/v1/public-key", "").await;
         body["public_key"].as_str().expect("public key").to_string()
     }
 }
