@@ -518,7 +518,8 @@ async fn a_witnessed_checkpoint_is_stored_only_when_a_trusted_witness_cosigned_i
     let (status, answer) = store_witnessed(&cluster, &good).await;
     assert_eq!((status, answer.as_str()), (200, r#"{"stored":true}"#));
     let (status, stored) = text(&cluster.url(0, "/v1/transparency/checkpoint/witnessed")).await;
-    assert_eq!((status, stored), (200, good));
+    assert_eq!((status, stored), (200, good.clone()));
+    cli_fetches_and_verifies(&cluster, &good, &trusted.vkey(), &stranger.vkey()).await;
 
     let output = Command::new(env!("CARGO_BIN_EXE_lineage-node"))
         .args(["run", "--id", "1", "--listen", "127.0.0.1:1"])
@@ -529,6 +530,58 @@ async fn a_witnessed_checkpoint_is_stored_only_when_a_trusted_witness_cosigned_i
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("witness key"), "{stderr}");
+}
+
+/// `lineage checkpoint fetch` and `verify`, run as the binary: the fetched note is the
+/// stored one and verifies with the trusted witness; an unknown witness, a quorum above
+/// the cosigners and a changed byte each fail with exit 1 and say why.
+async fn cli_fetches_and_verifies(cluster: &Cluster, stored: &str, trusted: &str, stranger: &str) {
+    let lineage = util::lineage_bin();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fetched = dir.path().join("witnessed.txt");
+    let output = Command::new(&lineage)
+        .args(["checkpoint", "fetch", "--url", &cluster.url(0, ""), "--out"])
+        .arg(&fetched)
+        .env_remove("LINEAGE_URL")
+        .output()
+        .expect("run lineage checkpoint fetch");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&fetched).expect("fetched"), stored);
+    let public_key = cluster.public_key().await;
+    let verify = |note: &std::path::Path, witness: &str, quorum: &str| {
+        let output = Command::new(&lineage)
+            .args(["checkpoint", "verify"])
+            .arg(note)
+            .args(["--public-key", &public_key, "--witness-key", witness])
+            .args(["--quorum", quorum])
+            .output()
+            .expect("run lineage checkpoint verify");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    let (code, out) = verify(&fetched, trusted, "1");
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("OK  lineage.local/cluster size "), "{out}");
+    assert!(out.contains("cosigned by w1.test"), "{out}");
+    let (code, out) = verify(&fetched, stranger, "1");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("0 of the required 1 witnesses"), "{out}");
+    let (code, out) = verify(&fetched, trusted, "2");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("1 of the required 2 witnesses"), "{out}");
+    let tampered = dir.path().join("tampered.txt");
+    let root_line = stored.lines().nth(2).expect("root line");
+    let other_root = STANDARD.encode([0u8; 32]);
+    std::fs::write(&tampered, stored.replacen(root_line, &other_root, 1)).expect("write");
+    let (code, out) = verify(&tampered, trusted, "1");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("FAILED  "), "{out}");
 }
 
 /// A signed checkpoint's size and root.
