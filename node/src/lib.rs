@@ -139,7 +139,13 @@ const SNAPSHOT_CHUNK_BYTES: u64 = 256 * 1024;
 /// few megabytes of state to receive never came back.
 const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 60_000;
 
-fn raft_config(id: NodeId, snapshot_every: u64, elect: bool) -> Result<openraft::Config, String> {
+/// The Raft configuration of node `id` (its election timeout staggered by id); public
+/// so the in-process simulation (`tests/sim/`) runs nodes configured as `run` does.
+pub fn raft_config(
+    id: NodeId,
+    snapshot_every: u64,
+    elect: bool,
+) -> Result<openraft::Config, String> {
     let min = ELECTION_TIMEOUT_BASE_MS + (id % 5) * ELECTION_TIMEOUT_STAGGER_MS;
     openraft::Config {
         cluster_name: "lineage".into(),
