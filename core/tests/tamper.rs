@@ -383,3 +383,50 @@ fn a_guard_log_that_is_not_a_guard_log_is_refused() {
         other => panic!("expected a replay failure, got {other:?}"),
     }
 }
+
+/// `check_signature`, the one-record check an import applies to each line it receives:
+/// every record of an intact log passes; a changed payload, a flipped signature bit, a
+/// malformed signature and another key each fail with their reason.
+#[test]
+fn one_record_at_a_time_the_hash_and_signature_are_checked() {
+    use lineage_core::verify::check_signature;
+    let f = fixture();
+    let key = f.key.verifying_key();
+    let records: Vec<Record> = f
+        .lines
+        .iter()
+        .map(|l| Record::from_line(l).unwrap())
+        .collect();
+    for record in &records {
+        assert_eq!(check_signature(record, &key), Ok(()));
+    }
+    let record = &records[1];
+
+    let mut edited = record.clone();
+    edited.actor.push('x');
+    assert_eq!(
+        check_signature(&edited, &key),
+        Err("hash does not match record content".to_string())
+    );
+
+    let mut flipped = record.clone();
+    let last = flipped.signature.pop().unwrap();
+    flipped.signature.push(if last == '0' { '1' } else { '0' });
+    assert_eq!(
+        check_signature(&flipped, &key),
+        Err("signature is invalid".to_string())
+    );
+
+    let mut malformed = record.clone();
+    malformed.signature.truncate(10);
+    assert_eq!(
+        check_signature(&malformed, &key),
+        Err("signature is malformed".to_string())
+    );
+
+    let stranger = AuditKey::generate().unwrap().verifying_key();
+    assert_eq!(
+        check_signature(record, &stranger),
+        Err("signature is invalid".to_string())
+    );
+}

@@ -968,3 +968,120 @@ async fn a_damaged_system_or_import_row_rebuilds_the_state_machine() {
         }
     }
 }
+
+/// A state machine file whose heads log holds `n` sealed leaves (agent `a`, sizes 1..=n)
+/// and their stored nodes, as rounds leave them.
+fn with_heads_rows(dir: &std::path::Path, n: u64) {
+    use lineage_node::store::heads::{HEADS_LEAVES, HEADS_META};
+    use lineage_node::store::heads_tree::{seal_leaf, HeadsTree, HEADS_NODES};
+    use redb::ReadableTable;
+    drop(store::open(dir).unwrap());
+    let db = redb::Database::create(dir.join("node.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut leaves = txn.open_table(HEADS_LEAVES).unwrap();
+        let mut nodes = txn.open_table(HEADS_NODES).unwrap();
+        let mut tree = HeadsTree::default();
+        for i in 0..n {
+            let leaf = lineage_core::heads::HeadStatement {
+                agent_id: "a".into(),
+                size: i + 1,
+                root: hex::encode([i as u8; 32]),
+                head_hash: hex::encode([7u8; 32]),
+            }
+            .to_leaf();
+            leaves.insert(i, seal_leaf(&leaf).as_str()).unwrap();
+            tree.push(&leaf, &mut nodes).unwrap();
+        }
+        let mut meta = txn.open_table(HEADS_META).unwrap();
+        meta.insert("indexed", n.to_string().as_str()).unwrap();
+        assert!(
+            meta.get("sealed").unwrap().is_some(),
+            "a new file is marked sealed"
+        );
+    }
+    txn.commit().unwrap();
+}
+
+/// The heads tree's right edge (the unfinished chunk's leaves and the nodes waiting for a
+/// sibling) is what every later root is computed from: a row of it flipped, zeroed or cut
+/// makes the file count as damaged at open (moved aside, rebuilt), never a root signed
+/// from it. A leaf behind the edge is checked when it is read: an error, not the leaf.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_heads_row_is_never_read_as_a_leaf_or_a_root() {
+    use lineage_node::store::heads::HEADS_LEAVES;
+    use lineage_node::store::heads_tree::HEADS_NODES;
+    use redb::ReadableTable;
+    const N: u64 = 300;
+    let moved_aside = |dir: &std::path::Path| {
+        std::fs::read_dir(dir).unwrap().flatten().any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("node.redb.damaged-")
+        })
+    };
+    // Leaf 299 is in the unfinished chunk (256..300); node 8/0 waits for its sibling.
+    for (what, damage) in [Damage::Flip, Damage::Zero, Damage::Cut]
+        .into_iter()
+        .flat_map(|d| [("leaf 299", d), ("node 8/0", d)])
+    {
+        let dir = tempfile::tempdir().unwrap();
+        with_heads_rows(dir.path(), N);
+        {
+            let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            if what == "leaf 299" {
+                let mut leaves = txn.open_table(HEADS_LEAVES).unwrap();
+                let mut row = leaves
+                    .get(299)
+                    .unwrap()
+                    .unwrap()
+                    .value()
+                    .as_bytes()
+                    .to_vec();
+                damage.apply(&mut row);
+                let row = String::from_utf8(row).unwrap();
+                leaves.insert(299, row.as_str()).unwrap();
+            } else {
+                let mut nodes = txn.open_table(HEADS_NODES).unwrap();
+                let mut row = nodes.get((8, 0)).unwrap().unwrap().value().to_vec();
+                damage.apply(&mut row);
+                nodes.insert((8, 0), row.as_slice()).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let (_log, sm) = store::open(dir.path()).unwrap();
+        assert!(
+            moved_aside(dir.path()),
+            "{what} {damage:?}: the damaged file was used"
+        );
+        assert_eq!(sm.read_data().heads.tree.size(), 0, "{what} {damage:?}");
+    }
+
+    // Control, and a leaf behind the edge.
+    let dir = tempfile::tempdir().unwrap();
+    with_heads_rows(dir.path(), N);
+    {
+        let (_log, sm) = store::open(dir.path()).unwrap();
+        assert!(!moved_aside(dir.path()), "an intact file is kept");
+        assert_eq!(sm.read_data().heads.tree.size(), N);
+        assert_eq!(sm.heads_leaves(0, 20).unwrap().len(), 20);
+    }
+    {
+        let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut leaves = txn.open_table(HEADS_LEAVES).unwrap();
+            let mut row = leaves.get(10).unwrap().unwrap().value().as_bytes().to_vec();
+            Damage::Flip.apply(&mut row);
+            let row = String::from_utf8(row).unwrap();
+            leaves.insert(10, row.as_str()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let (_log, sm) = store::open(dir.path()).unwrap();
+    assert_eq!(sm.read_data().heads.tree.size(), N);
+    let error = sm.heads_leaves(0, 20).unwrap_err();
+    assert!(error.contains("heads leaf 10"), "{error}");
+    assert_eq!(sm.heads_leaves(11, 20).unwrap().len(), 9);
+}

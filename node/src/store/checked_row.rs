@@ -27,6 +27,25 @@ pub fn unseal(row: &[u8]) -> Result<&[u8], String> {
     Ok(content)
 }
 
+/// A row for a table of text: the hex SHA-256 of `content`, then `content`.
+pub fn seal_text(content: &str) -> String {
+    let mut row = hex::encode(Sha256::digest(content.as_bytes()));
+    row.push_str(content);
+    row
+}
+
+/// The content of a row written by [`seal_text`], if its checksum still matches.
+pub fn unseal_text(row: &str) -> Result<&str, String> {
+    let hex_bytes = DIGEST_BYTES * 2;
+    let (Some(digest), Some(content)) = (row.get(..hex_bytes), row.get(hex_bytes..)) else {
+        return Err(format!("stored row is {} bytes, too short", row.len()));
+    };
+    if hex::encode(Sha256::digest(content.as_bytes())) != digest {
+        return Err("stored row does not match its checksum".into());
+    }
+    Ok(content)
+}
+
 /// The value in a row written by [`seal`] over its JSON. A row written before rows were
 /// sealed is plain JSON; it is still read (unprotected, and rewritten sealed by the next
 /// write). Anything else is an error, never "no value".
@@ -55,6 +74,24 @@ mod tests {
         }
         assert!(unseal(&row[..row.len() - 1]).is_err());
         assert!(unseal(&row[..10]).is_err());
+    }
+
+    #[test]
+    fn every_changed_bit_of_a_text_row_is_caught() {
+        let row = seal_text(r#"{"agent_id":"a","size":3}"#);
+        assert_eq!(unseal_text(&row).unwrap(), r#"{"agent_id":"a","size":3}"#);
+        for i in 0..row.len() {
+            for bit in 0..7 {
+                let mut bytes = row.clone().into_bytes();
+                bytes[i] ^= 1 << bit;
+                // A flip that leaves the row valid UTF-8 must still be caught.
+                if let Ok(flipped) = String::from_utf8(bytes) {
+                    assert!(unseal_text(&flipped).is_err(), "flip {bit} at byte {i}");
+                }
+            }
+        }
+        assert!(unseal_text(&row[..row.len() - 1]).is_err());
+        assert!(unseal_text(&row[..40]).is_err());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use redb::{ReadableTable, TableDefinition};
 use super::agent_slot::AgentSlot;
 use super::heads_tree::{self, HeadsTree, StoredTree, HEADS_BY_AGENT, HEADS_NODES};
 
-/// Leaf index → head statement (canonical JSON).
+/// Leaf index → head statement (canonical JSON), sealed (`heads_tree::seal_leaf`).
 pub const HEADS_LEAVES: TableDefinition<u64, &str> = TableDefinition::new("heads_leaves");
 /// Tree sizes at which a round ended: the checkpoints this log ever had.
 pub const HEADS_ROUNDS: TableDefinition<u64, ()> = TableDefinition::new("heads_rounds");
@@ -117,7 +117,7 @@ impl HeadsLog {
             };
             let index = self.tree.size();
             let leaf = statement.to_leaf();
-            leaves.insert(index, leaf.as_str())?;
+            leaves.insert(index, heads_tree::seal_leaf(&leaf).as_str())?;
             self.tree.push(&leaf, &mut nodes)?;
             by_agent.insert((agent_id.as_str(), index), ())?;
             self.stated.insert(agent_id, statement.size);
@@ -232,7 +232,8 @@ impl HeadsLog {
         let table = txn.open_table(HEADS_LEAVES)?;
         let mut out = Vec::new();
         for item in table.range(start..end)? {
-            out.push(item?.1.value().to_string());
+            let (index, row) = item?;
+            out.push(heads_tree::leaf_text(row.value(), index.value())?.to_string());
         }
         Ok(out)
     }
@@ -242,7 +243,7 @@ impl HeadsLog {
         let mut leaves = txn.open_table(HEADS_LEAVES)?;
         leaves.retain(|_, _| false)?;
         for (index, leaf) in body.leaves.iter().enumerate() {
-            leaves.insert(index as u64, leaf.as_str())?;
+            leaves.insert(index as u64, heads_tree::seal_leaf(leaf).as_str())?;
         }
         let mut nodes = txn.open_table(HEADS_NODES)?;
         nodes.retain(|_, _| false)?;
@@ -266,6 +267,7 @@ impl HeadsLog {
             meta.insert(WITNESSED_KEY, note.as_str())?;
         }
         meta.insert(INDEXED_KEY, tree.size().to_string().as_str())?;
+        heads_tree::mark_sealed(&mut meta)?;
         Ok(())
     }
 
@@ -288,6 +290,41 @@ impl HeadsLog {
             witnessed: meta.get(WITNESSED_KEY)?.map(|v| v.value().to_string()),
         })
     }
+}
+
+/// Checks the rows the tree's right edge is read from (the leaves of the unfinished
+/// chunk, one node per level), for the state machine's integrity check at open: every
+/// later root is computed from them. Skipped where the rows are not sealed or the nodes
+/// not indexed yet (`seal_if_needed` and `index_if_needed` do both at open).
+pub fn check_right_edge(txn: &redb::ReadTransaction) -> Result<(), String> {
+    fn fail(e: &dyn std::fmt::Display) -> String {
+        format!("heads log: {e}")
+    }
+    /// A table a data directory from before it does not have yet.
+    fn optional<T>(table: Result<T, redb::TableError>) -> Result<Option<T>, String> {
+        match table {
+            Ok(table) => Ok(Some(table)),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(other) => Err(fail(&other)),
+        }
+    }
+    let (Some(leaves), Some(nodes), Some(meta)) = (
+        optional(txn.open_table(HEADS_LEAVES))?,
+        optional(txn.open_table(HEADS_NODES))?,
+        optional(txn.open_table(HEADS_META))?,
+    ) else {
+        return Ok(());
+    };
+    let size = leaf_count(&leaves).map_err(|e| fail(&e))?;
+    let indexed = meta.get(INDEXED_KEY).map_err(|e| fail(&e))?;
+    if indexed.and_then(|v| v.value().parse::<u64>().ok()) != Some(size)
+        || !heads_tree::rows_sealed(&meta).map_err(|e| fail(&e))?
+    {
+        return Ok(());
+    }
+    HeadsTree::load(size, &nodes, &leaves)
+        .map(drop)
+        .map_err(|e| fail(&e))
 }
 
 /// How many leaves the heads log holds (they are keyed 0, 1, 2, …).
@@ -338,13 +375,8 @@ pub fn index_if_needed(db: &redb::Database) -> StorageResult<()> {
                         tree.size()
                     )));
                 }
-                index_leaf(
-                    &mut tree,
-                    index.value(),
-                    leaf.value(),
-                    &mut nodes,
-                    &mut by_agent,
-                )?;
+                let leaf = heads_tree::leaf_text(leaf.value(), index.value())?;
+                index_leaf(&mut tree, index.value(), leaf, &mut nodes, &mut by_agent)?;
             }
             meta.insert(INDEXED_KEY, size.to_string().as_str())?;
             Some(size)

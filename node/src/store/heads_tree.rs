@@ -7,14 +7,20 @@
 //!
 //! Every statement is also indexed by agent (`heads_by_agent`), so a head proof finds an
 //! agent's statement with one range read instead of a map of every statement.
+//!
+//! Leaves and nodes are stored sealed (`checked_row`) and checked at every read: a byte
+//! changed on disk is an error, never a root this node would sign. Rows from before the
+//! seals are sealed once at open (`seal_if_needed`), before anything reads them.
 
 use lineage_core::transparency::{
     self, leaf_hash_of, parent_hash, Hash, SubtreeSource, TransparencyError,
 };
 use redb::{ReadableTable, TableDefinition};
 
+use super::checked_row;
+
 /// (level, index) → the hash of the perfect subtree of 2^level leaves at
-/// `index * 2^level`, for levels from `CHUNK_LEVEL` (8) up.
+/// `index * 2^level`, for levels from `CHUNK_LEVEL` (8) up, sealed.
 pub const HEADS_NODES: TableDefinition<(u8, u64), &[u8]> = TableDefinition::new("heads_nodes");
 /// (agent, leaf index) of each statement (the statement itself is the leaf).
 pub const HEADS_BY_AGENT: TableDefinition<(&str, u64), ()> = TableDefinition::new("heads_by_agent");
@@ -24,6 +30,83 @@ const CHUNK_LEVEL: u32 = 8;
 const CHUNK: u64 = 1 << CHUNK_LEVEL;
 
 type StorageResult<T> = Result<T, redb::Error>;
+
+/// A heads leaf as it is stored.
+pub fn seal_leaf(leaf: &str) -> String {
+    checked_row::seal_text(leaf)
+}
+
+/// The leaf a stored row holds, checked (`index` names it in the error).
+pub fn leaf_text(row: &str, index: u64) -> StorageResult<&str> {
+    checked_row::unseal_text(row).map_err(|e| corrupted(format!("heads leaf {index}: {e}")))
+}
+
+/// The hash a stored node row holds, checked.
+fn node_hash(row: &[u8], level: u8, index: u64) -> StorageResult<Hash> {
+    let hash = checked_row::unseal(row)
+        .map_err(|e| corrupted(format!("heads node {level}/{index}: {e}")))?;
+    Hash::try_from(hash)
+        .map_err(|_| corrupted(format!("heads node {level}/{index} is not 32 bytes")))
+}
+
+/// Whether the rows are sealed: `seal_if_needed` has run on this file (older rows read
+/// as sealed ones would all look damaged).
+pub fn rows_sealed(meta: &impl ReadableTable<&'static str, &'static str>) -> StorageResult<bool> {
+    Ok(meta.get(SEALED_KEY)?.is_some())
+}
+
+const SEALED_KEY: &str = "sealed";
+
+/// Marks the rows sealed (a snapshot install writes them sealed).
+pub fn mark_sealed(meta: &mut redb::Table<&str, &str>) -> StorageResult<()> {
+    meta.insert(SEALED_KEY, "1")?;
+    Ok(())
+}
+
+/// Seals every leaf and node row written before rows were sealed: once, at open, before
+/// anything reads them (the meta table's `sealed` marks it done; a new data directory is
+/// marked at once). Only here are rows read without their seal.
+pub fn seal_if_needed(db: &redb::Database) -> StorageResult<()> {
+    use super::heads::{HEADS_LEAVES, HEADS_META};
+    let txn = db.begin_write()?;
+    let sealed = {
+        let mut meta = txn.open_table(HEADS_META)?;
+        if meta.get(SEALED_KEY)?.is_some() {
+            drop(meta);
+            txn.abort()?;
+            return Ok(());
+        }
+        let mut leaves = txn.open_table(HEADS_LEAVES)?;
+        let mut plain = Vec::new();
+        for item in leaves.iter()? {
+            let (index, row) = item?;
+            if row.value().starts_with('{') {
+                plain.push((index.value(), row.value().to_string()));
+            }
+        }
+        for (index, leaf) in &plain {
+            leaves.insert(*index, seal_leaf(leaf).as_str())?;
+        }
+        let mut nodes = txn.open_table(HEADS_NODES)?;
+        let mut plain_nodes = Vec::new();
+        for item in nodes.iter()? {
+            let (key, row) = item?;
+            if row.value().len() == 32 {
+                plain_nodes.push((key.value(), row.value().to_vec()));
+            }
+        }
+        for (key, hash) in &plain_nodes {
+            nodes.insert(*key, checked_row::seal(hash).as_slice())?;
+        }
+        mark_sealed(&mut meta)?;
+        plain.len() + plain_nodes.len()
+    };
+    txn.commit()?;
+    if sealed > 0 {
+        tracing::info!(rows = sealed, "heads log rows sealed");
+    }
+    Ok(())
+}
 
 /// The right edge of the heads tree: enough to append leaves and store the subtrees
 /// they complete.
@@ -58,7 +141,7 @@ impl HeadsTree {
         let mut level = CHUNK_LEVEL;
         let mut index = self.size / CHUNK - 1;
         loop {
-            nodes.insert((level as u8, index), hash.as_slice())?;
+            nodes.insert((level as u8, index), checked_row::seal(&hash).as_slice())?;
             let slot = (level - CHUNK_LEVEL) as usize;
             if self.waiting.len() <= slot {
                 self.waiting.resize(slot + 1, None);
@@ -89,7 +172,9 @@ impl HeadsTree {
         };
         let chunk_start = size - size % CHUNK;
         for item in leaves.range(chunk_start..size)? {
-            tree.chunk.push(leaf_hash_of(item?.1.value().as_bytes()));
+            let (index, row) = item?;
+            let leaf = leaf_text(row.value(), index.value())?;
+            tree.chunk.push(leaf_hash_of(leaf.as_bytes()));
         }
         if tree.chunk.len() as u64 != size - chunk_start {
             return Err(corrupted(format!(
@@ -127,9 +212,7 @@ fn stored_node(
     };
     match nodes.get((level, index))? {
         None => Ok(None),
-        Some(value) => Hash::try_from(value.value())
-            .map(Some)
-            .map_err(|_| corrupted(format!("heads node {level}/{index} is not 32 bytes"))),
+        Some(row) => node_hash(row.value(), level, index).map(Some),
     }
 }
 
@@ -165,7 +248,10 @@ where
         let failed = |e: redb::StorageError| TransparencyError(format!("heads leaves: {e}"));
         let mut hashes = Vec::new();
         for item in self.leaves.range(start..end).map_err(failed)? {
-            hashes.push(leaf_hash_of(item.map_err(failed)?.1.value().as_bytes()));
+            let (index, row) = item.map_err(failed)?;
+            let leaf = leaf_text(row.value(), index.value())
+                .map_err(|e| TransparencyError(e.to_string()))?;
+            hashes.push(leaf_hash_of(leaf.as_bytes()));
         }
         Ok(hashes)
     }
@@ -201,7 +287,7 @@ pub fn last_stated_size(
     let leaf = leaves
         .get(index)?
         .ok_or_else(|| corrupted(format!("heads leaf {index} ({agent_id}'s) is not stored")))?;
-    let statement = lineage_core::heads::HeadStatement::from_leaf(leaf.value())
+    let statement = lineage_core::heads::HeadStatement::from_leaf(leaf_text(leaf.value(), index)?)
         .map_err(|e| corrupted(format!("heads leaf {index}: {e}")))?;
     if statement.agent_id != agent_id {
         return Err(corrupted(format!(
@@ -251,7 +337,7 @@ mod tests {
             let mut tree = HeadsTree::default();
             for i in 0..N {
                 edges.push(tree.clone());
-                leaves.insert(i, leaf(i).as_str()).unwrap();
+                leaves.insert(i, seal_leaf(&leaf(i)).as_str()).unwrap();
                 tree.push(&leaf(i), &mut nodes).unwrap();
                 whole.push_leaf_hash(leaf_hash_of(leaf(i).as_bytes()));
             }
@@ -262,7 +348,7 @@ mod tests {
         {
             let mut leaves = txn.open_table(HEADS_LEAVES).unwrap();
             for i in 0..N {
-                leaves.insert(i, leaf(i).as_str()).unwrap();
+                leaves.insert(i, seal_leaf(&leaf(i)).as_str()).unwrap();
             }
         }
         txn.commit().unwrap();
@@ -314,6 +400,142 @@ mod tests {
             assert!(root_at(&stored, N + 1).is_err());
         }
         the_index_finds_each_agents_statements(&indexed);
+    }
+
+    /// `n` leaves and their nodes, as a version before the seals stored them.
+    fn write_unsealed_tables(db: &redb::Database, n: u64) {
+        let txn = db.begin_write().unwrap();
+        {
+            let mut leaves = txn.open_table(HEADS_LEAVES).unwrap();
+            let mut nodes = txn.open_table(HEADS_NODES).unwrap();
+            let mut tree = HeadsTree::default();
+            for i in 0..n {
+                leaves.insert(i, leaf(i).as_str()).unwrap();
+                tree.push(&leaf(i), &mut nodes).unwrap();
+            }
+            // The bare 32-byte hash.
+            let sealed: Vec<((u8, u64), Vec<u8>)> = nodes
+                .iter()
+                .unwrap()
+                .map(|item| {
+                    let (key, row) = item.unwrap();
+                    (key.value(), row.value().to_vec())
+                })
+                .collect();
+            for (key, row) in sealed {
+                let hash = checked_row::unseal(&row).unwrap().to_vec();
+                nodes.insert(key, hash.as_slice()).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+    }
+
+    /// Rows from before the seals (plain leaves, 32-byte nodes) are sealed once at open
+    /// and then give the whole tree's roots; a flipped bit in a leaf or node row is an
+    /// error wherever it is read (the right edge at open, a root), never another root.
+    #[test]
+    fn rows_are_sealed_once_and_a_flipped_bit_is_an_error_not_another_root() {
+        const N: u64 = 600;
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("heads.redb")).unwrap();
+        write_unsealed_tables(&db, N);
+        let sizes = [1, 255, 256, 300, 512, N];
+        let roots = |db: &redb::Database| -> Vec<Result<Hash, TransparencyError>> {
+            let txn = db.begin_read().unwrap();
+            let (nodes, leaves) = (
+                txn.open_table(HEADS_NODES).unwrap(),
+                txn.open_table(HEADS_LEAVES).unwrap(),
+            );
+            let stored = StoredTree {
+                size: N,
+                nodes: &nodes,
+                leaves: &leaves,
+            };
+            sizes.iter().map(|&size| root_at(&stored, size)).collect()
+        };
+        let mut whole = MerkleLevels::new();
+        for i in 0..N {
+            whole.push_leaf_hash(leaf_hash_of(leaf(i).as_bytes()));
+        }
+        let before: Vec<_> = sizes.iter().map(|&size| whole.root_at(size)).collect();
+        assert!(
+            roots(&db).iter().all(Result::is_err),
+            "unsealed rows are never read as sealed ones"
+        );
+
+        seal_if_needed(&db).unwrap();
+        assert_eq!(roots(&db), before);
+        {
+            let txn = db.begin_read().unwrap();
+            let leaves = txn.open_table(HEADS_LEAVES).unwrap();
+            for item in leaves.iter().unwrap() {
+                assert!(
+                    !item.unwrap().1.value().starts_with('{'),
+                    "a plain leaf is left"
+                );
+            }
+            let nodes = txn.open_table(HEADS_NODES).unwrap();
+            for item in nodes.iter().unwrap() {
+                assert_eq!(item.unwrap().1.value().len(), 64, "a plain node is left");
+            }
+        }
+        seal_if_needed(&db).unwrap();
+        assert_eq!(roots(&db), before, "sealing twice changes nothing");
+
+        let flip_leaf = |index: u64, bit: u8| {
+            let txn = db.begin_write().unwrap();
+            {
+                let mut leaves = txn.open_table(HEADS_LEAVES).unwrap();
+                let mut row = leaves
+                    .get(index)
+                    .unwrap()
+                    .unwrap()
+                    .value()
+                    .as_bytes()
+                    .to_vec();
+                let at = row.len() - 5;
+                row[at] ^= 1 << bit;
+                let row = String::from_utf8(row).unwrap();
+                leaves.insert(index, row.as_str()).unwrap();
+            }
+            txn.commit().unwrap();
+        };
+        let flip_node = |key: (u8, u64)| {
+            let txn = db.begin_write().unwrap();
+            {
+                let mut nodes = txn.open_table(HEADS_NODES).unwrap();
+                let mut row = nodes.get(key).unwrap().unwrap().value().to_vec();
+                row[40] ^= 0x10;
+                nodes.insert(key, row.as_slice()).unwrap();
+            }
+            txn.commit().unwrap();
+        };
+        // A leaf of the unfinished chunk: the right edge at open and the root fail.
+        flip_leaf(550, 0);
+        {
+            let txn = db.begin_read().unwrap();
+            let (nodes, leaves) = (
+                txn.open_table(HEADS_NODES).unwrap(),
+                txn.open_table(HEADS_LEAVES).unwrap(),
+            );
+            let error = HeadsTree::load(N, &nodes, &leaves).unwrap_err().to_string();
+            assert!(error.contains("heads leaf 550"), "{error}");
+        }
+        let after = roots(&db);
+        assert_eq!(after[..5], before[..5], "sizes that do not read leaf 550");
+        assert!(after[5].is_err(), "{:?}", after[5]);
+        flip_leaf(550, 0);
+        assert_eq!(roots(&db), before, "flipped back");
+
+        // The stored subtree of leaves 0..512 and the one of 0..256.
+        flip_node((9, 0));
+        let after = roots(&db);
+        assert!(after[4].is_err() && after[5].is_err(), "{after:?}");
+        assert_eq!(after[..4], before[..4]);
+        flip_node((8, 0));
+        let after = roots(&db);
+        assert!(after[2].is_err() && after[3].is_err(), "{after:?}");
+        assert_eq!(after[..2], before[..2]);
     }
 
     /// Statements found per agent in the tree indexed from leaves of `leaf(i)`; an index

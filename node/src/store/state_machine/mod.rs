@@ -170,6 +170,7 @@ impl StateMachine {
                 .map_err(sm_write_err)?;
             txn.commit().map_err(sm_write_err)?;
         }
+        heads_tree::seal_if_needed(&db).map_err(sm_write_err)?;
         heads::index_if_needed(&db).map_err(sm_write_err)?;
         let writer = SmWriter::spawn(
             db.clone(),
@@ -568,6 +569,8 @@ pub fn meta_intact(db: &Database) -> Result<(), String> {
     super::imports::markers(&txn)?;
     super::imports::tombstones(&txn)?;
     super::imports::import_points(&txn)?;
+    // Every root this node will sign is computed from the heads tree's right edge.
+    heads::check_right_edge(&txn)?;
     Ok(())
 }
 
