@@ -345,10 +345,6 @@ impl BatchVerifier {
         self.inner.count()
     }
 
-    pub fn head(&self) -> Option<Head> {
-        self.inner.head()
-    }
-
     pub fn report(&self, failure: Option<VerifyFailure>) -> VerifyReport {
         self.inner.report(failure)
     }

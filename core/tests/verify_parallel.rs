@@ -169,3 +169,118 @@ fn an_intact_log_verifies_in_batches_with_progress() {
     assert_eq!(report.records, RECORDS as u64);
     assert_eq!(seen.last(), Some(&(RECORDS as u64)));
 }
+
+/// A reader's records go to the verifier in batches of at most 2,048 records or 8 MiB
+/// of lines (memory holds one batch), with one progress call per batch: a log of
+/// 8 KiB records is cut where its lines reach 8 MiB, and only there.
+#[test]
+fn a_reader_is_verified_in_batches_of_8_mib_with_progress_after_each() {
+    const N: usize = 1_100;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log.jsonl");
+    let mut log = AuditLog::create(&path, AuditKey::from_seed([5; 32]), "big").unwrap();
+    for n in 1..N {
+        log.append(
+            "big",
+            "note",
+            serde_json::json!({"n": n, "text": "y".repeat(8 * 1024)}),
+        )
+        .unwrap();
+    }
+    let text = std::fs::read(&path).unwrap();
+    let mut total = 0;
+    let first_cut = text
+        .split(|b| *b == b'\n')
+        .position(|line| {
+            total += line.len();
+            total >= 8 * 1024 * 1024
+        })
+        .unwrap()
+        + 1;
+    assert!(first_cut < N, "the log is over 8 MiB");
+    let mut seen = Vec::new();
+    let report = verify_reader_with(&text[..], &VerifyOptions::default(), 2, |n| seen.push(n));
+    assert!(report.ok, "{report:?}");
+    assert_eq!(report.records, N as u64);
+    assert_eq!(seen, vec![first_cut as u64, N as u64]);
+
+    // A small log is one batch, however many cores.
+    let small: Vec<u8> = log_lines()
+        .iter()
+        .flat_map(|l| l.iter().copied().chain([b'\n']))
+        .collect();
+    for threads in [1, 3] {
+        let mut seen = Vec::new();
+        let report = verify_reader_with(&small[..], &VerifyOptions::default(), threads, |n| {
+            seen.push(n)
+        });
+        assert!(report.ok, "{report:?}");
+        assert_eq!(seen, vec![RECORDS as u64]);
+    }
+}
+
+/// A line may be as long as the bound, newline or not; one byte more is refused.
+#[test]
+fn a_line_at_the_bound_is_read_and_one_byte_longer_is_refused() {
+    use lineage_core::verify::read_line_bounded;
+    let mut buf = Vec::new();
+    let mut at_bound = &b"abc"[..];
+    assert!(read_line_bounded(&mut at_bound, &mut buf, 3).unwrap());
+    assert_eq!(buf, b"abc");
+    assert!(!read_line_bounded(&mut at_bound, &mut buf, 3).unwrap());
+    let mut with_newline = &b"abc\nd"[..];
+    assert!(read_line_bounded(&mut with_newline, &mut buf, 3).unwrap());
+    assert_eq!(buf, b"abc");
+    assert!(read_line_bounded(&mut with_newline, &mut buf, 3).unwrap());
+    assert_eq!(buf, b"d");
+    let mut over = &b"abcd"[..];
+    let error = read_line_bounded(&mut over, &mut buf, 3).unwrap_err();
+    assert_eq!(error.to_string(), "line exceeds 3 bytes");
+}
+
+/// A reader that fails (a disk error, not bad data) fails the whole log as a read error,
+/// never as a malformed record at some line; a line over the bound is a malformed record
+/// at its line.
+#[test]
+fn a_read_error_is_the_whole_logs_and_an_overlong_line_is_its_lines() {
+    struct FailsAfter(Vec<u8>, usize);
+    impl std::io::Read for FailsAfter {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.1 >= self.0.len() {
+                return Err(std::io::Error::other("the disk went away"));
+            }
+            let n = buf.len().min(self.0.len() - self.1);
+            buf[..n].copy_from_slice(&self.0[self.1..self.1 + n]);
+            self.1 += n;
+            Ok(n)
+        }
+    }
+    let lines = log_lines();
+    let first_two: Vec<u8> = lines[..2]
+        .iter()
+        .flat_map(|l| l.iter().copied().chain([b'\n']))
+        .collect();
+    let report = verify_reader_with(
+        FailsAfter(first_two, 0),
+        &VerifyOptions::default(),
+        2,
+        |_| {},
+    );
+    let failure = report.failure.expect("a failure");
+    assert_eq!((failure.line, failure.seq), (None, None), "{failure}");
+    assert_eq!(failure.reason, "read error: the disk went away");
+
+    let mut overlong = lines[0].clone();
+    overlong.push(b'\n');
+    overlong.extend(std::iter::repeat_n(
+        b'x',
+        lineage_core::record::MAX_RECORD_BYTES + 1,
+    ));
+    let report = verify_reader_with(&overlong[..], &VerifyOptions::default(), 2, |_| {});
+    let failure = report.failure.expect("a failure");
+    assert_eq!(failure.line, Some(2), "{failure}");
+    assert!(
+        failure.reason.starts_with("malformed record: line exceeds"),
+        "{failure}"
+    );
+}
