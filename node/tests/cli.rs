@@ -343,6 +343,18 @@ async fn members(cluster: &Cluster, node: usize) -> Option<(Vec<(u64, String)>, 
     Some((nodes, view["leader"].as_u64()))
 }
 
+/// `members`, waited for (bounded) while there is no leader.
+async fn members_once_led(cluster: &Cluster, node: usize) -> (Vec<(u64, String)>, Option<u64>) {
+    let start = Instant::now();
+    loop {
+        if let Some(view) = members(cluster, node).await {
+            return view;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "no leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Membership changes with `lineage cluster add` and `remove`, run as binaries against
 /// real nodes: a spare node joins as a voter with the whole log; the leader itself is
 /// removed and the cluster decides on without it; a node whose disk is replaced comes
@@ -365,7 +377,7 @@ async fn membership_changes_with_the_cli() {
     cluster.start_node(3);
     let addr4 = cluster.addrs[3].clone();
     ok(on(&cluster, &["cluster", "add", "4", &addr4]), "add 4");
-    let (nodes, leader) = members(&cluster, 0).await.expect("a leader");
+    let (nodes, leader) = members_once_led(&cluster, 0).await;
     assert_eq!(
         nodes.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
         vec![1, 2, 3, 4],

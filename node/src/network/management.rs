@@ -16,7 +16,7 @@ use crate::api::auth::{require, Need};
 use crate::api::body::JsonBody;
 use crate::api::error::ApiError;
 use crate::api::route_book::RouteBook;
-use crate::app::App;
+use crate::app::{App, Lead};
 use crate::raft_types::NodeId;
 
 pub fn health_routes() -> RouteBook {
@@ -159,18 +159,28 @@ async fn add_node(
 
 /// Removes a node from the cluster: a voter in one membership change (openraft's joint
 /// then uniform config, not retained as a learner), a learner by removing it from the
-/// nodes. 404 for a node that is not a member.
+/// nodes. 404 for a node that is not a member (a retry of a removal whose answer was
+/// lost gets it too: the node is gone either way).
 ///
 /// One change, never two: a leader that removes itself steps down once the change is
 /// committed, and a second change sent to it then (the learner removal this did before)
 /// made openraft 0.9 panic ("Only leader is allowed to call
 /// update_effective_membership()"), found by the CLI membership test.
+///
+/// Leadership is confirmed with a quorum first: the request was routed here on this
+/// node's belief that it leads, and a node cut off (or a leader already removed) would
+/// otherwise answer 404 from a membership the cluster has moved past.
 async fn remove_node(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<RemoveNode>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     require(&headers, &app, Need::Admin)?;
+    if let Lead::Forward(_) = app.lead().await? {
+        return Err(ApiError::unavailable(
+            "this node no longer leads; retry".to_string(),
+        ));
+    }
     let membership = app.raft.metrics().borrow().membership_config.clone();
     let membership = membership.membership();
     let is_voter = membership.voter_ids().any(|id| id == body.id);

@@ -27,7 +27,7 @@ const ORIGIN_KEY: &str = "origin";
 const WITNESSED_KEY: &str = "witnessed";
 /// How many leaves `heads_nodes` and `heads_by_agent` cover; when it is not the number of
 /// leaves (a data directory from before those tables), they are rebuilt at open.
-const INDEXED_KEY: &str = "indexed";
+pub(super) const INDEXED_KEY: &str = "indexed";
 
 /// Largest cosigned note accepted (a checkpoint with many cosignatures is ~2 KiB).
 pub const MAX_WITNESSED_NOTE: usize = 64 * 1024;

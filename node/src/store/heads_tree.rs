@@ -9,8 +9,9 @@
 //! agent's statement with one range read instead of a map of every statement.
 //!
 //! Leaves and nodes are stored sealed (`checked_row`) and checked at every read: a byte
-//! changed on disk is an error, never a root this node would sign. Rows from before the
-//! seals are sealed once at open (`seal_if_needed`), before anything reads them.
+//! changed on disk is an error, never a root this node would sign. Leaves from before
+//! the seals are checked and sealed once at open, and the nodes rebuilt from them
+//! (`seal_if_needed`), before anything reads them.
 
 use lineage_core::transparency::{
     self, leaf_hash_of, parent_hash, Hash, SubtreeSource, TransparencyError,
@@ -63,15 +64,18 @@ pub fn mark_sealed(meta: &mut redb::Table<&str, &str>) -> StorageResult<()> {
     Ok(())
 }
 
-/// Seals every leaf and node row written before rows were sealed: once, at open, before
-/// anything reads them (the meta table's `sealed` marks it done; a new data directory is
-/// marked at once). Only here are rows read without their seal.
+/// Seals the leaves written before rows were sealed: once, at open, before anything
+/// reads them (the meta table's `sealed` marks it done; a new data directory is marked at
+/// once). Each old leaf must still be a canonical statement to be sealed, and the stored
+/// nodes are not trusted: they are dropped with the by-agent index, for `index_if_needed`
+/// (which runs next) to rebuild from the checked leaves. Only here is a row read without
+/// its seal.
 pub fn seal_if_needed(db: &redb::Database) -> StorageResult<()> {
-    use super::heads::{HEADS_LEAVES, HEADS_META};
+    use super::heads::{HEADS_LEAVES, HEADS_META, INDEXED_KEY};
     let txn = db.begin_write()?;
     let sealed = {
         let mut meta = txn.open_table(HEADS_META)?;
-        if meta.get(SEALED_KEY)?.is_some() {
+        if rows_sealed(&meta)? {
             drop(meta);
             txn.abort()?;
             return Ok(());
@@ -80,30 +84,32 @@ pub fn seal_if_needed(db: &redb::Database) -> StorageResult<()> {
         let mut plain = Vec::new();
         for item in leaves.iter()? {
             let (index, row) = item?;
-            if row.value().starts_with('{') {
-                plain.push((index.value(), row.value().to_string()));
-            }
+            let leaf = row.value();
+            lineage_core::heads::HeadStatement::from_leaf(leaf).map_err(|e| {
+                corrupted(format!(
+                    "heads leaf {} (written before seals): {e}",
+                    index.value()
+                ))
+            })?;
+            plain.push((index.value(), leaf.to_string()));
         }
         for (index, leaf) in &plain {
             leaves.insert(*index, seal_leaf(leaf).as_str())?;
         }
-        let mut nodes = txn.open_table(HEADS_NODES)?;
-        let mut plain_nodes = Vec::new();
-        for item in nodes.iter()? {
-            let (key, row) = item?;
-            if row.value().len() == 32 {
-                plain_nodes.push((key.value(), row.value().to_vec()));
-            }
-        }
-        for (key, hash) in &plain_nodes {
-            nodes.insert(*key, checked_row::seal(hash).as_slice())?;
+        if !plain.is_empty() {
+            txn.open_table(HEADS_NODES)?.retain(|_, _| false)?;
+            txn.open_table(HEADS_BY_AGENT)?.retain(|_, _| false)?;
+            meta.remove(INDEXED_KEY)?;
         }
         mark_sealed(&mut meta)?;
-        plain.len() + plain_nodes.len()
+        plain.len()
     };
     txn.commit()?;
     if sealed > 0 {
-        tracing::info!(rows = sealed, "heads log rows sealed");
+        tracing::info!(
+            leaves = sealed,
+            "heads log leaves sealed; its nodes are rebuilt from them"
+        );
     }
     Ok(())
 }
@@ -430,9 +436,64 @@ mod tests {
         txn.commit().unwrap();
     }
 
-    /// Rows from before the seals (plain leaves, 32-byte nodes) are sealed once at open
-    /// and then give the whole tree's roots; a flipped bit in a leaf or node row is an
-    /// error wherever it is read (the right edge at open, a root), never another root.
+    /// Flips one bit of leaf `index`'s stored row (near its end: inside the leaf).
+    fn flip_leaf(db: &redb::Database, index: u64) {
+        let txn = db.begin_write().unwrap();
+        {
+            let mut leaves = txn.open_table(HEADS_LEAVES).unwrap();
+            let mut row = leaves
+                .get(index)
+                .unwrap()
+                .unwrap()
+                .value()
+                .as_bytes()
+                .to_vec();
+            let at = row.len() - 5;
+            row[at] ^= 1;
+            let row = String::from_utf8(row).unwrap();
+            leaves.insert(index, row.as_str()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+
+    /// Flips one bit of a stored node's row (inside the hash).
+    fn flip_node(db: &redb::Database, key: (u8, u64)) {
+        let txn = db.begin_write().unwrap();
+        {
+            let mut nodes = txn.open_table(HEADS_NODES).unwrap();
+            let mut row = nodes.get(key).unwrap().unwrap().value().to_vec();
+            row[40] ^= 0x10;
+            nodes.insert(key, row.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+
+    /// An old leaf that is no longer a canonical statement is not sealed: an error.
+    #[test]
+    fn an_old_leaf_that_is_no_longer_a_statement_is_not_sealed() {
+        let dir = tempfile::tempdir().unwrap();
+        let damaged = redb::Database::create(dir.path().join("damaged.redb")).unwrap();
+        write_unsealed_tables(&damaged, 10);
+        {
+            let txn = damaged.begin_write().unwrap();
+            txn.open_table(HEADS_LEAVES)
+                .unwrap()
+                .insert(5, leaf(5).replace("size", "sizf").as_str())
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let error = seal_if_needed(&damaged).unwrap_err().to_string();
+        assert!(
+            error.contains("heads leaf 5 (written before seals)"),
+            "{error}"
+        );
+    }
+
+    /// Rows from before the seals (plain leaves, 32-byte nodes) are migrated once at open:
+    /// leaves checked and sealed, nodes rebuilt (an old wrong node is not kept), giving
+    /// the whole tree's roots. Then a
+    /// flipped bit in a leaf or node row is an error wherever it is read (the right edge at
+    /// open, a root), never another root.
     #[test]
     fn rows_are_sealed_once_and_a_flipped_bit_is_an_error_not_another_root() {
         const N: u64 = 600;
@@ -463,7 +524,17 @@ mod tests {
             "unsealed rows are never read as sealed ones"
         );
 
+        // An old node that was already wrong is not sealed as it is: nodes are rebuilt.
+        {
+            let txn = db.begin_write().unwrap();
+            txn.open_table(HEADS_NODES)
+                .unwrap()
+                .insert((8, 0), [9u8; 32].as_slice())
+                .unwrap();
+            txn.commit().unwrap();
+        }
         seal_if_needed(&db).unwrap();
+        index_if_needed(&db).unwrap();
         assert_eq!(roots(&db), before);
         {
             let txn = db.begin_read().unwrap();
@@ -480,38 +551,11 @@ mod tests {
             }
         }
         seal_if_needed(&db).unwrap();
+        index_if_needed(&db).unwrap();
         assert_eq!(roots(&db), before, "sealing twice changes nothing");
 
-        let flip_leaf = |index: u64, bit: u8| {
-            let txn = db.begin_write().unwrap();
-            {
-                let mut leaves = txn.open_table(HEADS_LEAVES).unwrap();
-                let mut row = leaves
-                    .get(index)
-                    .unwrap()
-                    .unwrap()
-                    .value()
-                    .as_bytes()
-                    .to_vec();
-                let at = row.len() - 5;
-                row[at] ^= 1 << bit;
-                let row = String::from_utf8(row).unwrap();
-                leaves.insert(index, row.as_str()).unwrap();
-            }
-            txn.commit().unwrap();
-        };
-        let flip_node = |key: (u8, u64)| {
-            let txn = db.begin_write().unwrap();
-            {
-                let mut nodes = txn.open_table(HEADS_NODES).unwrap();
-                let mut row = nodes.get(key).unwrap().unwrap().value().to_vec();
-                row[40] ^= 0x10;
-                nodes.insert(key, row.as_slice()).unwrap();
-            }
-            txn.commit().unwrap();
-        };
         // A leaf of the unfinished chunk: the right edge at open and the root fail.
-        flip_leaf(550, 0);
+        flip_leaf(&db, 550);
         {
             let txn = db.begin_read().unwrap();
             let (nodes, leaves) = (
@@ -524,15 +568,15 @@ mod tests {
         let after = roots(&db);
         assert_eq!(after[..5], before[..5], "sizes that do not read leaf 550");
         assert!(after[5].is_err(), "{:?}", after[5]);
-        flip_leaf(550, 0);
+        flip_leaf(&db, 550);
         assert_eq!(roots(&db), before, "flipped back");
 
         // The stored subtree of leaves 0..512 and the one of 0..256.
-        flip_node((9, 0));
+        flip_node(&db, (9, 0));
         let after = roots(&db);
         assert!(after[4].is_err() && after[5].is_err(), "{after:?}");
         assert_eq!(after[..4], before[..4]);
-        flip_node((8, 0));
+        flip_node(&db, (8, 0));
         let after = roots(&db);
         assert!(after[2].is_err() && after[3].is_err(), "{after:?}");
         assert_eq!(after[..2], before[..2]);

@@ -61,7 +61,7 @@ const REMOVE_AT_STEP: usize = 9;
 const SNAPSHOT_EVERY: u64 = 40;
 /// Bound on one attempt at a membership change, on all attempts, and on the cluster
 /// settling at the end.
-const ATTEMPT_WAIT: Duration = Duration::from_secs(3);
+const ATTEMPT_WAIT: Duration = Duration::from_secs(10);
 const CHANGE_WAIT: Duration = Duration::from_secs(30);
 const SETTLE_WAIT: Duration = Duration::from_secs(30);
 
@@ -162,12 +162,18 @@ impl Sim {
         self.node(id)
     }
 
-    /// A running node that believes it leads.
+    /// The running node that believes it leads in the highest term (a node cut off, or
+    /// a leader just removed, may still believe it leads an older one).
     fn leader(&self) -> Option<(NodeId, Arc<Node>)> {
         lock(&self.nodes)
             .iter()
-            .find(|(id, node)| node.raft.metrics().borrow().current_leader == Some(**id))
-            .map(|(id, node)| (*id, node.clone()))
+            .filter_map(|(id, node)| {
+                let metrics = node.raft.metrics().borrow().clone();
+                (metrics.current_leader == Some(*id))
+                    .then(|| (metrics.current_term, *id, node.clone()))
+            })
+            .max_by_key(|(term, id, _)| (*term, *id))
+            .map(|(_, id, node)| (id, node))
     }
 
     /// Waits (bounded) for a node that believes it leads.
@@ -303,9 +309,19 @@ async fn client(sim: Arc<Sim>, c: usize, stop: Arc<AtomicBool>, history: Arc<His
     }
 }
 
-/// One membership change through whoever leads now, bounded by `ATTEMPT_WAIT`.
+/// One membership change through whoever leads now, bounded by `ATTEMPT_WAIT`; done
+/// already (an earlier attempt went through after its wait ran out) is done.
 async fn change_once(sim: &Sim, change: &MembershipChange) -> Result<(), String> {
     let (_, leader) = sim.leader().ok_or("no leader")?;
+    let voters: Vec<NodeId> = {
+        let metrics = leader.raft.metrics().borrow().clone();
+        metrics.membership_config.membership().voter_ids().collect()
+    };
+    match change {
+        MembershipChange::Add(id) if voters.contains(id) => return Ok(()),
+        MembershipChange::Remove(id) if !voters.contains(id) => return Ok(()),
+        _ => {}
+    }
     let done = async {
         match change {
             MembershipChange::Add(id) => {
