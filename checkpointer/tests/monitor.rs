@@ -200,8 +200,14 @@ fn unavailable() -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, "down\n").into_response()
 }
 
-fn number(query: &HashMap<String, String>, name: &str) -> Option<usize> {
-    query.get(name)?.parse().ok()
+/// The two numbers a query names, or the 400 a node gives without them.
+fn numbers(query: &HashMap<String, String>, a: &str, b: &str) -> Option<(usize, usize)> {
+    let number = |name: &str| query.get(name)?.parse().ok();
+    Some((number(a)?, number(b)?))
+}
+
+fn missing(what: &str) -> Response {
+    (StatusCode::BAD_REQUEST, format!("{what}\n")).into_response()
 }
 
 async fn log_checkpoint(State(log): State<Arc<LogShared>>) -> Response {
@@ -230,8 +236,8 @@ async fn log_leaves(
     if script.down {
         return unavailable();
     }
-    let (Some(start), Some(end)) = (number(&query, "start"), number(&query, "end")) else {
-        return (StatusCode::BAD_REQUEST, "start and end\n").into_response();
+    let Some((start, end)) = numbers(&query, "start", "end") else {
+        return missing("start and end");
     };
     let end = end
         .min(script.statements.len())
@@ -256,8 +262,8 @@ async fn log_consistency(
     if script.down {
         return unavailable();
     }
-    let (Some(old), Some(size)) = (number(&query, "old"), number(&query, "size")) else {
-        return (StatusCode::BAD_REQUEST, "old and size\n").into_response();
+    let Some((old, size)) = numbers(&query, "old", "size") else {
+        return missing("old and size");
     };
     proof_answer(&leaf_bytes(&script.statements), old, size)
 }
@@ -271,8 +277,8 @@ async fn agent_consistency(
     if script.refuse_agent_proofs {
         return (StatusCode::BAD_REQUEST, "no proof for you\n").into_response();
     }
-    let (Some(old), Some(size)) = (number(&query, "old"), number(&query, "size")) else {
-        return (StatusCode::BAD_REQUEST, "old and size\n").into_response();
+    let Some((old, size)) = numbers(&query, "old", "size") else {
+        return missing("old and size");
     };
     let records = script.records.get(&agent).cloned().unwrap_or_default();
     proof_answer(&records, old, size)
