@@ -1,0 +1,237 @@
+//! Known answers for the guard's decisions at their edges, found missing by mutation
+//! testing of `guard/decide.rs` (`.ci/mutants`): the input size bound at exactly its
+//! limit, the rate limit, the next free action id after a log that used one out of order,
+//! an approval used once, the approver's claimed name on the allowed record only, and the
+//! termination a log that spent its budget is missing.
+
+use lineage_core::guard::{
+    decide, missing_termination, seal, ActionStatus, AgentState, Command, Decision, DenyReason,
+    GuardError, RecordKind,
+};
+use lineage_core::record::Record;
+use lineage_core::{AuditKey, Policy};
+use serde_json::{json, Value};
+
+const START: i64 = 1_800_000_000_000_000;
+
+/// One agent's log and state, each command decided, sealed and replayed record by record.
+struct Agent {
+    key: AuditKey,
+    state: AgentState,
+    records: Vec<Record>,
+    now: i64,
+}
+
+impl Agent {
+    fn create(policy: Value) -> Agent {
+        let mut agent = Agent {
+            key: AuditKey::from_seed([3; 32]),
+            state: AgentState::new(),
+            records: Vec::new(),
+            now: START,
+        };
+        let policy: Policy = serde_json::from_value(policy).unwrap();
+        agent
+            .run(Command::Create {
+                agent_id: "bot".into(),
+                policy,
+            })
+            .unwrap();
+        agent
+    }
+
+    fn run(&mut self, command: Command) -> Result<Option<Decision>, GuardError> {
+        let decided = decide(&self.state, &command, self.now, self.key.public_key_hex())?;
+        self.append(decided.drafts);
+        Ok(decided.decision)
+    }
+
+    fn append(&mut self, drafts: Vec<lineage_core::guard::Draft>) {
+        for record in seal(&self.state, drafts, &self.key, self.now) {
+            self.state.apply(&record).unwrap();
+            self.records.push(record);
+        }
+        self.now += 1_000;
+    }
+
+    fn request(&mut self, tool: &str, input: Value) -> Result<Option<Decision>, GuardError> {
+        self.run(Command::Request {
+            tool: tool.into(),
+            input,
+            cost: None,
+        })
+    }
+
+    fn approve(
+        &mut self,
+        action_id: &str,
+        claimed_by: Option<&str>,
+    ) -> Result<Option<Decision>, GuardError> {
+        self.run(Command::Approve {
+            action_id: action_id.into(),
+            approver: "alice".into(),
+            claimed_by: claimed_by.map(str::to_string),
+            note: None,
+        })
+    }
+}
+
+fn allowed_id(decision: Option<Decision>) -> String {
+    match decision {
+        Some(Decision::Allowed { action_id, .. }) => action_id,
+        other => panic!("not allowed: {other:?}"),
+    }
+}
+
+#[test]
+fn an_input_of_exactly_the_limit_is_decided_and_one_byte_more_is_refused() {
+    let mut agent = Agent::create(json!({
+        "budget": 10, "scar_limit": 10, "tools": {"t": {"cost": 0}},
+        "limits": {"max_input_bytes": 100}
+    }));
+    // A JSON string of 98 characters is 100 bytes of canonical JSON, quotes included.
+    let at_limit = Value::String("x".repeat(98));
+    assert!(matches!(
+        agent.request("t", at_limit).unwrap(),
+        Some(Decision::Allowed { .. })
+    ));
+    let over = Value::String("x".repeat(99));
+    assert_eq!(
+        agent.request("t", over).unwrap_err(),
+        GuardError::InputTooLarge {
+            size: 101,
+            max: 100
+        }
+    );
+}
+
+#[test]
+fn the_rate_limit_allows_its_count_in_a_window_and_then_denies() {
+    let mut agent = Agent::create(json!({
+        "budget": 10, "scar_limit": 100, "tools": {"t": {"cost": 1}},
+        "rate_limit": {"max_actions": 2, "window_secs": 60}
+    }));
+    allowed_id(agent.request("t", json!(1)).unwrap());
+    allowed_id(agent.request("t", json!(2)).unwrap());
+    match agent.request("t", json!(3)).unwrap() {
+        Some(Decision::Denied {
+            reason:
+                DenyReason::RateLimited {
+                    max_actions: 2,
+                    window_secs: 60,
+                },
+            ..
+        }) => {}
+        other => panic!("expected rate_limited: {other:?}"),
+    }
+    // A minute later the window holds none of them.
+    agent.now += 61_000_000;
+    allowed_id(agent.request("t", json!(4)).unwrap());
+}
+
+#[test]
+fn the_next_action_id_skips_one_a_log_already_used_out_of_order() {
+    let mut agent = Agent::create(json!({
+        "budget": 10, "scar_limit": 10, "tools": {"t": {"cost": 0}}
+    }));
+    // A log written elsewhere whose first request took `act-2`.
+    agent.append(vec![lineage_core::guard::Draft {
+        kind: RecordKind::ActionRequested,
+        payload: json!({"action_id": "act-2", "cost": 0, "input": null, "tool": "t"}),
+        scar: None,
+    }]);
+    assert_eq!(allowed_id(agent.request("t", json!(1)).unwrap()), "act-3");
+    assert_eq!(allowed_id(agent.request("t", json!(2)).unwrap()), "act-4");
+}
+
+#[test]
+fn an_approval_is_used_once_and_only_a_pending_action_can_be_approved() {
+    let mut agent = Agent::create(json!({
+        "budget": 10, "scar_limit": 10,
+        "tools": {"pay": {"cost": 1, "requires_approval": true}, "read": {"cost": 0}}
+    }));
+    assert!(matches!(
+        agent.request("pay", json!("a")).unwrap(),
+        Some(Decision::PendingApproval { .. })
+    ));
+    allowed_id(agent.approve("act-1", None).unwrap());
+    assert_eq!(
+        agent.approve("act-1", None).unwrap_err(),
+        GuardError::InvalidState {
+            action_id: "act-1".into(),
+            status: ActionStatus::Allowed,
+        }
+    );
+    allowed_id(agent.request("read", json!("b")).unwrap());
+    assert_eq!(
+        agent.approve("act-2", None).unwrap_err(),
+        GuardError::InvalidState {
+            action_id: "act-2".into(),
+            status: ActionStatus::Allowed,
+        }
+    );
+    assert_eq!(agent.state.spent, 1, "charged once");
+}
+
+#[test]
+fn a_claimed_name_goes_on_the_allowed_record_only() {
+    let mut agent = Agent::create(json!({
+        "budget": 1, "scar_limit": 10,
+        "tools": {"pay": {"cost": 1, "requires_approval": true}}
+    }));
+    agent.request("pay", json!("a")).unwrap();
+    let before = agent.records.len();
+    allowed_id(agent.approve("act-1", Some("mallory")).unwrap());
+    // The last credit: the approval also terminates the agent.
+    let written: Vec<(&str, &Value)> = agent.records[before..]
+        .iter()
+        .map(|r| (r.kind.as_str(), &r.payload))
+        .collect();
+    assert_eq!(
+        written.iter().map(|(kind, _)| *kind).collect::<Vec<_>>(),
+        ["action_allowed", "terminated"]
+    );
+    assert_eq!(written[0].1["claimed_by"], "mallory");
+    assert_eq!(written[0].1["approved_by"], "alice");
+    assert!(written[1].1.get("claimed_by").is_none(), "{}", written[1].1);
+}
+
+#[test]
+fn a_log_that_spent_its_budget_without_terminating_is_missing_its_termination() {
+    // A fresh agent with nothing to spend has not exhausted anything.
+    let fresh = Agent::create(json!({"budget": 0, "scar_limit": 10, "tools": {"t": {"cost": 0}}}));
+    assert_eq!(missing_termination(&fresh.state), None);
+
+    // The last credit spent, and the log cut before its termination record.
+    let mut spent =
+        Agent::create(json!({"budget": 1, "scar_limit": 10, "tools": {"t": {"cost": 1}}}));
+    let decided = decide(
+        &spent.state,
+        &Command::Request {
+            tool: "t".into(),
+            input: json!(1),
+            cost: None,
+        },
+        spent.now,
+        spent.key.public_key_hex(),
+    )
+    .unwrap();
+    let kinds: Vec<RecordKind> = decided.drafts.iter().map(|d| d.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            RecordKind::ActionRequested,
+            RecordKind::ActionAllowed,
+            RecordKind::Terminated
+        ]
+    );
+    spent.append(decided.drafts[..2].to_vec());
+    let sealed = missing_termination(&spent.state).expect("a termination is missing");
+    assert_eq!(sealed.kind, RecordKind::Terminated);
+    assert_eq!(
+        sealed.payload["reason"],
+        "budget exhausted; termination record missing from the log"
+    );
+    spent.append(vec![sealed]);
+    assert_eq!(missing_termination(&spent.state), None);
+}
