@@ -129,6 +129,8 @@ fn the_rate_limit_allows_its_count_in_a_window_and_then_denies() {
     allowed_id(agent.request("t", json!(4)).unwrap());
 }
 
+/// A log written elsewhere whose first request took `act-2`, never decided: the next ids
+/// skip it, and it cannot be approved (it is not waiting for an approval).
 #[test]
 fn the_next_action_id_skips_one_a_log_already_used_out_of_order() {
     let mut agent = Agent::create(json!({
@@ -142,6 +144,14 @@ fn the_next_action_id_skips_one_a_log_already_used_out_of_order() {
     }]);
     assert_eq!(allowed_id(agent.request("t", json!(1)).unwrap()), "act-3");
     assert_eq!(allowed_id(agent.request("t", json!(2)).unwrap()), "act-4");
+    // Requested and never decided (the log ends there): not waiting for an approval.
+    assert_eq!(
+        agent.approve("act-2", None).unwrap_err(),
+        GuardError::InvalidState {
+            action_id: "act-2".into(),
+            status: ActionStatus::Requested,
+        }
+    );
 }
 
 #[test]
