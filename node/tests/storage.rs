@@ -1079,9 +1079,22 @@ async fn a_damaged_heads_row_is_never_read_as_a_leaf_or_a_root() {
         }
         txn.commit().unwrap();
     }
+    {
+        let (_log, sm) = store::open(dir.path()).unwrap();
+        assert_eq!(sm.read_data().heads.tree.size(), N);
+        let error = sm.heads_leaves(0, 20).unwrap_err();
+        assert!(error.contains("heads leaf 10"), "{error}");
+        assert_eq!(sm.heads_leaves(11, 20).unwrap().len(), 9);
+    }
+
+    // A leaf row lost behind the edge: an error, never a shorter range.
+    {
+        let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(HEADS_LEAVES).unwrap().remove(12).unwrap();
+        txn.commit().unwrap();
+    }
     let (_log, sm) = store::open(dir.path()).unwrap();
-    assert_eq!(sm.read_data().heads.tree.size(), N);
-    let error = sm.heads_leaves(0, 20).unwrap_err();
-    assert!(error.contains("heads leaf 10"), "{error}");
-    assert_eq!(sm.heads_leaves(11, 20).unwrap().len(), 9);
+    let error = sm.heads_leaves(11, 20).unwrap_err();
+    assert!(error.contains("heads leaf 12 is not stored"), "{error}");
 }

@@ -227,12 +227,21 @@ impl HeadsLog {
         Ok(format!("{text}\n{}\n", lines.join("\n")))
     }
 
-    /// The leaves `start..end`, as stored.
+    /// The leaves `start..end`, as stored, each checked; a row missing inside the range
+    /// is an error, never a shorter list (a snapshot sent from one would shift every
+    /// later leaf on the follower).
     pub fn leaves(txn: &redb::ReadTransaction, start: u64, end: u64) -> StorageResult<Vec<String>> {
         let table = txn.open_table(HEADS_LEAVES)?;
         let mut out = Vec::new();
         for item in table.range(start..end)? {
             let (index, row) = item?;
+            let expected = start + out.len() as u64;
+            if index.value() != expected {
+                return Err(redb::Error::Corrupted(format!(
+                    "heads leaf {expected} is not stored (the next is {})",
+                    index.value()
+                )));
+            }
             out.push(heads_tree::leaf_text(row.value(), index.value())?.to_string());
         }
         Ok(out)
