@@ -317,6 +317,15 @@ impl App {
         }
     }
 
+    /// `lead`, for changes only the confirmed leader makes: `NoLeader` (503) when this node
+    /// does not lead (it may only believe it does: cut off, or removed).
+    pub async fn confirm_leading(&self) -> Result<(), AppError> {
+        match self.lead().await? {
+            Lead::Here => Ok(()),
+            Lead::Forward(_) => Err(AppError::NoLeader),
+        }
+    }
+
     /// Who leads, as this node currently believes (no quorum round trip). A node that
     /// believes it leads but does not is found out by `client_write`.
     pub fn lead_for_write(&self) -> Result<Lead, AppError> {
@@ -343,9 +352,7 @@ impl App {
         change: lineage_core::operators::Change,
         by: &str,
     ) -> Result<(), AppError> {
-        if let Lead::Forward(_) = self.lead().await? {
-            return Err(AppError::NoLeader);
-        }
+        self.confirm_leading().await?;
         use crate::operator_changes::ChangeFailed;
         self.operator_changes
             .apply(&self.raft, &self.sm, &self.keys.audit, change, by)
@@ -364,9 +371,7 @@ impl App {
         &self,
         step: crate::raft_types::ImportStep,
     ) -> Result<Vec<lineage_core::Record>, AppError> {
-        if let Lead::Forward(_) = self.lead().await? {
-            return Err(AppError::NoLeader);
-        }
+        self.confirm_leading().await?;
         use crate::import_writes::ImportFailed;
         self.import_writes
             .take(&self.raft, &self.sm, &self.keys.audit, step)

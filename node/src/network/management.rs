@@ -16,7 +16,7 @@ use crate::api::auth::{require, Need};
 use crate::api::body::JsonBody;
 use crate::api::error::ApiError;
 use crate::api::route_book::RouteBook;
-use crate::app::{App, Lead};
+use crate::app::App;
 use crate::raft_types::NodeId;
 
 pub fn health_routes() -> RouteBook {
@@ -146,11 +146,7 @@ async fn add_node(
     require(&headers, &app, Need::Admin)?;
     // As `remove_node`: only a leader confirmed by a quorum changes membership (a
     // removed leader that still believes it leads must not be asked).
-    if let Lead::Forward(_) = app.lead().await? {
-        return Err(ApiError::unavailable(
-            "this node no longer leads; retry".to_string(),
-        ));
-    }
+    app.confirm_leading().await?;
     app.raft
         .add_learner(body.id, BasicNode { addr: body.addr }, true)
         .await
@@ -184,11 +180,7 @@ async fn remove_node(
     JsonBody(body): JsonBody<RemoveNode>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     require(&headers, &app, Need::Admin)?;
-    if let Lead::Forward(_) = app.lead().await? {
-        return Err(ApiError::unavailable(
-            "this node no longer leads; retry".to_string(),
-        ));
-    }
+    app.confirm_leading().await?;
     let membership = app.raft.metrics().borrow().membership_config.clone();
     let membership = membership.membership();
     let is_voter = membership.voter_ids().any(|id| id == body.id);

@@ -37,7 +37,7 @@ use lineage_node::app::{App, AppError, Lead, Respond};
 use lineage_node::idempotency_key::IdempotencyKey;
 use lineage_node::raft_types::{NodeId, Raft};
 use lineage_node::store::state_machine::StateMachine;
-use network::{Faults, Router, SeededRng, SimNetwork};
+use network::{lock, Faults, Router, SeededRng, SimNetwork};
 use openraft::{BasicNode, ChangeMembers};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -80,10 +80,6 @@ struct Sim {
     public_key: String,
     /// What the clients were told that is neither a decision nor a retryable refusal.
     unexpected: Mutex<Vec<String>>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn addr(id: NodeId) -> String {
