@@ -4,84 +4,14 @@
 //! an approval used once, the approver's claimed name on the allowed record only, and the
 //! termination a log that spent its budget is missing.
 
+mod common;
+
+use common::{allowed_id, Agent};
 use lineage_core::guard::{
-    decide, missing_termination, seal, ActionStatus, AgentState, Command, Decision, DenyReason,
-    GuardError, RecordKind,
+    decide, missing_termination, ActionStatus, Command, Decision, DenyReason, GuardError,
+    RecordKind,
 };
-use lineage_core::record::Record;
-use lineage_core::{AuditKey, Policy};
 use serde_json::{json, Value};
-
-const START: i64 = 1_800_000_000_000_000;
-
-/// One agent's log and state, each command decided, sealed and replayed record by record.
-struct Agent {
-    key: AuditKey,
-    state: AgentState,
-    records: Vec<Record>,
-    now: i64,
-}
-
-impl Agent {
-    fn create(policy: Value) -> Agent {
-        let mut agent = Agent {
-            key: AuditKey::from_seed([3; 32]),
-            state: AgentState::new(),
-            records: Vec::new(),
-            now: START,
-        };
-        let policy: Policy = serde_json::from_value(policy).unwrap();
-        agent
-            .run(Command::Create {
-                agent_id: "bot".into(),
-                policy,
-            })
-            .unwrap();
-        agent
-    }
-
-    fn run(&mut self, command: Command) -> Result<Option<Decision>, GuardError> {
-        let decided = decide(&self.state, &command, self.now, self.key.public_key_hex())?;
-        self.append(decided.drafts);
-        Ok(decided.decision)
-    }
-
-    fn append(&mut self, drafts: Vec<lineage_core::guard::Draft>) {
-        for record in seal(&self.state, drafts, &self.key, self.now) {
-            self.state.apply(&record).unwrap();
-            self.records.push(record);
-        }
-        self.now += 1_000;
-    }
-
-    fn request(&mut self, tool: &str, input: Value) -> Result<Option<Decision>, GuardError> {
-        self.run(Command::Request {
-            tool: tool.into(),
-            input,
-            cost: None,
-        })
-    }
-
-    fn approve(
-        &mut self,
-        action_id: &str,
-        claimed_by: Option<&str>,
-    ) -> Result<Option<Decision>, GuardError> {
-        self.run(Command::Approve {
-            action_id: action_id.into(),
-            approver: "alice".into(),
-            claimed_by: claimed_by.map(str::to_string),
-            note: None,
-        })
-    }
-}
-
-fn allowed_id(decision: Option<Decision>) -> String {
-    match decision {
-        Some(Decision::Allowed { action_id, .. }) => action_id,
-        other => panic!("not allowed: {other:?}"),
-    }
-}
 
 #[test]
 fn an_input_of_exactly_the_limit_is_decided_and_one_byte_more_is_refused() {

@@ -326,10 +326,65 @@ mod tests {
         assert!(book.request("act-1".into(), requested(9)).is_err());
         assert!(book.request("act-7".into(), requested(9)).is_err());
         assert!(book.complete("nope", OutcomeStatus::Success).is_err());
+        let mut named: Vec<&String> = book.named.keys().collect();
+        named.sort();
+        assert_eq!(named, ["act-7", "custom"]);
+        assert_eq!(book.numbered_status.len(), 1);
         let json = serde_json::to_string(&book).unwrap();
         assert!(
             !json.contains("xxxx"),
             "a settled action's input stays out: {json}"
+        );
+    }
+
+    /// `act-2` requested before `act-1` is named; once `act-1` makes the numbered list
+    /// one long, `act-2` is the index just past its end and must stay named.
+    #[test]
+    fn an_id_requested_out_of_order_stays_named_at_the_numbered_end() {
+        let mut book = ActionBook::default();
+        book.request("act-2".into(), requested(2)).unwrap();
+        book.request("act-1".into(), requested(3)).unwrap();
+        book.settle("act-2", ActionStatus::Denied).unwrap();
+        book.settle("act-1", ActionStatus::Allowed).unwrap();
+        book.complete("act-2", OutcomeStatus::Failure).unwrap();
+        book.complete("act-1", OutcomeStatus::Success).unwrap();
+        assert_eq!(book.numbered_status.len(), 1);
+        assert_eq!(book.named.keys().collect::<Vec<_>>(), ["act-2"]);
+        assert_eq!(
+            book.lookup("act-2"),
+            Some(ActionLookup::Settled(SettledAction {
+                status: ActionStatus::Completed,
+                outcome: Some(OutcomeStatus::Failure),
+                requested_seq: 2
+            }))
+        );
+        assert_eq!(
+            book.lookup("act-1"),
+            Some(ActionLookup::Settled(SettledAction {
+                status: ActionStatus::Completed,
+                outcome: Some(OutcomeStatus::Success),
+                requested_seq: 3
+            }))
+        );
+    }
+
+    #[test]
+    fn an_outcome_needs_a_decided_action() {
+        let mut book = ActionBook::default();
+        book.request("act-1".into(), requested(2)).unwrap();
+        assert_eq!(
+            book.complete("act-1", OutcomeStatus::Success),
+            Err(ReplayError(
+                "action act-1 is Requested, not waiting for this record".into()
+            ))
+        );
+        assert_eq!(
+            book.settle("act-5", ActionStatus::Allowed),
+            Err(ReplayError("unknown action: act-5".into()))
+        );
+        assert_eq!(
+            book.lookup("act-1").map(|l| l.status()),
+            Some(ActionStatus::Requested)
         );
     }
 }
