@@ -4,7 +4,6 @@
 //! change for the system log.
 
 use std::borrow::Cow;
-use std::io::Cursor;
 use std::sync::Arc;
 
 use lineage_core::record::RoundTripError;
@@ -280,7 +279,9 @@ openraft::declare_raft_types!(
         R = BatchOutcome,
         NodeId = NodeId,
         Node = openraft::BasicNode,
-        SnapshotData = Cursor<Vec<u8>>,
+        // A spool file (`store::state_machine::snapshot`), so no snapshot is held in
+        // memory whole.
+        SnapshotData = tokio::fs::File,
 );
 
 pub type Raft = openraft::Raft<TypeConfig>;

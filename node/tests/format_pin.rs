@@ -13,7 +13,8 @@
 //! Only a deliberate format change (with its migration) remakes them:
 //! `LINEAGE_WRITE_FORMAT_FIXTURES=1 cargo test -p lineage-node --test format_pin`.
 
-use std::io::Cursor;
+mod spool;
+
 use std::path::{Path, PathBuf};
 use std::process::Command as Process;
 
@@ -212,15 +213,17 @@ async fn what_this_code_wrote_still_loads_and_gives_the_same_state() {
         .await
         .expect("current snapshot")
         .expect("a snapshot was built");
+    let mut served_body = served.snapshot;
+    let served_bytes = spool::body_bytes(&mut served_body).await;
     assert!(
-        served.snapshot.get_ref() == &bytes,
+        served_bytes == bytes,
         "the snapshot body changed: {}",
-        String::from_utf8_lossy(served.snapshot.get_ref())
+        String::from_utf8_lossy(&served_bytes)
     );
     let empty = tempfile::tempdir().expect("tempdir");
     let (_log, mut fresh) = store::open(empty.path()).expect("open");
     fresh
-        .install_snapshot(&meta, Box::new(Cursor::new(bytes.clone())))
+        .install_snapshot(&meta, spool::spool_of(&bytes))
         .await
         .expect("the pinned snapshot installs");
     assert_eq!(state_of(&fresh), expected, "the snapshot");
@@ -230,7 +233,11 @@ async fn what_this_code_wrote_still_loads_and_gives_the_same_state() {
         .await
         .expect("current snapshot")
         .expect("the installed snapshot");
-    assert!(served.snapshot.get_ref() == &bytes, "served as received");
+    let mut served_body = served.snapshot;
+    assert!(
+        spool::body_bytes(&mut served_body).await == bytes,
+        "served as received"
+    );
 }
 
 async fn write_fixtures(proposals: &[Proposal]) {
@@ -266,8 +273,12 @@ async fn write_fixtures(proposals: &[Proposal]) {
             .await
             .expect("current snapshot")
             .expect("a snapshot was built");
-        std::fs::write(dir.join("snapshot.bin"), body.snapshot.into_inner())
-            .expect("write snapshot");
+        let mut spooled = body.snapshot;
+        std::fs::write(
+            dir.join("snapshot.bin"),
+            spool::body_bytes(&mut spooled).await,
+        )
+        .expect("write snapshot");
         state_of(&sm)
     };
     store::mark_clean_stop(&node);

@@ -1,6 +1,8 @@
 //! The storage (the Raft log in segment files, the state machine on redb) against
 //! openraft's own storage test suite, and reopen tests.
 
+mod spool;
+
 use lineage_core::guard::{decide, seal, AgentState, Command};
 use lineage_core::{AuditKey, Policy, ToolRule};
 use lineage_node::raft_types::{
@@ -402,8 +404,9 @@ async fn a_snapshot_body_is_written_from_the_state_when_a_follower_needs_it() {
         .await
         .unwrap();
     assert_eq!(built.meta.last_log_id, Some(log_id(1, 1, 21)));
+    let mut built_body = built.snapshot;
     assert!(
-        built.snapshot.into_inner().is_empty(),
+        spool::body_bytes(&mut built_body).await.is_empty(),
         "the build wrote a body"
     );
     let files: Vec<_> = std::fs::read_dir(dir.path())
@@ -418,7 +421,8 @@ async fn a_snapshot_body_is_written_from_the_state_when_a_follower_needs_it() {
     sm.apply(as_entries(&appends[21..], 22)).await.unwrap();
     let served = sm.get_current_snapshot().await.unwrap().unwrap();
     assert_eq!(served.meta.last_log_id, Some(log_id(1, 1, 31)));
-    let bytes = served.snapshot.into_inner();
+    let mut served_body = served.snapshot;
+    let bytes = spool::body_bytes(&mut served_body).await;
     let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     let applied: usize = appends.iter().map(|a| a.records.len()).sum();
     assert_eq!(
@@ -430,7 +434,7 @@ async fn a_snapshot_body_is_written_from_the_state_when_a_follower_needs_it() {
     let empty = tempfile::tempdir().unwrap();
     let (_fresh_log, mut fresh) = store::open(empty.path()).unwrap();
     fresh
-        .install_snapshot(&served.meta, Box::new(std::io::Cursor::new(bytes.clone())))
+        .install_snapshot(&served.meta, spool::spool_of(&bytes))
         .await
         .unwrap();
     let state = |sm: &StateMachine| match sm.read_data().agents.get("bot") {
@@ -440,8 +444,9 @@ async fn a_snapshot_body_is_written_from_the_state_when_a_follower_needs_it() {
     assert_eq!(state(&fresh), state(&sm));
     let again = fresh.get_current_snapshot().await.unwrap().unwrap();
     assert_eq!(again.meta, served.meta);
+    let mut again_body = again.snapshot;
     assert!(
-        again.snapshot.into_inner() == bytes,
+        spool::body_bytes(&mut again_body).await == bytes,
         "the installed state serves other bytes"
     );
 }
@@ -453,6 +458,103 @@ fn stored_lines(sm: &StateMachine) -> Vec<String> {
         .iter()
         .map(lineage_core::record::Record::to_line)
         .collect()
+}
+
+/// A snapshot installs as its body is read from the spool (records in runs, so a body
+/// of several runs reads back line for line), and a body that is cut short, has bytes
+/// after its end, names a field or an agent twice, lists agents out of order, lacks a
+/// required field or holds a line with a newline is refused with its reason and changes
+/// nothing. A leader whose data directory cannot take a spool sends from memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_installs_as_it_is_read_and_a_bad_body_changes_nothing() {
+    use openraft::RaftSnapshotBuilder;
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([11; 32]);
+    let (_log, mut sm) = store::open(dir.path()).unwrap();
+    let appends = entries_with_requests(&key, 200);
+    sm.apply(as_entries(&appends, 1)).await.unwrap();
+    let meta = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap()
+        .meta;
+    let mut served = sm.get_current_snapshot().await.unwrap().unwrap().snapshot;
+    let bytes = spool::body_bytes(&mut served).await;
+    assert!(
+        bytes.len() > 3 * 64 * 1024,
+        "more than a run: {}",
+        bytes.len()
+    );
+
+    let empty = tempfile::tempdir().unwrap();
+    let (_fresh_log, mut fresh) = store::open(empty.path()).unwrap();
+    fresh
+        .install_snapshot(&meta, spool::spool_of(&bytes))
+        .await
+        .unwrap();
+    let lines = stored_lines(&sm);
+    assert_eq!(
+        lines.len(),
+        402,
+        "genesis, policy, and 200 requests and allowances"
+    );
+    assert_eq!(stored_lines(&fresh), lines);
+    let spent = |sm: &StateMachine| match sm.read_data().agents.get("bot") {
+        Some(AgentSlot::Active(state)) => state.spent,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(spent(&fresh), 200);
+
+    let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let lines_json = body["records"]["bot"].to_string();
+    let bad: [(Vec<u8>, &str); 7] = [
+        (bytes[..bytes.len() / 2].to_vec(), "EOF"),
+        ([&bytes[..], b"x"].concat(), "after its end"),
+        (
+            format!(r#"{{"records":{{}},"records":{{"bot":{lines_json}}},"idempotency":[]}}"#)
+                .into_bytes(),
+            "field 'records' appears twice",
+        ),
+        (
+            format!(r#"{{"records":{{"bot":{lines_json},"bot":[]}},"idempotency":[]}}"#)
+                .into_bytes(),
+            "agent 'bot' comes after 'bot'",
+        ),
+        (
+            format!(r#"{{"records":{{"zed":[],"bot":{lines_json}}},"idempotency":[]}}"#)
+                .into_bytes(),
+            "agent 'bot' comes after 'zed'",
+        ),
+        (
+            format!(r#"{{"records":{{"bot":{lines_json}}}}}"#).into_bytes(),
+            "missing field `idempotency`",
+        ),
+        (
+            br#"{"records":{"bot":["{}\n{}"]},"idempotency":[]}"#.to_vec(),
+            "bot: the line of seq 0 holds a newline",
+        ),
+    ];
+    for (body, reason) in bad {
+        let error = fresh
+            .install_snapshot(&meta, spool::spool_of(&body))
+            .await
+            .unwrap_err();
+        assert!(format!("{error:?}").contains(reason), "{reason}: {error:?}");
+        assert_eq!(stored_lines(&fresh), lines, "{reason}: records changed");
+        assert_eq!(spent(&fresh), 200, "{reason}: state changed");
+    }
+
+    // No directory to spool in: the body is spooled in memory, the same bytes.
+    std::fs::remove_dir_all(empty.path()).unwrap();
+    let mut from_memory = fresh
+        .get_current_snapshot()
+        .await
+        .unwrap()
+        .unwrap()
+        .snapshot;
+    assert!(spool::body_bytes(&mut from_memory).await == bytes);
 }
 
 /// Record rows merged into full runs behind the applies (one small row per commit

@@ -64,7 +64,7 @@ pub fn open_with(
     let mut db = open_state_db(data_dir)?;
     refuse_redb_raft_log(&db, data_dir)?;
     compact_if_it_pays(&mut db, &data_dir.join(STATE_DB));
-    let sm = StateMachine::open(Arc::new(db))
+    let sm = StateMachine::open(Arc::new(db), data_dir)
         .map_err(|e| format!("state machine: {e}"))?
         .with_fsync_interval(state_fsync_interval);
     remove_old_snapshot_files(data_dir);

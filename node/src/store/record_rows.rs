@@ -45,23 +45,53 @@ pub fn insert_runs<'a>(
     table: &mut Table<(&'static str, u64), &'static str>,
     records: impl IntoIterator<Item = (&'a str, u64, &'a str)>,
 ) -> Result<(), StorageError> {
-    let mut run: Option<(&str, u64, u64, String)> = None;
+    let mut runs = RunWriter::default();
     for (agent, seq, line) in records {
-        if let Some((run_agent, first, next, text)) = &mut run {
-            if *run_agent == agent && *next == seq && text.len() + 1 + line.len() <= MAX_RUN_BYTES {
+        runs.push(table, agent, seq, line)?;
+    }
+    runs.finish(table)
+}
+
+/// Gathers records pushed one at a time, sorted by (agent, seq), into runs: for a caller
+/// that is handed records rather than iterating them (a snapshot body parsed as it is
+/// read). Holds at most one run.
+#[derive(Default)]
+pub struct RunWriter {
+    /// The run being gathered: its agent, first seq, next seq and lines.
+    run: Option<(String, u64, u64, String)>,
+}
+
+impl RunWriter {
+    pub fn push(
+        &mut self,
+        table: &mut Table<(&'static str, u64), &'static str>,
+        agent: &str,
+        seq: u64,
+        line: &str,
+    ) -> Result<(), StorageError> {
+        if let Some((run_agent, first, next, text)) = &mut self.run {
+            if run_agent == agent && *next == seq && text.len() + 1 + line.len() <= MAX_RUN_BYTES {
                 text.push('\n');
                 text.push_str(line);
                 *next += 1;
-                continue;
+                return Ok(());
             }
-            table.insert((*run_agent, *first), text.as_str())?;
+            table.insert((run_agent.as_str(), *first), text.as_str())?;
         }
-        run = Some((agent, seq, seq + 1, line.to_string()));
+        self.run = Some((agent.to_string(), seq, seq + 1, line.to_string()));
+        Ok(())
     }
-    if let Some((agent, first, _, text)) = run {
-        table.insert((agent, first), text.as_str())?;
+
+    /// Inserts the last run.
+    pub fn finish(
+        self,
+        table: &mut Table<(&'static str, u64), &'static str>,
+    ) -> Result<(), StorageError> {
+        if let Some((agent, first, _, text)) = self.run {
+            table.insert((agent.as_str(), first), text.as_str())?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Rewrites `agent_id`'s newest rows, back to the last settled one, as full runs, once

@@ -9,7 +9,6 @@
 //! agent index, last applied id) in one redb transaction per about 60 ms, in apply order.
 
 use std::collections::BTreeMap;
-use std::io::Cursor;
 use std::sync::{Arc, RwLock};
 
 use lineage_core::guard::AgentState;
@@ -23,11 +22,11 @@ use serde::Serialize;
 mod apply;
 mod overlay;
 mod snapshot;
+mod snapshot_body;
 
 pub use apply::check_extends;
 use apply::fold_into;
 use overlay::Unflushed;
-use snapshot::SnapshotBody;
 
 use super::agent_slot::AgentSlot;
 use super::checked_row;
@@ -95,6 +94,8 @@ pub struct StateMachine {
     /// When set, an entry is applied only once it is durable in this node's Raft log (the
     /// leader acknowledges its own appends before their fsync: `log_store` docs).
     durable_log: Option<DurableLog>,
+    /// Where snapshot bodies are spooled: the data directory (`snapshot.rs`).
+    spool_dir: Arc<std::path::Path>,
 }
 
 const WRITER_TABLES: Tables = Tables {
@@ -145,7 +146,8 @@ impl HeadsTreeView<'_> {
 
 impl StateMachine {
     /// Opens the tables and rebuilds every agent's state by replaying its records.
-    pub fn open(db: Arc<Database>) -> Result<Self, StorageError> {
+    /// Snapshot bodies are spooled in `spool_dir` (the data directory).
+    pub fn open(db: Arc<Database>, spool_dir: &std::path::Path) -> Result<Self, StorageError> {
         {
             let txn = db.begin_write().map_err(sm_write_err)?;
             txn.open_table(RECORDS).map_err(sm_write_err)?;
@@ -185,6 +187,7 @@ impl StateMachine {
             writer,
             next_batch: Arc::default(),
             durable_log: None,
+            spool_dir: Arc::from(spool_dir),
         };
         let loaded = sm.load_from_disk()?;
         *sm.write_data() = loaded;
@@ -607,62 +610,33 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
+        let spool = snapshot::spool(&self.spool_dir).map_err(|e| {
+            StorageError::from(StorageIOError::write_snapshot(
+                None,
+                openraft::AnyError::new(&e),
+            ))
+        })?;
+        Ok(Box::new(tokio::fs::File::from_std(spool)))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<NodeId, BasicNode>,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError> {
-        let bytes = snapshot.into_inner();
-        let body: SnapshotBody = serde_json::from_slice(&bytes).map_err(|e| {
-            StorageError::from(StorageIOError::read_snapshot(
-                Some(meta.signature()),
-                openraft::AnyError::new(&e),
-            ))
-        })?;
-        let mut data = self.write_data();
-        // Rows still queued belong to the state being replaced: let them land first, so
-        // none is written over the snapshot afterwards.
-        self.flush()?;
-        let txn = self.db.begin_write().map_err(sm_write_err)?;
-        {
-            let mut records = txn.open_table(RECORDS).map_err(sm_write_err)?;
-            records.retain(|_, _| false).map_err(sm_write_err)?;
-            record_rows::insert_runs(
-                &mut records,
-                body.records.iter().flat_map(|(agent_id, lines)| {
-                    (0u64..)
-                        .zip(lines)
-                        .map(move |(seq, line)| (agent_id.as_str(), seq, line.as_str()))
-                }),
-            )
+        let mut spool = *snapshot;
+        // tokio may still hold the last chunk openraft wrote.
+        tokio::io::AsyncWriteExt::flush(&mut spool)
+            .await
             .map_err(sm_write_err)?;
-            let mut checkpoints = txn.open_table(AGENT_CHECKPOINTS).map_err(sm_write_err)?;
-            checkpoints.retain(|_, _| false).map_err(sm_write_err)?;
-            let mut index = txn.open_table(AGENT_INDEX).map_err(sm_write_err)?;
-            index.retain(|_, _| false).map_err(sm_write_err)?;
-            for agent_id in body.records.keys() {
-                index.insert(agent_id.as_str(), ()).map_err(sm_write_err)?;
-            }
-            let mut idem = txn.open_table(IDEMPOTENCY).map_err(sm_write_err)?;
-            idem.retain(|_, _| false).map_err(sm_write_err)?;
-            for (key, answer) in &body.idempotency {
-                let value = idempotency_rows::encode(answer).map_err(sm_write_err)?;
-                idem.insert(key.as_str(), value.as_slice())
-                    .map_err(sm_write_err)?;
-            }
-            HeadsLog::install(&txn, &body.heads).map_err(sm_write_err)?;
-            system_log::install(&txn, &body.system).map_err(sm_write_err)?;
-            super::imports::install(&txn, &body.imports, &body.tombstones, &body.import_points)
-                .map_err(sm_err)?;
-        }
-        write_applied(&txn, &meta.last_log_id, &meta.last_membership)?;
-        txn.commit().map_err(sm_write_err)?;
-        *data = self.load_from_disk()?;
-        drop(data);
+        let spool = spool.into_std().await;
+        let this = self.clone();
+        let owned_meta = meta.clone();
+        // Parsing and writing a whole state: off the async workers.
+        tokio::task::spawn_blocking(move || this.install_from(&owned_meta, spool))
+            .await
+            .map_err(sm_write_err)??;
         self.note_snapshot(meta);
         Ok(())
     }

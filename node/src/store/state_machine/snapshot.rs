@@ -1,129 +1,47 @@
-//! Snapshots: the whole state as one JSON body, written from the committed tables when a
-//! follower needs one. Building a snapshot only checkpoints and notes the point; no copy
-//! of the records is kept beside the tables.
+//! Snapshots: the whole state as one JSON body (`snapshot_body.rs`), written from the
+//! committed tables when a follower needs one. Building a snapshot only checkpoints and
+//! notes the point; no copy of the records is kept beside the tables.
+//!
+//! A body goes through a spool file, never through memory whole: the leader writes it
+//! into one and openraft sends it from there in chunks; a follower receives the chunks
+//! into one and installs from it as it parses. A spool has no name (it is freed when
+//! closed, and by a crash) and lives in the data directory, not in `/tmp`, which may be
+//! memory. Where that directory cannot take a body (a full disk), the leader spools it in
+//! memory instead: a snapshot that costs memory is better than a leader that cannot send.
 
-use std::collections::BTreeMap;
-use std::io::{Cursor, Write};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Seek, SeekFrom};
+use std::path::Path;
 
 use openraft::storage::Snapshot;
-use openraft::{BasicNode, RaftSnapshotBuilder, SnapshotMeta};
-use redb::ReadableTable;
-use serde::{Deserialize, Serialize};
+use openraft::{AnyError, BasicNode, RaftSnapshotBuilder, SnapshotMeta, StorageIOError};
 
-use super::super::heads::{HeadsLog, HeadsSnapshot};
-use super::super::{idempotency_rows, record_rows};
-use super::{sm_read_err, StateMachine, IDEMPOTENCY, RECORDS};
-use crate::raft_types::{IdempotentAnswer, NodeId, StorageError, TypeConfig};
+use super::snapshot_body::{install_body, write_body};
+use super::{sm_read_err, sm_write_err, write_applied, StateMachine};
+use crate::raft_types::{NodeId, StorageError, TypeConfig};
 
-/// The whole state machine as a snapshot carries it.
-#[derive(Serialize, Deserialize)]
-pub(super) struct SnapshotBody {
-    pub(super) records: BTreeMap<String, Vec<String>>,
-    pub(super) idempotency: Vec<(String, IdempotentAnswer)>,
-    #[serde(default)]
-    pub(super) heads: HeadsSnapshot,
-    /// The system log's lines.
-    #[serde(default)]
-    pub(super) system: Vec<String>,
-    /// Agents still being imported (their records are in `records`).
-    #[serde(default)]
-    pub(super) imports: Vec<(String, crate::raft_types::ImportManifest)>,
-    /// Ids reserved for good (`store::imports`).
-    #[serde(default)]
-    pub(super) tombstones: Vec<(String, crate::raft_types::Tombstone)>,
-    /// Imported agents' figures at their imports' commits.
-    #[serde(default)]
-    pub(super) import_points: Vec<(String, super::super::imports::ImportPoint)>,
+/// The buffer between a body and its spool, each way.
+const SPOOL_BUFFER_BYTES: usize = 256 * 1024;
+
+/// A new spool in `dir`: a file without a name.
+pub(super) fn spool(dir: &Path) -> std::io::Result<File> {
+    tempfile::tempfile_in(dir)
 }
 
-/// One value as JSON onto `out`.
-fn json(out: &mut impl Write, value: &impl Serialize) -> Result<(), String> {
-    serde_json::to_writer(out, value).map_err(|e| e.to_string())
+/// A spool in memory (a memfd), for when the data directory cannot take one.
+fn memory_spool() -> std::io::Result<File> {
+    let fd = rustix::fs::memfd_create("lineage-snapshot", rustix::fs::MemfdFlags::CLOEXEC)?;
+    Ok(File::from(fd))
 }
 
-/// Writes the snapshot body, the JSON of [`SnapshotBody`] byte for byte, straight from a
-/// read transaction: rows go out as they are read, so memory never holds the whole state
-/// (only the heads log's leaves, which grow with rounds, not records).
-pub(super) fn write_body(txn: &redb::ReadTransaction, out: &mut impl Write) -> Result<(), String> {
-    let io = |e: std::io::Error| e.to_string();
-    let records = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
-    out.write_all(b"{\"records\":{").map_err(io)?;
-    let mut current: Option<(String, u64)> = None;
-    record_rows::visit_all(&records, |agent, seq, line| {
-        match &mut current {
-            Some((name, next)) if name == agent => {
-                // Snapshots carry each agent's records from seq 0 without a gap.
-                if seq != *next {
-                    return Err(format!("{agent}: stored records jump to seq {seq}"));
-                }
-                out.write_all(b",").map_err(io)?;
-                *next += 1;
-            }
-            _ => {
-                if seq != 0 {
-                    return Err(format!("{agent}: stored records start at seq {seq}"));
-                }
-                if current.is_some() {
-                    out.write_all(b"],").map_err(io)?;
-                }
-                json(out, &agent)?;
-                out.write_all(b":[").map_err(io)?;
-                current = Some((agent.to_string(), 1));
-            }
-        }
-        json(out, &line)
-    })?;
-    if current.is_some() {
-        out.write_all(b"]").map_err(io)?;
-    }
-    out.write_all(b"},\"idempotency\":[").map_err(io)?;
-    let idem = txn.open_table(IDEMPOTENCY).map_err(|e| e.to_string())?;
-    for (n, item) in idem.iter().map_err(|e| e.to_string())?.enumerate() {
-        let (key, value) = item.map_err(|e| e.to_string())?;
-        let scoped = key
-            .value()
-            .split_once('\n')
-            .map_or("", |(_agent, scoped)| scoped);
-        // One damaged row must not stop every snapshot (and with it the node): it
-        // travels as an answer that refuses, as it is refused here.
-        let answer = idempotency_rows::decode(value.value(), scoped).unwrap_or_else(|e| {
-            tracing::error!(key = %key.value(), error = %e, "stored idempotent answer damaged");
-            idempotency_rows::damaged(scoped, &e)
-        });
-        out.write_all(if n == 0 { b"[" } else { b",[" })
-            .map_err(io)?;
-        json(out, &key.value())?;
-        out.write_all(b",").map_err(io)?;
-        json(out, &answer)?;
-        out.write_all(b"]").map_err(io)?;
-    }
-    out.write_all(b"],\"heads\":").map_err(io)?;
-    let heads = HeadsLog::snapshot(txn).map_err(|e| e.to_string())?;
-    json(out, &heads)?;
-    // Written only when there is one, so a cluster without operators keeps the body
-    // older versions wrote (and read).
-    let system = super::super::system_log::lines(txn, 0, usize::MAX)?;
-    if !system.is_empty() {
-        out.write_all(b",\"system\":").map_err(io)?;
-        json(out, &system)?;
-    }
-    let imports = super::super::imports::markers(txn)?;
-    if !imports.is_empty() {
-        out.write_all(b",\"imports\":").map_err(io)?;
-        json(out, &imports)?;
-    }
-    let tombstones = super::super::imports::tombstones(txn)?;
-    if !tombstones.is_empty() {
-        out.write_all(b",\"tombstones\":").map_err(io)?;
-        json(out, &tombstones)?;
-    }
-    let points = super::super::imports::import_points(txn)?;
-    if !points.is_empty() {
-        out.write_all(b",\"import_points\":").map_err(io)?;
-        json(out, &points)?;
-    }
-    out.write_all(b"}").map_err(io)?;
-    Ok(())
+/// The body of `txn`'s state written into `spool`, rewound for reading.
+fn spool_body(txn: &redb::ReadTransaction, spool: std::io::Result<File>) -> Result<File, String> {
+    let spool = spool.map_err(|e| format!("cannot make a spool: {e}"))?;
+    let mut out = BufWriter::with_capacity(SPOOL_BUFFER_BYTES, spool);
+    write_body(txn, &mut out)?;
+    let mut spool = out.into_inner().map_err(|e| e.error().to_string())?;
+    spool.rewind().map_err(|e| e.to_string())?;
+    Ok(spool)
 }
 
 impl StateMachine {
@@ -187,17 +105,51 @@ impl StateMachine {
                 openraft::AnyError::error(e),
             ))
         };
-        let bytes = tokio::task::spawn_blocking(move || {
-            let mut bytes = Vec::new();
-            write_body(&txn, &mut bytes).map(|()| bytes)
+        let dir = self.spool_dir.clone();
+        let spooled = tokio::task::spawn_blocking(move || {
+            spool_body(&txn, spool(&dir)).or_else(|e| {
+                tracing::warn!(dir = %dir.display(), error = %e,
+                    "cannot spool a snapshot body on disk; spooling it in memory");
+                spool_body(&txn, memory_spool())
+            })
         })
         .await
         .map_err(|e| failed(e.to_string()))?
         .map_err(failed)?;
         Ok(Some(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(bytes)),
+            snapshot: Box::new(tokio::fs::File::from_std(spooled)),
         }))
+    }
+
+    /// Replaces the whole state with the body in `spool` (a snapshot received from the
+    /// leader). One write transaction: an error, or a crash, leaves the state as it was.
+    /// The data lock is held throughout, so reads wait for the install; only a wiped or
+    /// far-behind node installs a snapshot.
+    pub(super) fn install_from(
+        &self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        mut spool: File,
+    ) -> Result<(), StorageError> {
+        let failed = |e: String| {
+            StorageError::from(StorageIOError::read_snapshot(
+                Some(meta.signature()),
+                AnyError::error(e),
+            ))
+        };
+        spool
+            .seek(SeekFrom::Start(0))
+            .map_err(|e| failed(e.to_string()))?;
+        let mut data = self.write_data();
+        // Rows still queued belong to the state being replaced: let them land first, so
+        // none is written over the snapshot afterwards.
+        self.flush()?;
+        let txn = self.db.begin_write().map_err(sm_write_err)?;
+        install_body(&txn, BufReader::with_capacity(SPOOL_BUFFER_BYTES, spool)).map_err(failed)?;
+        write_applied(&txn, &meta.last_log_id, &meta.last_membership)?;
+        txn.commit().map_err(sm_write_err)?;
+        *data = self.load_from_disk()?;
+        Ok(())
     }
 }
 
@@ -219,7 +171,9 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         // openraft keeps only the meta of a snapshot it asked to build.
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(Vec::new())),
+            snapshot: Box::new(tokio::fs::File::from_std(
+                memory_spool().map_err(sm_read_err)?,
+            )),
         })
     }
 }
