@@ -99,3 +99,12 @@ pub fn free_loopback_addr() -> Result<String, String> {
         .map(|a| a.to_string())
         .map_err(|e| e.to_string())
 }
+
+/// A `kB` field of a `/proc/PID/status` text (`VmRSS:`, `VmHWM:`, `RssAnon:`), in bytes.
+pub fn status_field_bytes(status: &str, field: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+}

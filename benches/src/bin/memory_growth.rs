@@ -89,11 +89,7 @@ impl Node {
         let status =
             std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
         let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-                .map(|kb| kb * 1024)
+            lineage_benches::status_field_bytes(&status, name)
                 .ok_or_else(|| format!("no {name} in /proc/{pid}/status"))
         };
         Ok((field("VmRSS:")?, field("RssAnon:")?))

@@ -31,11 +31,7 @@ const ACTIONS_PER_ENTRY: u64 = 250;
 /// A field of /proc/self/status, in bytes.
 fn status_bytes(field: &str) -> Result<u64, String> {
     let status = std::fs::read_to_string("/proc/self/status").map_err(|e| e.to_string())?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .map(|kb| kb * 1024)
+    lineage_benches::status_field_bytes(&status, field)
         .ok_or_else(|| format!("no {field} in /proc/self/status"))
 }
 
