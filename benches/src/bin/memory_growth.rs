@@ -2,8 +2,9 @@
 //! number of records, with VmRSS and RssAnon read from /proc after the load and after a
 //! restart at each size, the restart's time to the first decision, and the data
 //! directory's bytes per record after a snapshot and a purge of the log
-//! (`POST /v1/node/snapshot`). A node whose memory does not grow with history shows a
-//! large/small ratio near 1.
+//! (`POST /v1/node/snapshot`), beside the bytes the reference guard stores for the same
+//! records (their lines in a JSONL file) and the ratio of the two. A node whose memory
+//! does not grow with history shows a large/small ratio near 1.
 //!
 //!   cargo build --release -p lineage-node -p lineage-benches
 //!   target/release/memory_growth [--small 100000] [--large 1000000] [--agents 16]
@@ -278,6 +279,44 @@ async fn du_records(http: &reqwest::Client, node: &Node, tokens: &[String]) -> R
     Ok(total)
 }
 
+/// The bytes the reference guard would store for the same records: each record's line
+/// (`Record::to_line`) and its newline, in its JSONL file. Read through the log pages.
+async fn line_bytes(http: &reqwest::Client, node: &Node, agents: usize) -> Result<u64, String> {
+    let mut total = 0u64;
+    for a in 0..agents {
+        let mut after: Option<u64> = None;
+        // Bounded: each page moves `after` forward, and a log has at most u64::MAX records.
+        loop {
+            let mut url = format!("{}/v1/agents/agent-{a}/log?limit=5000", node.url);
+            if let Some(after) = after {
+                url.push_str(&format!("&after={after}"));
+            }
+            let page: serde_json::Value = http
+                .get(url)
+                .bearer_auth(&node.admin)
+                .send()
+                .await
+                .map_err(|e| e.to_string())?
+                .json()
+                .await
+                .map_err(|e| e.to_string())?;
+            let records = page["records"]
+                .as_array()
+                .ok_or("a log page without records")?;
+            let Some(last) = records.last() else {
+                break;
+            };
+            for record in records {
+                let record: lineage_core::Record =
+                    serde_json::from_value(record.clone()).map_err(|e| e.to_string())?;
+                total += record.to_line().len() as u64 + 1;
+            }
+            after = Some(last["seq"].as_u64().ok_or("a record without a seq")?);
+        }
+    }
+    Ok(total)
+}
+
 /// One size's figures.
 #[derive(Clone, Copy, Default)]
 struct Figures {
@@ -288,6 +327,8 @@ struct Figures {
     anon_restarted: u64,
     first_decision: Duration,
     disk_per_record: f64,
+    /// What the reference stores per record: its line.
+    line_per_record: f64,
 }
 
 async fn measure(binary: &Path, sizes: &[u64], load: &Load) -> Result<Vec<Figures>, String> {
@@ -321,6 +362,8 @@ async fn measure(binary: &Path, sizes: &[u64], load: &Load) -> Result<Vec<Figure
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (rss_restarted, anon_restarted) = node.memory()?;
         print_disk_parts(&node.data_dir(), records);
+        let disk_per_record = du_bytes(&node.data_dir()) as f64 / records as f64;
+        let line_per_record = line_bytes(&http, &node, load.agents).await? as f64 / records as f64;
         out.push(Figures {
             records,
             rss_loaded,
@@ -328,7 +371,8 @@ async fn measure(binary: &Path, sizes: &[u64], load: &Load) -> Result<Vec<Figure
             rss_restarted,
             anon_restarted,
             first_decision,
-            disk_per_record: du_bytes(&node.data_dir()) as f64 / records as f64,
+            disk_per_record,
+            line_per_record,
         });
     }
     Ok(out)
@@ -341,25 +385,29 @@ fn mb(bytes: u64) -> f64 {
 fn print(name: &str, figures: &[Figures], baseline: Option<&[Figures]>) {
     println!("{name}");
     println!(
-        "  {:>9} {:>12} {:>12} {:>14} {:>14} {:>12} {:>10}",
+        "  {:>9} {:>12} {:>12} {:>14} {:>14} {:>12} {:>10} {:>10} {:>9}",
         "records",
         "VmRSS load",
         "RssAnon load",
         "VmRSS restart",
         "RssAnon restart",
         "1st decision",
-        "disk B/rec"
+        "disk B/rec",
+        "line B/rec",
+        "disk÷line"
     );
     for (i, f) in figures.iter().enumerate() {
         println!(
-            "  {:>9} {:>10.1}MB {:>10.1}MB {:>12.1}MB {:>12.1}MB {:>12.2?} {:>10.0}",
+            "  {:>9} {:>10.1}MB {:>10.1}MB {:>12.1}MB {:>12.1}MB {:>12.2?} {:>10.0} {:>10.0} {:>8.2}x",
             f.records,
             mb(f.rss_loaded),
             mb(f.anon_loaded),
             mb(f.rss_restarted),
             mb(f.anon_restarted),
             f.first_decision,
-            f.disk_per_record
+            f.disk_per_record,
+            f.line_per_record,
+            f.disk_per_record / f.line_per_record
         );
         if let Some(base) = baseline.and_then(|b| b.get(i)) {
             println!(
