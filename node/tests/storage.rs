@@ -1105,6 +1105,44 @@ fn with_heads_rows(dir: &std::path::Path, n: u64) {
     txn.commit().unwrap();
 }
 
+/// The last round names the checkpoint a node serves and signs by default: a round
+/// whose key had a bit flipped beyond the tree's size makes the file count as damaged at
+/// open, never a size the tree never had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_beyond_the_heads_tree_is_damage() {
+    use lineage_node::store::heads::HEADS_ROUNDS;
+    let with_round = |dir: &std::path::Path, round: u64| {
+        let db = redb::Database::create(dir.join("node.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut rounds = txn.open_table(HEADS_ROUNDS).unwrap();
+            rounds.retain(|_, _| false).unwrap();
+            rounds.insert(round, ()).unwrap();
+        }
+        txn.commit().unwrap();
+    };
+    let dir = tempfile::tempdir().unwrap();
+    with_heads_rows(dir.path(), 300);
+    with_round(dir.path(), 300);
+    {
+        let (_log, sm) = store::open(dir.path()).unwrap();
+        assert_eq!(sm.read_data().heads.last_round, Some(300), "control");
+    }
+    with_round(dir.path(), 300 | 1 << 40);
+    let (_log, sm) = store::open(dir.path()).unwrap();
+    assert_eq!(
+        sm.read_data().heads.last_round,
+        None,
+        "the damaged file was used"
+    );
+    let aside = std::fs::read_dir(dir.path()).unwrap().flatten().any(|e| {
+        e.file_name()
+            .to_string_lossy()
+            .starts_with("node.redb.damaged-")
+    });
+    assert!(aside, "the damaged file is kept aside");
+}
+
 /// The heads tree's right edge (the unfinished chunk's leaves and the nodes waiting for a
 /// sibling) is what every later root is computed from: a row of it flipped, zeroed or cut
 /// makes the file count as damaged at open (moved aside, rebuilt), never a root signed

@@ -331,9 +331,19 @@ pub fn check_right_edge(txn: &redb::ReadTransaction) -> Result<(), String> {
     {
         return Ok(());
     }
-    HeadsTree::load(size, &nodes, &leaves)
-        .map(drop)
-        .map_err(|e| fail(&e))
+    HeadsTree::load(size, &nodes, &leaves).map_err(|e| fail(&e))?;
+    // The last round is the checkpoint this node serves and signs by default: a round
+    // beyond the tree (a flipped bit in its key) would have it sign a size it never had.
+    if let Some(rounds) = optional(txn.open_table(HEADS_ROUNDS))? {
+        let last = rounds.last().map_err(|e| fail(&e))?;
+        if let Some((round, _)) = last.filter(|(round, _)| round.value() > size) {
+            return Err(fail(&format!(
+                "round at size {} is beyond the tree's {size} leaves",
+                round.value()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// How many leaves the heads log holds (they are keyed 0, 1, 2, …).
