@@ -50,6 +50,7 @@ pub mod reference_logs;
 pub mod request_rate;
 pub mod rotating_secrets;
 pub mod scrub;
+pub mod snapshot_spool;
 pub mod store;
 pub mod tls;
 pub mod tls_reload;

@@ -279,9 +279,9 @@ openraft::declare_raft_types!(
         R = BatchOutcome,
         NodeId = NodeId,
         Node = openraft::BasicNode,
-        // A spool file (`store::state_machine::snapshot`), so no snapshot is held in
-        // memory whole.
-        SnapshotData = tokio::fs::File,
+        // A spool file, so no snapshot is held in memory whole, and written off the
+        // state machine's task (`snapshot_spool`).
+        SnapshotData = crate::snapshot_spool::SnapshotSpool,
 );
 
 pub type Raft = openraft::Raft<TypeConfig>;

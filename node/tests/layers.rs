@@ -55,6 +55,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("network::peer_contacts", Layer::Storage),
     ("store::agent_slot", Layer::Leaf),
     ("log_noise", Layer::Leaf),
+    ("snapshot_spool", Layer::Leaf),
     ("tls", Layer::Leaf),
 ];
 

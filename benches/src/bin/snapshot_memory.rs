@@ -20,6 +20,7 @@ use std::sync::Arc;
 use lineage_core::guard::{decide, seal, AgentState, Command};
 use lineage_core::{AuditKey, Policy, ToolRule};
 use lineage_node::raft_types::{AppendRecords, Batch, Proposal, RecordLine, TypeConfig};
+use lineage_node::snapshot_spool::SnapshotSpool;
 use lineage_node::store;
 use openraft::storage::RaftStateMachine;
 use openraft::testing::log_id;
@@ -105,13 +106,34 @@ fn mib(bytes: u64) -> f64 {
 }
 
 /// Loads a state machine in `dir/leader`, and writes its snapshot's meta and body beside it.
+/// Also prints how long openraft's state machine task (and with it every apply) was held
+/// by the request for the body, beside how long the body took to write behind it.
 async fn prepare(dir: &Path, agents: u64, requests: u64) -> Result<u64, String> {
     let (_log, mut leader) = store::open(&dir.join("leader"))?;
     leader
         .apply(load(agents, requests)?)
         .await
         .map_err(|e| e.to_string())?;
-    let snapshot = built(&mut leader).await?;
+    leader
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .map_err(|e| e.to_string())?;
+    let asked = std::time::Instant::now();
+    let mut snapshot = leader
+        .get_current_snapshot()
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("no snapshot")?;
+    let held = asked.elapsed();
+    tokio::io::AsyncSeekExt::seek(&mut snapshot.snapshot, std::io::SeekFrom::Start(0))
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "state machine task held {held:.1?} by the request for the body; the body written behind it in {:.1?}",
+        asked.elapsed()
+    );
     let meta = serde_json::to_string(&snapshot.meta).map_err(|e| e.to_string())?;
     std::fs::write(dir.join("meta.json"), meta).map_err(|e| e.to_string())?;
     let mut body = snapshot.snapshot;
@@ -121,19 +143,6 @@ async fn prepare(dir: &Path, agents: u64, requests: u64) -> Result<u64, String> 
     tokio::io::copy(&mut body, &mut out)
         .await
         .map_err(|e| e.to_string())
-}
-
-/// A snapshot built now, with its body.
-async fn built(sm: &mut store::StateMachine) -> Result<openraft::Snapshot<TypeConfig>, String> {
-    sm.get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .map_err(|e| e.to_string())?;
-    sm.get_current_snapshot()
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| "no snapshot".to_string())
 }
 
 /// One step, in a process of its own (so no step reuses pages another freed): the peak
@@ -150,25 +159,27 @@ async fn measure(step: &str, dir: &Path) -> Result<u64, String> {
                 .await
                 .map_err(|e| e.to_string())?;
             let base = reset_peak()?;
-            let sent = leader
+            let mut sent = leader
                 .get_current_snapshot()
                 .await
-                .map_err(|e| e.to_string())?;
-            let growth = peak_growth(base)?;
-            drop(sent);
-            Ok(growth)
+                .map_err(|e| e.to_string())?
+                .ok_or("no snapshot")?
+                .snapshot;
+            // The body is written behind the spool: its end is known once it is whole.
+            tokio::io::AsyncSeekExt::seek(&mut sent, std::io::SeekFrom::End(0))
+                .await
+                .map_err(read)?;
+            peak_growth(base)
         }
         "install" => {
             let meta = std::fs::read_to_string(dir.join("meta.json")).map_err(read)?;
             let meta = serde_json::from_str(&meta).map_err(|e| e.to_string())?;
-            let body = tokio::fs::File::open(dir.join("body.json"))
-                .await
-                .map_err(read)?;
+            let body = std::fs::File::open(dir.join("body.json")).map_err(read)?;
             let target = tempfile::tempdir_in(dir).map_err(read)?;
             let (_log, mut follower) = store::open(target.path())?;
             let base = reset_peak()?;
             follower
-                .install_snapshot(&meta, Box::new(body))
+                .install_snapshot(&meta, Box::new(SnapshotSpool::ready(body)))
                 .await
                 .map_err(|e| e.to_string())?;
             peak_growth(base)

@@ -1,12 +1,13 @@
-//! Snapshot bodies travel in spool files (`SnapshotData = tokio::fs::File`): the tests
+//! Snapshot bodies travel in spool files (`SnapshotData = SnapshotSpool`): the tests
 //! read one whole, or make one from bytes.
 
 use std::io::{Seek, SeekFrom, Write};
 
+use lineage_node::snapshot_spool::SnapshotSpool;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
-/// The whole body in a snapshot's spool.
-pub async fn body_bytes(spool: &mut tokio::fs::File) -> Vec<u8> {
+/// The whole body in a snapshot's spool (waiting for it, as a send does).
+pub async fn body_bytes(spool: &mut SnapshotSpool) -> Vec<u8> {
     spool.seek(SeekFrom::Start(0)).await.expect("rewind spool");
     let mut bytes = Vec::new();
     spool.read_to_end(&mut bytes).await.expect("read spool");
@@ -14,9 +15,9 @@ pub async fn body_bytes(spool: &mut tokio::fs::File) -> Vec<u8> {
 }
 
 /// A spool holding `bytes`, as a follower holds a body it received.
-pub fn spool_of(bytes: &[u8]) -> Box<tokio::fs::File> {
+pub fn spool_of(bytes: &[u8]) -> Box<SnapshotSpool> {
     let mut file = tempfile::tempfile().expect("spool");
     file.write_all(bytes).expect("write spool");
     file.seek(SeekFrom::Start(0)).expect("rewind spool");
-    Box::new(tokio::fs::File::from_std(file))
+    Box::new(SnapshotSpool::ready(file))
 }

@@ -40,6 +40,7 @@ use super::system_log;
 use crate::raft_types::{
     ApplyOutcome, BatchOutcome, IdempotentAnswer, NodeId, StorageError, TypeConfig,
 };
+use crate::snapshot_spool::SnapshotSpool;
 
 /// (agent_id, seq) → the record's line.
 const RECORDS: TableDefinition<(&str, u64), &str> = TableDefinition::new("records");
@@ -610,27 +611,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotSpool>, StorageError> {
         let spool = snapshot::spool(&self.spool_dir).map_err(|e| {
             StorageError::from(StorageIOError::write_snapshot(
                 None,
                 openraft::AnyError::new(&e),
             ))
         })?;
-        Ok(Box::new(tokio::fs::File::from_std(spool)))
+        Ok(Box::new(SnapshotSpool::ready(spool)))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<NodeId, BasicNode>,
-        snapshot: Box<tokio::fs::File>,
+        snapshot: Box<SnapshotSpool>,
     ) -> Result<(), StorageError> {
-        let mut spool = *snapshot;
-        // tokio may still hold the last chunk openraft wrote.
-        tokio::io::AsyncWriteExt::flush(&mut spool)
-            .await
-            .map_err(sm_write_err)?;
-        let spool = spool.into_std().await;
+        let spool = snapshot.into_file().await.map_err(sm_write_err)?;
         let this = self.clone();
         let owned_meta = meta.clone();
         // Parsing and writing a whole state: off the async workers.

@@ -3,7 +3,8 @@
 //! notes the point; no copy of the records is kept beside the tables.
 //!
 //! A body goes through a spool file, never through memory whole: the leader writes it
-//! into one and openraft sends it from there in chunks; a follower receives the chunks
+//! into one (on a blocking thread, while openraft already holds it: `snapshot_spool`)
+//! and openraft sends it from there in chunks; a follower receives the chunks
 //! into one and installs from it as it parses. A spool has no name (it is freed when
 //! closed, and by a crash) and lives in the data directory, not in `/tmp`, which may be
 //! memory. Where that directory cannot take a body (a full disk), the leader spools it in
@@ -19,6 +20,7 @@ use openraft::{AnyError, BasicNode, RaftSnapshotBuilder, SnapshotMeta, StorageIO
 use super::snapshot_body::{install_body, write_body};
 use super::{sm_read_err, sm_write_err, write_applied, StateMachine};
 use crate::raft_types::{NodeId, StorageError, TypeConfig};
+use crate::snapshot_spool::SnapshotSpool;
 
 /// The buffer between a body and its spool, each way.
 const SPOOL_BUFFER_BYTES: usize = 256 * 1024;
@@ -99,26 +101,24 @@ impl StateMachine {
             return Ok(None);
         }
         let (meta, txn) = self.fixed_view()?;
-        let failed = |e: String| {
-            StorageError::from(openraft::StorageIOError::read_snapshot(
-                Some(meta.signature()),
-                openraft::AnyError::error(e),
-            ))
-        };
         let dir = self.spool_dir.clone();
-        let spooled = tokio::task::spawn_blocking(move || {
-            spool_body(&txn, spool(&dir)).or_else(|e| {
-                tracing::warn!(dir = %dir.display(), error = %e,
-                    "cannot spool a snapshot body on disk; spooling it in memory");
-                spool_body(&txn, memory_spool())
-            })
-        })
-        .await
-        .map_err(|e| failed(e.to_string()))?
-        .map_err(failed)?;
+        // Written on a blocking thread while openraft already holds the spool: the send
+        // waits for the body, the applies do not.
+        let body = SnapshotSpool::written_by(move || {
+            spool_body(&txn, spool(&dir))
+                .or_else(|e| {
+                    tracing::warn!(dir = %dir.display(), error = %e,
+                        "cannot spool a snapshot body on disk; spooling it in memory");
+                    spool_body(&txn, memory_spool())
+                })
+                .map_err(|e| {
+                    tracing::error!(error = %e, "cannot write a snapshot body");
+                    std::io::Error::other(e)
+                })
+        });
         Ok(Some(Snapshot {
             meta,
-            snapshot: Box::new(tokio::fs::File::from_std(spooled)),
+            snapshot: Box::new(body),
         }))
     }
 
@@ -171,9 +171,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         // openraft keeps only the meta of a snapshot it asked to build.
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(tokio::fs::File::from_std(
-                memory_spool().map_err(sm_read_err)?,
-            )),
+            snapshot: Box::new(SnapshotSpool::ready(memory_spool().map_err(sm_read_err)?)),
         })
     }
 }
