@@ -193,7 +193,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         configured_alone,
     )?;
     let mut log_store = log_store.with_append_timer(metrics.log_append_duration.clone());
-    let mut state_machine = state_machine;
+    let mut state_machine = state_machine.with_spool_reserve(config.disk_reserve_bytes);
     let mut durable_log = None;
     if config.leader_early_ack {
         log_store = log_store.leading_as(config.id);

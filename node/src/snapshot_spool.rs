@@ -3,6 +3,12 @@
 //! spool: reads and seeks wait until the body is complete, in the task that sends it, so
 //! the state machine's task (and with it every apply) does not wait for the body to be
 //! written. A spool that receives a body is a plain file from the start.
+//!
+//! The file is nameless, so it is freed when the spool is dropped (or the process dies):
+//! on the leader once openraft has sent it, or once a cancelled send's writer finishes
+//! (the blocking thread writes the whole body either way, holding a redb read
+//! transaction meanwhile); on a follower once installed, or, for a transfer given up
+//! half-way, when openraft replaces it with the next one or the node restarts.
 
 use std::future::Future;
 use std::io::{self, SeekFrom};
@@ -34,6 +40,19 @@ impl SnapshotSpool {
     pub fn ready(file: std::fs::File) -> Self {
         SnapshotSpool {
             state: State::Ready(tokio::fs::File::from_std(file)),
+            pending_seek: None,
+            seeking: false,
+        }
+    }
+
+    /// The spool of a snapshot that was only built (openraft keeps its meta alone): no
+    /// body, and nothing that can fail to be made. Reading it is an error.
+    pub fn no_body() -> Self {
+        SnapshotSpool {
+            state: State::Failed(
+                io::ErrorKind::Unsupported,
+                "a built snapshot carries no body: ask for the current one".into(),
+            ),
             pending_seek: None,
             seeking: false,
         }
@@ -78,13 +97,19 @@ impl SnapshotSpool {
         }
         match &mut self.state {
             State::Ready(file) => {
+                // Whatever is in flight (a write, an earlier seek) completes first: tokio
+                // refuses to start a seek beside another operation.
+                if self.seeking || self.pending_seek.is_some() {
+                    let done = ready!(Pin::new(&mut *file).poll_complete(cx));
+                    self.seeking = false;
+                    done?;
+                }
                 if let Some(position) = self.pending_seek.take() {
                     Pin::new(&mut *file).start_seek(position)?;
                     self.seeking = true;
-                }
-                if self.seeking {
-                    ready!(Pin::new(&mut *file).poll_complete(cx))?;
+                    let done = ready!(Pin::new(&mut *file).poll_complete(cx));
                     self.seeking = false;
+                    done?;
                 }
                 Poll::Ready(Ok(file))
             }

@@ -405,9 +405,12 @@ async fn a_snapshot_body_is_written_from_the_state_when_a_follower_needs_it() {
         .unwrap();
     assert_eq!(built.meta.last_log_id, Some(log_id(1, 1, 21)));
     let mut built_body = built.snapshot;
+    let no_body = tokio::io::AsyncReadExt::read_to_end(&mut built_body, &mut Vec::new())
+        .await
+        .unwrap_err();
     assert!(
-        spool::body_bytes(&mut built_body).await.is_empty(),
-        "the build wrote a body"
+        no_body.to_string().contains("carries no body"),
+        "the build wrote a body: {no_body}"
     );
     let files: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -555,6 +558,50 @@ async fn a_snapshot_installs_as_it_is_read_and_a_bad_body_changes_nothing() {
         .unwrap()
         .snapshot;
     assert!(spool::body_bytes(&mut from_memory).await == bytes);
+}
+
+/// The open files of this process whose link names contain `needle` and end "(deleted)":
+/// spools, which have no name.
+fn nameless_files(needle: &str) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .map(|link| link.to_string_lossy().into_owned())
+        .filter(|link| link.contains(needle) && link.ends_with("(deleted)"))
+        .count()
+}
+
+/// A body is spooled in the data directory only where it leaves the disk reserve free;
+/// with a reserve the disk cannot keep, it is spooled in memory, and is the same body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_the_disk_reserve_cannot_spare_is_spooled_in_memory() {
+    use openraft::RaftSnapshotBuilder;
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([12; 32]);
+    let (_log, sm) = store::open(dir.path()).unwrap();
+    let mut sm = sm.with_spool_reserve(0);
+    sm.apply(as_entries(&entries_with_requests(&key, 20), 1))
+        .await
+        .unwrap();
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    let here = dir.path().to_string_lossy().into_owned();
+    let mut on_disk = sm.get_current_snapshot().await.unwrap().unwrap().snapshot;
+    let bytes = spool::body_bytes(&mut on_disk).await;
+    assert_eq!(nameless_files(&here), 1, "spooled in the data directory");
+    drop(on_disk);
+    assert_eq!(nameless_files(&here), 0, "freed when dropped");
+
+    let mut sm = sm.with_spool_reserve(u64::MAX / 2);
+    let mut in_memory = sm.get_current_snapshot().await.unwrap().unwrap().snapshot;
+    assert!(spool::body_bytes(&mut in_memory).await == bytes);
+    // Held open, so a spool in the data directory would show here (other tests' memfds
+    // make a count of memfds unreliable in this process).
+    assert_eq!(nameless_files(&here), 0, "nothing in the data directory");
 }
 
 /// Record rows merged into full runs behind the applies (one small row per commit

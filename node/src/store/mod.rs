@@ -92,7 +92,7 @@ pub fn open_with(
 }
 
 /// The state machine's file, where the marker of a clean stop is kept.
-const STATE_DB: &str = "node.redb";
+pub(crate) const STATE_DB: &str = "node.redb";
 /// Where earlier builds kept snapshot bodies.
 const SNAPSHOT_DIR: &str = "snapshot";
 

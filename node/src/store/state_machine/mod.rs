@@ -97,6 +97,8 @@ pub struct StateMachine {
     durable_log: Option<DurableLog>,
     /// Where snapshot bodies are spooled: the data directory (`snapshot.rs`).
     spool_dir: Arc<std::path::Path>,
+    /// Free space a body spooled on disk must leave (the disk reserve).
+    spool_reserve_bytes: u64,
 }
 
 const WRITER_TABLES: Tables = Tables {
@@ -189,6 +191,7 @@ impl StateMachine {
             next_batch: Arc::default(),
             durable_log: None,
             spool_dir: Arc::from(spool_dir),
+            spool_reserve_bytes: 0,
         };
         let loaded = sm.load_from_disk()?;
         *sm.write_data() = loaded;
@@ -198,6 +201,13 @@ impl StateMachine {
     /// Applies entries only once `log` has them on disk.
     pub fn behind(mut self, log: DurableLog) -> Self {
         self.durable_log = Some(log);
+        self
+    }
+
+    /// A snapshot body is spooled on disk only where it leaves `bytes` free (the disk
+    /// reserve), else in memory.
+    pub fn with_spool_reserve(mut self, bytes: u64) -> Self {
+        self.spool_reserve_bytes = bytes;
         self
     }
 
@@ -612,12 +622,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotSpool>, StorageError> {
-        let spool = snapshot::spool(&self.spool_dir).map_err(|e| {
-            StorageError::from(StorageIOError::write_snapshot(
-                None,
-                openraft::AnyError::new(&e),
-            ))
-        })?;
+        // In memory when the data directory cannot take a spool: the install that follows
+        // may still fail for want of space, but that is the install's to say.
+        let spool = snapshot::spool(&self.spool_dir)
+            .or_else(|e| {
+                tracing::warn!(error = %e, "cannot spool a received snapshot on disk; in memory");
+                snapshot::memory_spool()
+            })
+            .map_err(|e| {
+                StorageError::from(StorageIOError::write_snapshot(
+                    None,
+                    openraft::AnyError::new(&e),
+                ))
+            })?;
         Ok(Box::new(SnapshotSpool::ready(spool)))
     }
 

@@ -7,11 +7,13 @@
 //! and openraft sends it from there in chunks; a follower receives the chunks
 //! into one and installs from it as it parses. A spool has no name (it is freed when
 //! closed, and by a crash) and lives in the data directory, not in `/tmp`, which may be
-//! memory. Where that directory cannot take a body (a full disk), the leader spools it in
-//! memory instead: a snapshot that costs memory is better than a leader that cannot send.
+//! memory. Where that directory cannot take a body beside the disk reserve (the leader's
+//! own writes need that space), or the spool there fails, the leader spools it in memory
+//! instead: a snapshot that costs memory is better than a leader that cannot send, or
+//! one whose log writes meet a full disk.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Seek, SeekFrom};
+use std::io::{BufReader, BufWriter, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use openraft::storage::Snapshot;
@@ -31,27 +33,107 @@ pub(super) fn spool(dir: &Path) -> std::io::Result<File> {
 }
 
 /// A spool in memory (a memfd), for when the data directory cannot take one.
-fn memory_spool() -> std::io::Result<File> {
+pub(super) fn memory_spool() -> std::io::Result<File> {
     let fd = rustix::fs::memfd_create("lineage-snapshot", rustix::fs::MemfdFlags::CLOEXEC)?;
     Ok(File::from(fd))
 }
 
+/// Whether `dir` keeps `reserve` bytes free after a body of about `estimate` bytes: a
+/// spool must not take the space the leader's own writes rely on (`disk_reserve`).
+fn disk_can_take(dir: &Path, estimate: u64, reserve: u64) -> bool {
+    rustix::fs::statvfs(dir).is_ok_and(|stats| {
+        stats.f_bavail.saturating_mul(stats.f_frsize) >= estimate.saturating_add(reserve)
+    })
+}
+
+/// Why a body could not be spooled.
+enum SpoolError {
+    /// The spool failed (made, written or flushed): another spool may do.
+    Spool(String),
+    /// The body could not be written from the tables: no spool would do better.
+    Body(String),
+}
+
+/// A writer that remembers whether its file failed, to tell a spool's failure from the
+/// body's.
+struct Watched<W> {
+    inner: W,
+    failed: bool,
+}
+
+impl<W: Write> Write for Watched<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let written = self.inner.write(buf);
+        self.failed |= written.is_err();
+        written
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let flushed = self.inner.flush();
+        self.failed |= flushed.is_err();
+        flushed
+    }
+}
+
 /// The body of `txn`'s state written into `spool`, rewound for reading.
-fn spool_body(txn: &redb::ReadTransaction, spool: std::io::Result<File>) -> Result<File, String> {
-    let spool = spool.map_err(|e| format!("cannot make a spool: {e}"))?;
-    let mut out = BufWriter::with_capacity(SPOOL_BUFFER_BYTES, spool);
-    write_body(txn, &mut out)?;
-    let mut spool = out.into_inner().map_err(|e| e.error().to_string())?;
-    spool.rewind().map_err(|e| e.to_string())?;
+fn spool_body(
+    txn: &redb::ReadTransaction,
+    spool: std::io::Result<File>,
+) -> Result<File, SpoolError> {
+    let spool = spool.map_err(|e| SpoolError::Spool(format!("cannot make a spool: {e}")))?;
+    let mut out = Watched {
+        inner: BufWriter::with_capacity(SPOOL_BUFFER_BYTES, spool),
+        failed: false,
+    };
+    if let Err(e) = write_body(txn, &mut out) {
+        return Err(if out.failed {
+            SpoolError::Spool(e)
+        } else {
+            SpoolError::Body(e)
+        });
+    }
+    let mut spool = out
+        .inner
+        .into_inner()
+        .map_err(|e| SpoolError::Spool(e.error().to_string()))?;
+    spool
+        .rewind()
+        .map_err(|e| SpoolError::Spool(e.to_string()))?;
     Ok(spool)
+}
+
+/// The body of `txn`'s state in a spool: on disk in `dir` when it has room for it beside
+/// `reserve`, else (or when the disk spool fails) in memory.
+fn spool_anywhere(
+    txn: &redb::ReadTransaction,
+    dir: &Path,
+    estimate: u64,
+    reserve: u64,
+) -> Result<File, String> {
+    let on_disk = if disk_can_take(dir, estimate, reserve) {
+        spool_body(txn, spool(dir))
+    } else {
+        Err(SpoolError::Spool(format!(
+            "no room for about {estimate} bytes beside the {reserve}-byte reserve"
+        )))
+    };
+    match on_disk {
+        Ok(spool) => Ok(spool),
+        Err(SpoolError::Body(e)) => Err(e),
+        Err(SpoolError::Spool(e)) => {
+            tracing::warn!(dir = %dir.display(), error = %e,
+                "cannot spool a snapshot body on disk; spooling it in memory");
+            spool_body(txn, memory_spool())
+                .map_err(|(SpoolError::Spool(e) | SpoolError::Body(e))| e)
+        }
+    }
 }
 
 impl StateMachine {
     /// Fixes the state to snapshot: under the data lock, only long enough to flush (so the
     /// tables hold what memory does) and open a read transaction, which keeps that view
-    /// while the body is written without the lock. (openraft asks for the current snapshot
-    /// from its state machine task, so applies wait while a body is written: about as long
-    /// as reading and hashing the body file took before.)
+    /// while the body is written without the lock (and off openraft's state machine task:
+    /// `SnapshotSpool::written_by`).
     fn fixed_view(
         &self,
     ) -> Result<(SnapshotMeta<NodeId, BasicNode>, redb::ReadTransaction), StorageError> {
@@ -102,19 +184,16 @@ impl StateMachine {
         }
         let (meta, txn) = self.fixed_view()?;
         let dir = self.spool_dir.clone();
+        let reserve = self.spool_reserve_bytes;
+        // The body is about the records' size, which the state file bounds.
+        let estimate = std::fs::metadata(dir.join(super::super::STATE_DB)).map_or(0, |m| m.len());
         // Written on a blocking thread while openraft already holds the spool: the send
         // waits for the body, the applies do not.
         let body = SnapshotSpool::written_by(move || {
-            spool_body(&txn, spool(&dir))
-                .or_else(|e| {
-                    tracing::warn!(dir = %dir.display(), error = %e,
-                        "cannot spool a snapshot body on disk; spooling it in memory");
-                    spool_body(&txn, memory_spool())
-                })
-                .map_err(|e| {
-                    tracing::error!(error = %e, "cannot write a snapshot body");
-                    std::io::Error::other(e)
-                })
+            spool_anywhere(&txn, &dir, estimate, reserve).map_err(|e| {
+                tracing::error!(error = %e, "cannot write a snapshot body");
+                std::io::Error::other(e)
+            })
         });
         Ok(Some(Snapshot {
             meta,
@@ -171,7 +250,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         // openraft keeps only the meta of a snapshot it asked to build.
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(SnapshotSpool::ready(memory_spool().map_err(sm_read_err)?)),
+            snapshot: Box::new(SnapshotSpool::no_body()),
         })
     }
 }
