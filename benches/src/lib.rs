@@ -108,3 +108,18 @@ pub fn status_field_bytes(status: &str, field: &str) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
         .map(|kb| kb * 1024)
 }
+
+/// Bytes of the files under `path` (their lengths, as `du -sb` counts them).
+pub fn du_bytes(path: &Path) -> u64 {
+    let mut total = 0;
+    if let Ok(entries) = std::fs::read_dir(path) {
+        for entry in entries.flatten() {
+            match entry.metadata() {
+                Ok(m) if m.is_dir() => total += du_bytes(&entry.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}

@@ -7,6 +7,8 @@
 //! Build the node first, then run:
 //!   cargo build --release -p lineage-node -p lineage-benches
 //!   target/release/cluster_load [--clients 16] [--agents 16] [--seconds 10] [--nodes N]
+//!     [--history RECORDS] (load that many records first; then also each node's VmRSS,
+//!                         disk bytes per record and verify rate at that history)
 //!     [--baseline-node PATH]   (alternating rounds against another build, with ratios)
 //!     [--no-early-ack]   (nodes run with --leader-early-ack false)
 //!     [--reqwest]        (clients use reqwest, as before: about twice the generator's CPU)
@@ -45,6 +47,9 @@ struct Args {
     tls: bool,
     /// Another `lineage-node` build to measure against, in alternating rounds.
     baseline: Option<std::path::PathBuf>,
+    /// Records to load before the measured load, so it runs against that much history;
+    /// then each node's VmRSS, disk bytes per record and verify rate are reported too.
+    history: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -58,6 +63,7 @@ fn parse_args() -> Result<Args, String> {
         wrk: false,
         tls: false,
         baseline: None,
+        history: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -94,6 +100,7 @@ fn parse_args() -> Result<Args, String> {
             "--agents" => args.agents = number.clamp(1, 10_000) as usize,
             "--seconds" => args.seconds = number.clamp(1, 300),
             "--nodes" => args.nodes = Some(number.clamp(1, 7) as usize),
+            "--history" => args.history = number.min(100_000_000),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -110,6 +117,8 @@ struct Cluster {
     /// The CA the nodes' certificates chain to, when they speak TLS.
     ca: Option<std::path::PathBuf>,
     _dir: tempfile::TempDir,
+    /// Each node's data directory, in node order.
+    data_dirs: Vec<std::path::PathBuf>,
 }
 
 impl Cluster {
@@ -211,7 +220,7 @@ fn start_cluster(
         let child = Command::new(binary)
             .args(["run", "--id", &(i + 1).to_string(), "--listen", addr])
             .arg("--data-dir")
-            .arg(dir.path().join(format!("node-{}", i + 1)))
+            .arg(data_dir(dir.path(), i))
             .arg("--keys-dir")
             .arg(&keys)
             .arg("--peers")
@@ -250,8 +259,13 @@ fn start_cluster(
         urls: addrs.iter().map(|a| format!("{scheme}://{a}")).collect(),
         admin,
         ca: tls.then(|| tls_dir.join("ca.pem")),
+        data_dirs: (0..nodes).map(|i| data_dir(dir.path(), i)).collect(),
         _dir: dir,
     })
+}
+
+fn data_dir(cluster_dir: &Path, index: usize) -> std::path::PathBuf {
+    cluster_dir.join(format!("node-{}", index + 1))
 }
 
 async fn wait_ready(http: &reqwest::Client, cluster: &Cluster) -> Result<(), String> {
@@ -321,6 +335,9 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
         .map_err(|e| e.to_string())?;
     let leader_index = leader["leader"].as_u64().unwrap_or(1) as usize - 1;
     let url = cluster.urls[leader_index].clone();
+    if args.history > 0 {
+        preload(&url, &tokens, args).await?;
+    }
     let cpu_before = cluster.cpu_times();
     let own_before = process_cpu("self");
     let machine_before = machine_ticks();
@@ -429,7 +446,88 @@ async fn finish(
             time_breakdown(http, url, result.decisions).await
         );
     }
+    if args.history > 0 {
+        history_figures(http, cluster, args.agents).await?;
+    }
     Ok(result)
+}
+
+/// Loads about `args.history` records (two per decision) through the leader at `url`,
+/// every client acting until its share is done, before the measured load.
+async fn preload(url: &str, tokens: &[String], args: &Args) -> Result<(), String> {
+    let started = Instant::now();
+    let per_client = args.history.div_ceil(2 * args.clients as u64);
+    let mut tasks = Vec::new();
+    for c in 0..args.clients {
+        let agent = c % args.agents;
+        let path = format!("/v1/agents/agent-{agent}/actions");
+        let body = json!({"tool": "work", "input": {"client": c, "history": true}}).to_string();
+        let client = ActionClient::new(url, &path, &tokens[agent], body, None)?;
+        tasks.push(tokio::spawn(client.run_count(per_client)));
+    }
+    let mut errors = 0;
+    for task in tasks {
+        errors += task.await.map_err(|e| e.to_string())?;
+    }
+    println!(
+        "  history: {} records loaded in {:.1?} ({errors} errors)",
+        per_client * 2 * args.clients as u64,
+        started.elapsed()
+    );
+    Ok(())
+}
+
+/// With a history: each node's VmRSS, its data directory's bytes per record, and how
+/// fast it verifies an agent's whole log (`GET /v1/agents/{id}/verify?local=true`:
+/// every hash, the chain and every signature).
+async fn history_figures(
+    http: &reqwest::Client,
+    cluster: &Cluster,
+    agents: usize,
+) -> Result<(), String> {
+    let mut records = 0u64;
+    for a in 0..agents {
+        let reply: Value = http
+            .get(format!(
+                "{}/v1/agents/agent-{a}/log?limit=0",
+                cluster.urls[0]
+            ))
+            .bearer_auth(&cluster.admin)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        records += reply["head"]["seq"].as_u64().unwrap_or(0) + 1;
+    }
+    for (i, (child, url)) in cluster.children.iter().zip(&cluster.urls).enumerate() {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+            .map_err(|e| e.to_string())?;
+        let rss = lineage_benches::status_field_bytes(&status, "VmRSS:").unwrap_or(0);
+        let disk = lineage_benches::du_bytes(&cluster.data_dirs[i]);
+        let started = Instant::now();
+        let report: Value = http
+            .get(format!("{url}/v1/agents/agent-0/verify?local=true"))
+            .bearer_auth(&cluster.admin)
+            .timeout(Duration::from_secs(600))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        let verified = report["records"].as_u64().unwrap_or(0);
+        let ok = report["ok"].as_bool() == Some(true);
+        println!(
+            "  node {} at {records} records: VmRSS {:.1} MB, disk {:.0} B/record, verify {:.0} records/s ({verified} records, ok {ok})",
+            i + 1,
+            rss as f64 / 1e6,
+            disk as f64 / records.max(1) as f64,
+            verified as f64 / started.elapsed().as_secs_f64(),
+        );
+    }
+    Ok(())
 }
 
 /// The load from `wrk` (2 threads, or 1 for one connection, `--clients` connections, `--seconds`): a Lua script
@@ -623,6 +721,19 @@ impl ActionClient {
             .map_err(|e| e.to_string())?;
         *connection = Some(sender);
         Ok(ok)
+    }
+
+    /// Acts until `decisions` answers were 2xx; how many were not (at most as many
+    /// again, so a refusing node does not keep it going).
+    async fn run_count(mut self, decisions: u64) -> u64 {
+        let (mut done, mut errors) = (0u64, 0u64);
+        while done < decisions && errors <= decisions {
+            match self.act().await {
+                Ok(true) => done += 1,
+                Ok(false) | Err(_) => errors += 1,
+            }
+        }
+        errors
     }
 
     /// Acts until `deadline`: the latency of each 2xx answer, and how many were not.

@@ -111,20 +111,6 @@ impl Drop for Node {
     }
 }
 
-fn du_bytes(path: &Path) -> u64 {
-    let mut total = 0;
-    if let Ok(entries) = std::fs::read_dir(path) {
-        for entry in entries.flatten() {
-            match entry.metadata() {
-                Ok(m) if m.is_dir() => total += du_bytes(&entry.path()),
-                Ok(m) => total += m.len(),
-                Err(_) => {}
-            }
-        }
-    }
-    total
-}
-
 /// Where the data directory's bytes go, per record (stderr): each entry at its top.
 fn print_disk_parts(dir: &Path, records: u64) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -134,7 +120,7 @@ fn print_disk_parts(dir: &Path, records: u64) {
         .flatten()
         .map(|entry| {
             let bytes = match entry.metadata() {
-                Ok(m) if m.is_dir() => du_bytes(&entry.path()),
+                Ok(m) if m.is_dir() => lineage_benches::du_bytes(&entry.path()),
                 Ok(m) => m.len(),
                 Err(_) => 0,
             };
@@ -362,7 +348,7 @@ async fn measure(binary: &Path, sizes: &[u64], load: &Load) -> Result<Vec<Figure
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (rss_restarted, anon_restarted) = node.memory()?;
         print_disk_parts(&node.data_dir(), records);
-        let disk_per_record = du_bytes(&node.data_dir()) as f64 / records as f64;
+        let disk_per_record = lineage_benches::du_bytes(&node.data_dir()) as f64 / records as f64;
         let line_per_record = line_bytes(&http, &node, load.agents).await? as f64 / records as f64;
         out.push(Figures {
             records,
