@@ -622,3 +622,94 @@ fn the_checker_catches_broken_histories_and_logs() {
         "{found:?}"
     );
 }
+
+/// The linearizability check reads the order from the answers (`act-N` is the N-th
+/// request to take effect): a call that began after another was answered must come
+/// later, and a place no answer names must be takeable by a call never answered that
+/// began before the answers above it. Hundreds of calls left in flight are checked at
+/// once (a general search grew exponentially with them).
+#[test]
+fn the_linearizability_check_reads_the_order_from_the_answers() {
+    let invoke = |client: usize| Event::Invoke {
+        client,
+        agent: "agent-0".into(),
+        key: format!("c{client}"),
+    };
+    // The model's answer at place `n`: allowed while budget lasts, then terminated.
+    let answer = |client: usize, n: u64| Event::Return {
+        client,
+        agent: "agent-0".into(),
+        answer: match BUDGET.checked_sub(n) {
+            Some(remaining) => Answer::Allowed {
+                action_id: format!("act-{n}"),
+                remaining,
+            },
+            None => Answer::Denied {
+                action_id: format!("act-{n}"),
+                code: "terminated".into(),
+            },
+        },
+    };
+    let verdict = |events: &[Event]| -> Vec<String> {
+        let logs = vec![BTreeMap::new()];
+        check(events, &logs, "", BUDGET)
+            .into_iter()
+            .filter(|v| v.contains("linearizable"))
+            .collect()
+    };
+    let found = verdict(&[invoke(0), answer(0, 2), invoke(1), answer(1, 1)]);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains("act-1 began after act-2 was answered")),
+        "{found:?}"
+    );
+    let found = verdict(&[invoke(0), answer(0, 2)]);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains("place 1 was taken by no call")),
+        "{found:?}"
+    );
+    // The call that took place 1 began after act-2 was answered: too late.
+    let found = verdict(&[invoke(0), answer(0, 2), invoke(1)]);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains("place 1 was taken by no call")),
+        "{found:?}"
+    );
+    // Begun before: it may have taken place 1, its answer lost.
+    assert_eq!(
+        verdict(&[invoke(1), invoke(0), answer(0, 2)]),
+        Vec::<String>::new()
+    );
+    // The model's answer at each place: a wrong remaining is caught.
+    let wrong = Event::Return {
+        client: 0,
+        agent: "agent-0".into(),
+        answer: Answer::Allowed {
+            action_id: "act-1".into(),
+            remaining: BUDGET,
+        },
+    };
+    let found = verdict(&[invoke(0), wrong]);
+    assert!(
+        found.iter().any(|v| v.contains("where the model answers")),
+        "{found:?}"
+    );
+    // 300 calls in flight, then 50 answered above them.
+    let mut many: Vec<Event> = (0..300).map(invoke).collect();
+    for n in 301..=350u64 {
+        let client = 1000 + n as usize;
+        many.push(invoke(client));
+        many.push(answer(client, n));
+    }
+    assert_eq!(verdict(&many), Vec::<String>::new());
+    // One place too many: 299 in flight cannot fill 300 places.
+    let found = verdict(&many[1..]);
+    assert!(
+        found.iter().any(|v| v.contains("was taken by no call")),
+        "{found:?}"
+    );
+}
