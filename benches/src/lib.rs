@@ -123,3 +123,19 @@ pub fn du_bytes(path: &Path) -> u64 {
     }
     total
 }
+
+/// GET `url` with `token` as the bearer; the answer's body as JSON.
+pub async fn get_json(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+) -> Result<serde_json::Value, String> {
+    http.get(url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())
+}

@@ -324,15 +324,12 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
         tokens.push(reply["token"].as_str().ok_or("no token")?.to_string());
     }
     // Clients talk to the leader's URL, as a failover client would after discovery.
-    let leader: Value = http
-        .get(format!("{}/v1/cluster", cluster.urls[0]))
-        .bearer_auth(&cluster.admin)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .json()
-        .await
-        .map_err(|e| e.to_string())?;
+    let leader: Value = lineage_benches::get_json(
+        &http,
+        &format!("{}/v1/cluster", cluster.urls[0]),
+        &cluster.admin,
+    )
+    .await?;
     let leader_index = leader["leader"].as_u64().unwrap_or(1) as usize - 1;
     let url = cluster.urls[leader_index].clone();
     if args.history > 0 {
@@ -487,18 +484,12 @@ async fn history_figures(
 ) -> Result<(), String> {
     let mut records = 0u64;
     for a in 0..agents {
-        let reply: Value = http
-            .get(format!(
-                "{}/v1/agents/agent-{a}/log?limit=0",
-                cluster.urls[0]
-            ))
-            .bearer_auth(&cluster.admin)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json()
-            .await
-            .map_err(|e| e.to_string())?;
+        let reply: Value = lineage_benches::get_json(
+            http,
+            &format!("{}/v1/agents/agent-{a}/log?limit=0", cluster.urls[0]),
+            &cluster.admin,
+        )
+        .await?;
         records += reply["head"]["seq"].as_u64().unwrap_or(0) + 1;
     }
     for (i, (child, url)) in cluster.children.iter().zip(&cluster.urls).enumerate() {
@@ -797,15 +788,12 @@ async fn check_replicas_agree(
         loop {
             let mut heads = Vec::new();
             for url in &cluster.urls {
-                let reply: Value = http
-                    .get(format!("{url}/v1/agents/agent-{a}/log?local=true&limit=0"))
-                    .bearer_auth(&cluster.admin)
-                    .send()
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .json()
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let reply: Value = lineage_benches::get_json(
+                    http,
+                    &format!("{url}/v1/agents/agent-{a}/log?local=true&limit=0"),
+                    &cluster.admin,
+                )
+                .await?;
                 heads.push(reply["head"].clone());
             }
             if heads.windows(2).all(|w| w[0] == w[1]) {

@@ -251,15 +251,9 @@ async fn load_to(
 async fn du_records(http: &reqwest::Client, node: &Node, tokens: &[String]) -> Result<u64, String> {
     let mut total = 0;
     for (a, token) in tokens.iter().enumerate() {
-        let body: serde_json::Value = http
-            .get(format!("{}/v1/agents/agent-{a}", node.url))
-            .bearer_auth(token)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json()
-            .await
-            .map_err(|e| e.to_string())?;
+        let body: serde_json::Value =
+            lineage_benches::get_json(http, &format!("{}/v1/agents/agent-{a}", node.url), token)
+                .await?;
         total += body["head"]["seq"].as_u64().unwrap_or(0) + 1;
     }
     Ok(total)
@@ -277,15 +271,8 @@ async fn line_bytes(http: &reqwest::Client, node: &Node, agents: usize) -> Resul
             if let Some(after) = after {
                 url.push_str(&format!("&after={after}"));
             }
-            let page: serde_json::Value = http
-                .get(url)
-                .bearer_auth(&node.admin)
-                .send()
-                .await
-                .map_err(|e| e.to_string())?
-                .json()
-                .await
-                .map_err(|e| e.to_string())?;
+            let page: serde_json::Value =
+                lineage_benches::get_json(http, &url, &node.admin).await?;
             let records = page["records"]
                 .as_array()
                 .ok_or("a log page without records")?;
