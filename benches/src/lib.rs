@@ -139,3 +139,125 @@ pub async fn get_json(
         .await
         .map_err(|e| e.to_string())
 }
+
+/// The bytes the reference guard would store for agents `agent-0..agents`' records: each
+/// record's line (`Record::to_line`) and its newline, in its JSONL file. Read through
+/// the node's log pages at `url`.
+pub async fn line_bytes(
+    http: &reqwest::Client,
+    url: &str,
+    admin: &str,
+    agents: usize,
+) -> Result<u64, String> {
+    let mut total = 0u64;
+    for a in 0..agents {
+        let mut after: Option<u64> = None;
+        // Bounded: each page moves `after` forward, and a log has at most u64::MAX records.
+        loop {
+            let mut page_url = format!("{url}/v1/agents/agent-{a}/log?limit=5000");
+            if let Some(after) = after {
+                page_url.push_str(&format!("&after={after}"));
+            }
+            let page = get_json(http, &page_url, admin).await?;
+            let records = page["records"]
+                .as_array()
+                .ok_or("a log page without records")?;
+            let Some(last) = records.last() else {
+                break;
+            };
+            for record in records {
+                let record: lineage_core::Record =
+                    serde_json::from_value(record.clone()).map_err(|e| e.to_string())?;
+                total += record.to_line().len() as u64 + 1;
+            }
+            after = Some(last["seq"].as_u64().ok_or("a record without a seq")?);
+        }
+    }
+    Ok(total)
+}
+
+/// Records per second one core verifies the way the reference does (`Verifier`, one
+/// line after another: parse, hash, chain, signature), over a log of `records` sealed
+/// here: the baseline for a node's verify rate.
+pub fn one_core_verify_rate(records: u64) -> Result<f64, String> {
+    use lineage_core::record::{timestamp, Record, ZERO_HASH};
+    let key = AuditKey::from_seed([7; 32]);
+    let genesis = Record::seal(
+        &key,
+        0,
+        timestamp::format(0),
+        "bench",
+        "genesis",
+        serde_json::json!({"log_id": "bench", "public_key": key.public_key_hex()}),
+        ZERO_HASH,
+    );
+    let mut lines = vec![genesis.to_line()];
+    let mut prev = genesis.hash;
+    for seq in 1..records.max(2) {
+        let record = Record::seal(
+            &key,
+            seq,
+            timestamp::format(seq as i64),
+            "bench",
+            "action_requested",
+            serde_json::json!({"tool": "work", "input": {"n": seq}}),
+            &prev,
+        );
+        lines.push(record.to_line());
+        prev = record.hash;
+    }
+    let started = Instant::now();
+    let mut verifier = lineage_core::verify::Verifier::new(Default::default());
+    for line in &lines {
+        verifier
+            .push_line(line.as_bytes())
+            .map_err(|e| e.to_string())?;
+    }
+    verifier.finish().map_err(|e| e.to_string())?;
+    Ok(lines.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Where the `report` driver collects figures: when `LINEAGE_BENCH_FIGURES` names a
+/// file, each figure is appended to it as one JSON line, `{"name", "value", ...labels}`.
+/// Without it, nothing is written (the benchmark's printed lines are its output).
+pub fn figure(name: &str, value: f64, labels: serde_json::Value) {
+    let Some(path) = std::env::var_os("LINEAGE_BENCH_FIGURES") else {
+        return;
+    };
+    let mut line = match labels {
+        serde_json::Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    };
+    line.insert("name".into(), name.into());
+    line.insert("value".into(), value.into());
+    let text = format!("{}\n", serde_json::Value::Object(line));
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut file| std::io::Write::write_all(&mut file, text.as_bytes()));
+    if let Err(e) = written {
+        eprintln!(
+            "figure {name}: cannot append to {}: {e}",
+            path.to_string_lossy()
+        );
+    }
+}
+
+/// A node's count of durable Raft log writes so far, from its metrics. Each is two
+/// fdatasyncs: the frames, then the watermark (`store::watermark`).
+pub async fn log_write_count(http: &reqwest::Client, url: &str) -> Result<f64, String> {
+    let text = http
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .text()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("lineage_raft_log_append_duration_seconds_count"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}

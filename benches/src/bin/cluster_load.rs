@@ -10,6 +10,7 @@
 //!     [--history RECORDS] (load that many records first; then also each node's VmRSS,
 //!                         disk bytes per record and verify rate at that history)
 //!     [--baseline-node PATH]   (alternating rounds against another build, with ratios)
+//!     [--node PATH]      (measure that lineage-node build instead of the sibling one)
 //!     [--no-early-ack]   (nodes run with --leader-early-ack false)
 //!     [--reqwest]        (clients use reqwest, as before: about twice the generator's CPU)
 //!     [--wrk]            (the load comes from wrk, an external generator, instead:
@@ -47,6 +48,8 @@ struct Args {
     tls: bool,
     /// Another `lineage-node` build to measure against, in alternating rounds.
     baseline: Option<std::path::PathBuf>,
+    /// The `lineage-node` build to measure (default: the one built beside this program).
+    node: Option<std::path::PathBuf>,
     /// Records to load before the measured load, so it runs against that much history;
     /// then each node's VmRSS, disk bytes per record and verify rate are reported too.
     history: u64,
@@ -63,6 +66,7 @@ fn parse_args() -> Result<Args, String> {
         wrk: false,
         tls: false,
         baseline: None,
+        node: None,
         history: 0,
     };
     let mut it = std::env::args().skip(1);
@@ -87,6 +91,11 @@ fn parse_args() -> Result<Args, String> {
             "--baseline-node" => {
                 let path = it.next().ok_or("--baseline-node needs a path")?;
                 args.baseline = Some(path.into());
+                continue;
+            }
+            "--node" => {
+                let path = it.next().ok_or("--node needs a path")?;
+                args.node = Some(path.into());
                 continue;
             }
             _ => {}
@@ -294,6 +303,30 @@ struct LoadResult {
     p99: Duration,
 }
 
+/// Creates `agent-0..agents` with a budget and rate no load reaches; their tokens.
+async fn create_agents(
+    http: &reqwest::Client,
+    cluster: &Cluster,
+    agents: usize,
+) -> Result<Vec<String>, String> {
+    let mut tokens = Vec::new();
+    for a in 0..agents {
+        let body = json!({"agent_id": format!("agent-{a}"), "policy": {"budget": u64::MAX / 2, "scar_limit": 10, "tools": {"work": {"cost": 1}}, "limits": {"max_requests_per_minute": u32::MAX}}});
+        let reply: Value = http
+            .post(format!("{}/v1/agents", cluster.urls[0]))
+            .bearer_auth(&cluster.admin)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        tokens.push(reply["token"].as_str().ok_or("no token")?.to_string());
+    }
+    Ok(tokens)
+}
+
 async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> {
     let mut http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.clients)
@@ -308,21 +341,7 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
     }
     let http = http.build().map_err(|e| e.to_string())?;
     wait_ready(&http, cluster).await?;
-    let mut tokens = Vec::new();
-    for a in 0..args.agents {
-        let body = json!({"agent_id": format!("agent-{a}"), "policy": {"budget": u64::MAX / 2, "scar_limit": 10, "tools": {"work": {"cost": 1}}, "limits": {"max_requests_per_minute": u32::MAX}}});
-        let reply: Value = http
-            .post(format!("{}/v1/agents", cluster.urls[0]))
-            .bearer_auth(&cluster.admin)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json()
-            .await
-            .map_err(|e| e.to_string())?;
-        tokens.push(reply["token"].as_str().ok_or("no token")?.to_string());
-    }
+    let tokens = create_agents(&http, cluster, args.agents).await?;
     // Clients talk to the leader's URL, as a failover client would after discovery.
     let leader: Value = lineage_benches::get_json(
         &http,
@@ -335,13 +354,25 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
     if args.history > 0 {
         preload(&url, &tokens, args).await?;
     }
+    let mut writes_before = Vec::new();
+    for url in &cluster.urls {
+        writes_before.push(lineage_benches::log_write_count(&http, url).await.ok());
+    }
     let cpu_before = cluster.cpu_times();
     let own_before = process_cpu("self");
     let machine_before = machine_ticks();
     if args.wrk {
         let result = run_wrk(&url, &tokens, args)?;
         print_machine(machine_before, own_before, &result);
-        return finish(&http, cluster, args, cpu_before, result).await;
+        return finish(
+            &http,
+            cluster,
+            args,
+            (cpu_before, writes_before),
+            leader_index,
+            result,
+        )
+        .await;
     }
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let started = Instant::now();
@@ -384,7 +415,15 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
         p99: pick(0.99),
     };
     print_machine(machine_before, own_before, &result);
-    finish(&http, cluster, args, cpu_before, result).await
+    finish(
+        &http,
+        cluster,
+        args,
+        (cpu_before, writes_before),
+        leader_index,
+        result,
+    )
+    .await
 }
 
 /// Whether the machine itself was the limit: every node and the load generator share its
@@ -419,7 +458,8 @@ async fn finish(
     http: &reqwest::Client,
     cluster: &Cluster,
     args: &Args,
-    cpu_before: Vec<Option<Duration>>,
+    (cpu_before, writes_before): (Vec<Option<Duration>>, Vec<Option<f64>>),
+    leader_index: usize,
     result: LoadResult,
 ) -> Result<LoadResult, String> {
     let cpu_used: Vec<Option<Duration>> = cluster
@@ -429,24 +469,32 @@ async fn finish(
         .map(|(after, before)| Some(after.as_ref()?.saturating_sub(*before.as_ref()?)))
         .collect();
     check_replicas_agree(http, cluster, args.agents).await?;
+    let labels = |node: usize| node_labels(cluster, args, leader_index, node);
     for (i, url) in cluster.urls.iter().enumerate() {
         let cpu = match cpu_used.get(i).copied().flatten() {
-            Some(cpu) if result.decisions > 0 => format!(
-                "CPU {:.0} µs per decision",
-                cpu.as_secs_f64() * 1e6 / result.decisions as f64
-            ),
+            Some(cpu) if result.decisions > 0 => {
+                let micros = cpu.as_secs_f64() * 1e6 / result.decisions as f64;
+                lineage_benches::figure("cpu_us_per_decision", micros, labels(i + 1));
+                format!("CPU {micros:.0} µs per decision")
+            }
             _ => "CPU unknown".into(),
         };
-        println!(
-            "  node {}: {cpu}, {}",
-            i + 1,
-            time_breakdown(http, url, result.decisions).await
-        );
+        let writes_before = writes_before.get(i).copied().flatten();
+        let (fsyncs, breakdown) = time_breakdown(http, url, result.decisions, writes_before).await;
+        if let Some(fsyncs) = fsyncs {
+            lineage_benches::figure("fsyncs_per_decision", fsyncs, labels(i + 1));
+        }
+        println!("  node {}: {cpu}, {breakdown}", i + 1);
     }
     if args.history > 0 {
-        history_figures(http, cluster, args.agents).await?;
+        history_figures(http, cluster, args, leader_index).await?;
     }
     Ok(result)
+}
+
+/// The labels of one node's figures (`node` counts from 1).
+fn node_labels(cluster: &Cluster, args: &Args, leader_index: usize, node: usize) -> Value {
+    json!({"nodes": cluster.urls.len(), "history": args.history, "node": node, "leader": node == leader_index + 1})
 }
 
 /// Loads about `args.history` records (two per decision) through the leader at `url`,
@@ -480,8 +528,10 @@ async fn preload(url: &str, tokens: &[String], args: &Args) -> Result<(), String
 async fn history_figures(
     http: &reqwest::Client,
     cluster: &Cluster,
-    agents: usize,
+    args: &Args,
+    leader_index: usize,
 ) -> Result<(), String> {
+    let agents = args.agents;
     let mut records = 0u64;
     for a in 0..agents {
         let reply: Value = lineage_benches::get_json(
@@ -492,6 +542,9 @@ async fn history_figures(
         .await?;
         records += reply["head"]["seq"].as_u64().unwrap_or(0) + 1;
     }
+    // What the reference stores for these records: their lines, read from node 1.
+    let lines = lineage_benches::line_bytes(http, &cluster.urls[0], &cluster.admin, agents).await?;
+    let line_per_record = lines as f64 / records.max(1) as f64;
     for (i, (child, url)) in cluster.children.iter().zip(&cluster.urls).enumerate() {
         let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
             .map_err(|e| e.to_string())?;
@@ -509,14 +562,26 @@ async fn history_figures(
             .await
             .map_err(|e| e.to_string())?;
         let verified = report["records"].as_u64().unwrap_or(0);
+        let verify_rate = verified as f64 / started.elapsed().as_secs_f64();
         let ok = report["ok"].as_bool() == Some(true);
+        if !ok {
+            return Err(format!(
+                "node {}: agent-0's log does not verify: {report}",
+                i + 1
+            ));
+        }
+        let disk_per_record = disk as f64 / records.max(1) as f64;
         println!(
-            "  node {} at {records} records: VmRSS {:.1} MB, disk {:.0} B/record, verify {:.0} records/s ({verified} records, ok {ok})",
+            "  node {} at {records} records: VmRSS {:.1} MB, disk {disk_per_record:.0} B/record ({:.2}x the {line_per_record:.0} B of its line), verify {verify_rate:.0} records/s ({verified} records)",
             i + 1,
             rss as f64 / 1e6,
-            disk as f64 / records.max(1) as f64,
-            verified as f64 / started.elapsed().as_secs_f64(),
+            disk_per_record / line_per_record,
         );
+        let labels = node_labels(cluster, args, leader_index, i + 1);
+        lineage_benches::figure("vmrss_bytes", rss as f64, labels.clone());
+        lineage_benches::figure("disk_bytes_per_record", disk_per_record, labels.clone());
+        lineage_benches::figure("line_bytes_per_record", line_per_record, labels.clone());
+        lineage_benches::figure("verify_records_per_second", verify_rate, labels);
     }
     Ok(())
 }
@@ -744,9 +809,16 @@ impl ActionClient {
 
 /// Where a node's time went, from its own histograms: durable log writes (group
 /// commits), Raft appends it served as a follower, and decisions it served.
-async fn time_breakdown(http: &reqwest::Client, url: &str, decisions: u64) -> String {
+/// Also the node's fsyncs per decision over the measured load (its log writes since
+/// `writes_before`), when its metrics answered both times.
+async fn time_breakdown(
+    http: &reqwest::Client,
+    url: &str,
+    decisions: u64,
+    writes_before: Option<f64>,
+) -> (Option<f64>, String) {
     let Ok(reply) = http.get(format!("{url}/metrics")).send().await else {
-        return "metrics unavailable".into();
+        return (None, "metrics unavailable".into());
     };
     let text = reply.text().await.unwrap_or_default();
     let sum_count = |name: &str, filter: &str| {
@@ -767,14 +839,19 @@ async fn time_breakdown(http: &reqwest::Client, url: &str, decisions: u64) -> St
     };
     let log_writes = sum_count("raft_log_append_duration_seconds", "");
     // Each log write is two fdatasyncs: the frames, then the watermark (`store::watermark`).
-    // The count covers the node's whole life; the agents' creation adds a few writes.
-    let fsyncs = 2.0 * log_writes.1 / decisions.max(1) as f64;
-    format!(
-        "log writes {} ({fsyncs:.3} fsyncs per decision), raft appends served {}, decisions served {}",
+    let fsyncs =
+        writes_before.map(|before| 2.0 * (log_writes.1 - before) / decisions.max(1) as f64);
+    let per_decision = match fsyncs {
+        Some(fsyncs) => format!("{fsyncs:.3} fsyncs per decision"),
+        None => "fsyncs per decision unknown".into(),
+    };
+    let text = format!(
+        "log writes {} in its life ({per_decision} in this load), raft appends served {}, decisions served {}",
         mean(log_writes),
         mean(sum_count("http_request_duration_seconds", "/raft/append")),
         mean(sum_count("http_request_duration_seconds", "/actions")),
-    )
+    );
+    (fsyncs, text)
 }
 
 /// Every node's own copy of every agent's log must be identical once replication settles.
@@ -904,7 +981,10 @@ fn main() {
 
 fn real_main() -> Result<(), String> {
     let args = parse_args()?;
-    let binary = lineage_benches::sibling_binary("lineage-node", "-p lineage-node")?;
+    let binary = match &args.node {
+        Some(path) => path.clone(),
+        None => lineage_benches::sibling_binary("lineage-node", "-p lineage-node")?,
+    };
     let sign = sign_ceiling();
     let fsync = lineage_benches::durable_appends_per_second()?;
     println!("machine ceiling: {sign:.0} records sealed/s on one core, {fsync:.0} durable appends/s (1 fsync each)");
@@ -914,6 +994,11 @@ fn real_main() -> Result<(), String> {
     let reference = lineage_benches::durable_appends_per_second_with(writers)? / 2.0;
     println!(
         "reference storage bound: {writers} agents' logs appended at once (seal + fdatasync per record) allow {reference:.0} decisions/s"
+    );
+    lineage_benches::figure(
+        "reference_bound_decisions_per_second",
+        reference,
+        json!({"agents": args.agents}),
     );
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let sizes = match args.nodes {
@@ -967,6 +1052,11 @@ fn real_main() -> Result<(), String> {
             r.per_second * 2.0 / sign,
             r.per_second / reference,
         );
+        let labels = json!({"nodes": nodes, "history": args.history});
+        lineage_benches::figure("decisions_per_second", r.per_second, labels.clone());
+        lineage_benches::figure("p50_ms", r.p50.as_secs_f64() * 1e3, labels.clone());
+        lineage_benches::figure("p99_ms", r.p99.as_secs_f64() * 1e3, labels.clone());
+        lineage_benches::figure("errors", r.errors as f64, labels);
     }
     Ok(())
 }

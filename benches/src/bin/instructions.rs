@@ -37,23 +37,6 @@ fn callgrind_total(path: &Path) -> Result<u64, String> {
         .ok_or_else(|| format!("{}: no summary line", path.display()))
 }
 
-/// The node's count of Raft log writes, from its metrics.
-async fn log_writes(http: &reqwest::Client, url: &str) -> Result<f64, String> {
-    let text = http
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .text()
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with("lineage_raft_log_append_duration_seconds_count"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
-}
-
 /// One node under callgrind, `decisions` sequential decisions, a graceful stop.
 async fn run(binary: &Path, decisions: usize) -> Result<Run, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -106,7 +89,7 @@ async fn run(binary: &Path, decisions: usize) -> Result<Run, String> {
             .await
             .map_err(|e| e.to_string())?;
         let token = created["token"].as_str().ok_or("no token")?.to_string();
-        let before = log_writes(&http, &url).await?;
+        let before = lineage_benches::log_write_count(&http, &url).await?;
         for _ in 0..decisions {
             let reply = http
                 .post(format!("{url}/v1/agents/bench/actions"))
@@ -119,7 +102,7 @@ async fn run(binary: &Path, decisions: usize) -> Result<Run, String> {
                 return Err(format!("a decision failed: {}", reply.status()));
             }
         }
-        let after = log_writes(&http, &url).await?;
+        let after = lineage_benches::log_write_count(&http, &url).await?;
         Ok(after - before)
     }
     .await;
@@ -139,7 +122,13 @@ async fn run(binary: &Path, decisions: usize) -> Result<Run, String> {
 }
 
 /// Instructions and fsyncs per decision for `binary`.
-async fn per_decision(binary: &Path, small: usize, large: usize) -> Result<(f64, f64), String> {
+/// `build` names it among the figures (`this` or `baseline`).
+async fn per_decision(
+    binary: &Path,
+    build: &str,
+    small: usize,
+    large: usize,
+) -> Result<(f64, f64), String> {
     let a = run(binary, small).await?;
     let b = run(binary, large).await?;
     let extra = (large - small) as f64;
@@ -151,6 +140,9 @@ async fn per_decision(binary: &Path, small: usize, large: usize) -> Result<(f64,
         a.instructions,
         b.instructions,
     );
+    let labels = json!({"build": build, "nodes": 1, "history": 0});
+    lineage_benches::figure("instructions_per_decision", instructions, labels.clone());
+    lineage_benches::figure("sequential_fsyncs_per_decision", fsyncs, labels);
     Ok((instructions, fsyncs))
 }
 
@@ -178,9 +170,9 @@ fn real_main() -> Result<(), String> {
     }
     let binary = lineage_benches::sibling_binary("lineage-node", "-p lineage-node")?;
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
-    let (this, _) = runtime.block_on(per_decision(&binary, small, large))?;
+    let (this, _) = runtime.block_on(per_decision(&binary, "this", small, large))?;
     if let Some(baseline) = baseline {
-        let (base, _) = runtime.block_on(per_decision(&baseline, small, large))?;
+        let (base, _) = runtime.block_on(per_decision(&baseline, "baseline", small, large))?;
         println!(
             "instructions per decision, this build / baseline: {:.3}x",
             this / base

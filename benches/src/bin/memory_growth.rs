@@ -259,37 +259,6 @@ async fn du_records(http: &reqwest::Client, node: &Node, tokens: &[String]) -> R
     Ok(total)
 }
 
-/// The bytes the reference guard would store for the same records: each record's line
-/// (`Record::to_line`) and its newline, in its JSONL file. Read through the log pages.
-async fn line_bytes(http: &reqwest::Client, node: &Node, agents: usize) -> Result<u64, String> {
-    let mut total = 0u64;
-    for a in 0..agents {
-        let mut after: Option<u64> = None;
-        // Bounded: each page moves `after` forward, and a log has at most u64::MAX records.
-        loop {
-            let mut url = format!("{}/v1/agents/agent-{a}/log?limit=5000", node.url);
-            if let Some(after) = after {
-                url.push_str(&format!("&after={after}"));
-            }
-            let page: serde_json::Value =
-                lineage_benches::get_json(http, &url, &node.admin).await?;
-            let records = page["records"]
-                .as_array()
-                .ok_or("a log page without records")?;
-            let Some(last) = records.last() else {
-                break;
-            };
-            for record in records {
-                let record: lineage_core::Record =
-                    serde_json::from_value(record.clone()).map_err(|e| e.to_string())?;
-                total += record.to_line().len() as u64 + 1;
-            }
-            after = Some(last["seq"].as_u64().ok_or("a record without a seq")?);
-        }
-    }
-    Ok(total)
-}
-
 /// One size's figures.
 #[derive(Clone, Copy, Default)]
 struct Figures {
@@ -336,7 +305,9 @@ async fn measure(binary: &Path, sizes: &[u64], load: &Load) -> Result<Vec<Figure
         let (rss_restarted, anon_restarted) = node.memory()?;
         print_disk_parts(&node.data_dir(), records);
         let disk_per_record = lineage_benches::du_bytes(&node.data_dir()) as f64 / records as f64;
-        let line_per_record = line_bytes(&http, &node, load.agents).await? as f64 / records as f64;
+        let line_per_record =
+            lineage_benches::line_bytes(&http, &node.url, &node.admin, load.agents).await? as f64
+                / records as f64;
         out.push(Figures {
             records,
             rss_loaded,
@@ -409,6 +380,24 @@ fn print(name: &str, figures: &[Figures], baseline: Option<&[Figures]>) {
     }
 }
 
+/// Each size's figures for the `report` driver, under the history size asked for.
+fn report_figures(build: &str, sizes: &[u64], figures: &[Figures]) {
+    for (size, f) in sizes.iter().zip(figures) {
+        let labels = json!({"build": build, "nodes": 1, "history": size, "records": f.records});
+        let figure = |name: &str, value: f64| lineage_benches::figure(name, value, labels.clone());
+        figure("vmrss_after_load_bytes", f.rss_loaded as f64);
+        figure("rssanon_after_load_bytes", f.anon_loaded as f64);
+        figure("vmrss_after_restart_bytes", f.rss_restarted as f64);
+        figure("rssanon_after_restart_bytes", f.anon_restarted as f64);
+        figure(
+            "first_decision_after_restart_s",
+            f.first_decision.as_secs_f64(),
+        );
+        figure("purged_disk_bytes_per_record", f.disk_per_record);
+        figure("purged_line_bytes_per_record", f.line_per_record);
+    }
+}
+
 fn main() {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -450,6 +439,10 @@ async fn real_main() -> Result<(), String> {
         }
         None => None,
     };
+    report_figures("this", &sizes, &mine);
+    if let Some(base) = &base {
+        report_figures("baseline", &sizes, base);
+    }
     print("this build", &mine, base.as_deref());
     if let Some(base) = &base {
         print("baseline", base, None);

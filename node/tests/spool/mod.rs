@@ -21,3 +21,29 @@ pub fn spool_of(bytes: &[u8]) -> Box<SnapshotSpool> {
     file.seek(SeekFrom::Start(0)).expect("rewind spool");
     Box::new(SnapshotSpool::ready(file))
 }
+
+/// Builds a snapshot of `sm` and asks for it as a follower's send would: its meta and
+/// the spool its body is written into.
+#[allow(dead_code)] // format_pin shares this module and builds no snapshot
+pub async fn build_and_serve(
+    sm: &mut lineage_node::store::StateMachine,
+) -> (
+    openraft::SnapshotMeta<u64, openraft::BasicNode>,
+    Box<SnapshotSpool>,
+) {
+    use openraft::storage::RaftStateMachine;
+    use openraft::RaftSnapshotBuilder;
+    let meta = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build snapshot")
+        .meta;
+    let served = sm
+        .get_current_snapshot()
+        .await
+        .expect("current snapshot")
+        .expect("a snapshot was just built");
+    (meta, served.snapshot)
+}

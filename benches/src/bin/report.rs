@@ -1,0 +1,418 @@
+//! Every figure of the resource and speed goals, from one sitting: decisions/s, p50/p99,
+//! CPU and fsyncs per decision (leader and followers), VmRSS, disk bytes per record and
+//! verify records/s, for a 1-node and a 3-node cluster at a small and a large history;
+//! memory after load and after restart with its growth; instructions per decision.
+//! Each figure is printed with its ratio to the baselines measured in the same run: the
+//! reference-style bounds (its storage path, its record lines, its one-core verify) and
+//! another build of the node (`--baseline-node`, for example the build before a change).
+//!
+//!   cargo build --release -p lineage-node -p lineage-benches
+//!   target/release/report [--baseline-node PATH] [--small 100000] [--large 1000000]
+//!     [--seconds 10] [--skip-memory] [--skip-instructions]
+//!
+//! The parts are the other benchmarks, each run as its own process beside this one
+//! (`cluster_load`, `memory_growth`, `instructions`; their own lines are shown as they
+//! run), handing their figures over through `LINEAGE_BENCH_FIGURES`. The two builds take
+//! turns: the baseline first at the small history, this build first at the large one, so
+//! a drift of the shared machine does not fall on one build only. Nothing else should run
+//! on the machine meanwhile: about 40 minutes in a release build at 100k and 1M records.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use lineage_benches::{flag, sibling_binary};
+use serde_json::Value;
+
+/// Every figure the parts handed over, each with its labels (`bench`, `build`, `nodes`,
+/// `history`, and `node`/`leader` for a node's own).
+struct Figures(Vec<Value>);
+
+impl Figures {
+    /// The values of `name` whose labels match every `(label, value)` in `filter`.
+    fn values(&self, name: &str, filter: &[(&str, Value)]) -> Vec<f64> {
+        self.0
+            .iter()
+            .filter(|f| f["name"] == name)
+            .filter(|f| filter.iter().all(|(label, value)| &f[*label] == value))
+            .filter_map(|f| f["value"].as_f64())
+            .collect()
+    }
+
+    /// The mean of those values, if there are any.
+    fn mean(&self, name: &str, filter: &[(&str, Value)]) -> Option<f64> {
+        let values = self.values(name, filter);
+        (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+    }
+}
+
+/// Runs the benchmark `bench` (built beside this program) with `args`, its figures
+/// labelled with `build` unless it labels them itself.
+fn run_part(
+    bench: &str,
+    args: &[String],
+    build: &str,
+    scratch: &Path,
+    figures: &mut Figures,
+) -> Result<(), String> {
+    let program = sibling_binary(bench, "-p lineage-benches")?;
+    let file = scratch.join(format!("figures-{}.jsonl", figures.0.len()));
+    println!("\n=== {bench} {} ({build})", args.join(" "));
+    let status = Command::new(&program)
+        .args(args)
+        .env("LINEAGE_BENCH_FIGURES", &file)
+        .status()
+        .map_err(|e| format!("{}: {e}", program.display()))?;
+    if !status.success() {
+        return Err(format!("{bench} {} failed: {status}", args.join(" ")));
+    }
+    let text = std::fs::read_to_string(&file).unwrap_or_default();
+    for line in text.lines() {
+        let mut figure: Value =
+            serde_json::from_str(line).map_err(|e| format!("{bench}'s figure {line:?}: {e}"))?;
+        if let Value::Object(map) = &mut figure {
+            map.insert("bench".into(), bench.into());
+            map.entry("build").or_insert_with(|| build.into());
+        }
+        figures.0.push(figure);
+    }
+    Ok(())
+}
+
+/// `value`, and its ratio to each baseline that was measured.
+fn cell(value: Option<f64>, baselines: &[Option<f64>]) -> String {
+    let Some(value) = value else {
+        return "-".into();
+    };
+    let mut text = if value >= 100.0 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.2}")
+    };
+    for baseline in baselines {
+        match baseline {
+            Some(b) if *b > 0.0 => text.push_str(&format!(" ({:.2}x)", value / b)),
+            _ => text.push_str(" (-)"),
+        }
+    }
+    text
+}
+
+fn print_row(label: &str, cells: &[String]) {
+    print!("{label:<54}");
+    for cell in cells {
+        print!(" | {cell:<24}");
+    }
+    println!();
+}
+
+/// The cluster_load table: one column per cluster size and history.
+fn print_load_table(figures: &Figures, sizes: &[u64], one_core_verify: f64) {
+    let columns: Vec<(u64, u64)> = [1u64, 3]
+        .iter()
+        .flat_map(|&nodes| sizes.iter().map(move |&size| (nodes, size)))
+        .collect();
+    println!("\ncluster_load, 16 clients over 16 agents: this build (÷ baselines)");
+    print_row(
+        "",
+        &columns
+            .iter()
+            .map(|(n, h)| format!("{n} node(s), {h} records"))
+            .collect::<Vec<_>>(),
+    );
+    let reference = figures
+        .values("reference_bound_decisions_per_second", &[])
+        .into_iter()
+        .fold(None, |best: Option<f64>, v| {
+            Some(best.map_or(v, |b| b.max(v)))
+        });
+    let rows: [(&str, &str, Option<bool>, Option<f64>); 11] = [
+        (
+            "decisions/s (÷ reference storage bound, ÷ baseline)",
+            "decisions_per_second",
+            None,
+            reference,
+        ),
+        ("p50 ms (÷ baseline)", "p50_ms", None, None),
+        ("p99 ms (÷ baseline)", "p99_ms", None, None),
+        (
+            "leader CPU µs/decision (÷ baseline)",
+            "cpu_us_per_decision",
+            Some(true),
+            None,
+        ),
+        (
+            "follower CPU µs/decision (÷ baseline)",
+            "cpu_us_per_decision",
+            Some(false),
+            None,
+        ),
+        (
+            "leader fsyncs/decision (÷ baseline)",
+            "fsyncs_per_decision",
+            Some(true),
+            None,
+        ),
+        (
+            "follower fsyncs/decision (÷ baseline)",
+            "fsyncs_per_decision",
+            Some(false),
+            None,
+        ),
+        (
+            "leader VmRSS MB after load (÷ baseline)",
+            "vmrss_bytes",
+            Some(true),
+            None,
+        ),
+        (
+            "disk B/record (÷ its line, ÷ baseline)",
+            "disk_bytes_per_record",
+            Some(true),
+            None,
+        ),
+        (
+            "verify records/s (÷ one-core reference, ÷ baseline)",
+            "verify_records_per_second",
+            Some(true),
+            Some(one_core_verify),
+        ),
+        ("errors (÷ baseline)", "errors", None, None),
+    ];
+    for (label, name, leader, fixed_baseline) in rows {
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|&column| load_cell(figures, name, leader, fixed_baseline, column))
+            .collect();
+        print_row(label, &cells);
+    }
+}
+
+/// One figure of cluster_load's table for a cluster size and history: this build's
+/// value (a node's: the leader's, or the followers' mean), with its ratio to
+/// `fixed_baseline` (or, for disk, to the records' lines) and to the baseline build.
+fn load_cell(
+    figures: &Figures,
+    name: &str,
+    leader: Option<bool>,
+    fixed_baseline: Option<f64>,
+    (nodes, history): (u64, u64),
+) -> String {
+    let pick = |build: &str| {
+        let mut filter = vec![
+            ("bench", Value::from("cluster_load")),
+            ("build", build.into()),
+            ("nodes", nodes.into()),
+            ("history", history.into()),
+        ];
+        if let Some(leader) = leader {
+            filter.push(("leader", leader.into()));
+        }
+        let value = figures.mean(name, &filter)?;
+        Some(if name == "vmrss_bytes" {
+            value / 1e6
+        } else {
+            value
+        })
+    };
+    let mut baselines = Vec::new();
+    if name == "disk_bytes_per_record" {
+        baselines.push(figures.mean(
+            "line_bytes_per_record",
+            &[
+                ("bench", "cluster_load".into()),
+                ("build", "this".into()),
+                ("nodes", nodes.into()),
+                ("history", history.into()),
+            ],
+        ));
+    } else if fixed_baseline.is_some() {
+        baselines.push(fixed_baseline);
+    }
+    baselines.push(pick("baseline"));
+    cell(pick("this"), &baselines)
+}
+
+/// memory_growth's table: one node, after load and after restart, at each history.
+fn print_memory_table(figures: &Figures, sizes: &[u64]) {
+    println!("\nmemory_growth, one node, 16 agents: this build (÷ baseline)");
+    print_row(
+        "",
+        &sizes
+            .iter()
+            .map(|h| format!("{h} records"))
+            .chain(std::iter::once(format!("growth {}→{}", sizes[0], sizes[1])))
+            .collect::<Vec<_>>(),
+    );
+    let rows = [
+        ("VmRSS MB after load", "vmrss_after_load_bytes", 1e6),
+        ("RssAnon MB after load", "rssanon_after_load_bytes", 1e6),
+        ("VmRSS MB after restart", "vmrss_after_restart_bytes", 1e6),
+        (
+            "RssAnon MB after restart",
+            "rssanon_after_restart_bytes",
+            1e6,
+        ),
+        (
+            "first decision after restart, s",
+            "first_decision_after_restart_s",
+            1.0,
+        ),
+        (
+            "disk B/record after purge (÷ line)",
+            "purged_disk_bytes_per_record",
+            1.0,
+        ),
+    ];
+    for (label, name, unit) in rows {
+        let pick = |build: &str, history: u64| {
+            figures
+                .mean(
+                    name,
+                    &[
+                        ("bench", "memory_growth".into()),
+                        ("build", build.into()),
+                        ("history", history.into()),
+                    ],
+                )
+                .map(|v| v / unit)
+        };
+        let mut cells: Vec<String> = sizes
+            .iter()
+            .map(|&history| {
+                let baseline = if name == "purged_disk_bytes_per_record" {
+                    figures.mean(
+                        "purged_line_bytes_per_record",
+                        &[
+                            ("bench", "memory_growth".into()),
+                            ("build", "this".into()),
+                            ("history", history.into()),
+                        ],
+                    )
+                } else {
+                    pick("baseline", history)
+                };
+                cell(pick("this", history), &[baseline])
+            })
+            .collect();
+        let growth = |build: &str| Some(pick(build, sizes[1])? / pick(build, sizes[0])?);
+        cells.push(cell(growth("this"), &[growth("baseline")]));
+        print_row(label, &cells);
+    }
+}
+
+fn print_instructions(figures: &Figures) {
+    let pick = |name: &str, build: &str| {
+        figures.mean(
+            name,
+            &[("bench", "instructions".into()), ("build", build.into())],
+        )
+    };
+    println!(
+        "\ninstructions (callgrind), one node, one client, sequential: this build (÷ baseline)"
+    );
+    print_row(
+        "instructions per decision",
+        &[cell(
+            pick("instructions_per_decision", "this"),
+            &[pick("instructions_per_decision", "baseline")],
+        )],
+    );
+    print_row(
+        "fsyncs per decision",
+        &[cell(
+            pick("sequential_fsyncs_per_decision", "this"),
+            &[pick("sequential_fsyncs_per_decision", "baseline")],
+        )],
+    );
+}
+
+fn main() {
+    if let Err(e) = real_main() {
+        eprintln!("report: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> Result<(), String> {
+    let sizes = [flag("--small", 100_000), flag("--large", 1_000_000)];
+    let seconds = flag("--seconds", 10).to_string();
+    let args: Vec<String> = std::env::args().collect();
+    let has = |name: &str| args.iter().any(|a| a == name);
+    let baseline: Option<PathBuf> = args
+        .iter()
+        .position(|a| a == "--baseline-node")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from);
+    let this = sibling_binary("lineage-node", "-p lineage-node")?;
+    if let Some(path) = &baseline {
+        if !path.exists() {
+            return Err(format!("{}: no such file", path.display()));
+        }
+    }
+    let scratch = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut figures = Figures(Vec::new());
+
+    println!(
+        "report: history sizes {sizes:?}, {seconds} s of load each, this build {}, baseline {}",
+        this.display(),
+        baseline
+            .as_ref()
+            .map_or("none".into(), |p| p.display().to_string())
+    );
+    let one_core_verify = lineage_benches::one_core_verify_rate(100_000)?;
+    println!("one core verifies {one_core_verify:.0} records/s the reference's way (one line after another)");
+
+    for (turn, &size) in sizes.iter().enumerate() {
+        for nodes in [1, 3] {
+            let mut builds: Vec<(&str, &Path)> = vec![("this", &this)];
+            if let Some(path) = &baseline {
+                builds.push(("baseline", path));
+                if turn % 2 == 0 {
+                    builds.reverse();
+                }
+            }
+            for (build, binary) in builds {
+                let part = [
+                    "--nodes".to_string(),
+                    nodes.to_string(),
+                    "--history".into(),
+                    size.to_string(),
+                    "--seconds".into(),
+                    seconds.clone(),
+                    "--node".into(),
+                    binary.display().to_string(),
+                ];
+                run_part("cluster_load", &part, build, scratch.path(), &mut figures)?;
+            }
+        }
+    }
+    if !has("--skip-memory") {
+        let mut part = vec![
+            "--small".to_string(),
+            sizes[0].to_string(),
+            "--large".into(),
+            sizes[1].to_string(),
+        ];
+        if let Some(path) = &baseline {
+            part.extend(["--baseline-node".into(), path.display().to_string()]);
+        }
+        run_part("memory_growth", &part, "this", scratch.path(), &mut figures)?;
+    }
+    if !has("--skip-instructions") {
+        let mut part = Vec::new();
+        if let Some(path) = &baseline {
+            part.extend(["--baseline-node".to_string(), path.display().to_string()]);
+        }
+        run_part("instructions", &part, "this", scratch.path(), &mut figures)?;
+    }
+
+    println!("\n=== report: every figure from this sitting");
+    print_load_table(&figures, &sizes, one_core_verify);
+    if !has("--skip-memory") {
+        print_memory_table(&figures, &sizes);
+    }
+    if !has("--skip-instructions") {
+        print_instructions(&figures);
+    }
+    Ok(())
+}
