@@ -551,13 +551,14 @@ async fn a_snapshot_installs_as_it_is_read_and_a_bad_body_changes_nothing() {
     assert!(spool::body_bytes(&mut from_memory).await == bytes);
 }
 
-/// Bytes of a body damaged on a disk or on the wire, read back from a follower's spool:
-/// a zeroed block makes the body unreadable, so it is refused and nothing changes; a
-/// digit flipped inside a record's line still reads as a body, so it installs, and the
-/// load that follows every install checks each record's hash and the chain, so that
-/// agent is quarantined on this node (it serves nothing for it) instead of being served
-/// with a record it never signed. (A flip in an answer kept for an idempotency key or a
-/// heads row is not caught here: see ARCHITECTURE's fault table.)
+/// A body damaged before it reached a follower's spool (on the wire, or in a memory on
+/// the way), so no spool seal can tell: a zeroed block makes the body unreadable, so it
+/// is refused and nothing changes; a digit flipped inside a record's line still reads
+/// as a body, so it installs, and the load that follows every install checks each
+/// record's hash and the chain, so that agent is quarantined on this node (it serves
+/// nothing for it) instead of being served with a record it never signed. (A flip in an
+/// answer kept for an idempotency key or a heads row is not caught here: see
+/// ARCHITECTURE's fault table.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_body_is_refused_or_quarantines_its_agent() {
     let dir = tempfile::tempdir().unwrap();
@@ -608,15 +609,105 @@ async fn a_damaged_body_is_refused_or_quarantines_its_agent() {
 }
 
 /// The open files of this process whose link names contain `needle` and end "(deleted)":
-/// spools, which have no name.
-fn nameless_files(needle: &str) -> usize {
+/// spools, which have no name. Each as its `/proc/self/fd` path, which opens it.
+fn nameless_files_at(needle: &str) -> Vec<std::path::PathBuf> {
     std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .flatten()
-        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
-        .map(|link| link.to_string_lossy().into_owned())
-        .filter(|link| link.contains(needle) && link.ends_with("(deleted)"))
-        .count()
+        .map(|fd| fd.path())
+        .filter(|fd| {
+            std::fs::read_link(fd).is_ok_and(|link| {
+                let link = link.to_string_lossy();
+                link.contains(needle) && link.ends_with("(deleted)")
+            })
+        })
+        .collect()
+}
+
+fn nameless_files(needle: &str) -> usize {
+    nameless_files_at(needle).len()
+}
+
+/// Flips a bit of the byte at `at` in the only spool open in `dir`, through its
+/// descriptor.
+fn flip_byte_in_spool(dir: &std::path::Path, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let spools = nameless_files_at(&dir.to_string_lossy());
+    assert_eq!(spools.len(), 1, "one spool in {}", dir.display());
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&spools[0])
+        .unwrap();
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, at).unwrap();
+    file.write_all_at(&[byte[0] ^ 0x01], at).unwrap();
+}
+
+/// A spool whose bytes change on disk after they were written is caught when read back:
+/// the leader's read that reaches the body's end fails, so the chunk that completes the
+/// body is never sent, and a follower refuses to install a received body whose spool
+/// changed, leaving its state as it was. Undamaged, the same body installs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spool_damaged_on_disk_is_neither_sent_nor_installed() {
+    use openraft::storage::RaftStateMachine;
+    use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([14; 32]);
+    let (_log, mut sm) = store::open(dir.path()).unwrap();
+    sm.apply(as_entries(&entries_with_requests(&key, 100), 1))
+        .await
+        .unwrap();
+    let (meta, mut intact) = spool::build_and_serve(&mut sm).await;
+    let bytes = spool::body_bytes(&mut intact).await;
+    drop(intact);
+    // A hex digit of record 50's hash: the body still parses once it is flipped.
+    let hash = serde_json::from_str::<serde_json::Value>(&stored_lines(&sm)[50]).unwrap()["hash"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let at = bytes
+        .windows(hash.len())
+        .position(|w| w == hash.as_bytes())
+        .expect("the hash in the body") as u64
+        + 10;
+
+    // The leader: the body complete in its spool (a seek to the end waits for it), then
+    // damaged before it is read.
+    let (_, mut served) = spool::build_and_serve(&mut sm).await;
+    let end = served.seek(std::io::SeekFrom::End(0)).await.unwrap();
+    assert_eq!(end, bytes.len() as u64);
+    flip_byte_in_spool(dir.path(), at);
+    served.seek(std::io::SeekFrom::Start(0)).await.unwrap();
+    let error = served.read_to_end(&mut Vec::new()).await.unwrap_err();
+    assert!(error.to_string().contains("SHA-256 differs"), "{error}");
+    drop(served);
+
+    // A follower: the chunks received in order, then its spool damaged.
+    let empty = tempfile::tempdir().unwrap();
+    let (_fresh_log, mut fresh) = store::open(empty.path()).unwrap();
+    let mut received = fresh.begin_receiving_snapshot().await.unwrap();
+    for chunk in bytes.chunks(64 * 1024) {
+        received.write_all(chunk).await.unwrap();
+    }
+    received.flush().await.unwrap();
+    flip_byte_in_spool(empty.path(), at);
+    let error = fresh.install_snapshot(&meta, received).await.unwrap_err();
+    assert!(
+        format!("{error:?}").contains("SHA-256 differs"),
+        "{error:?}"
+    );
+    assert!(
+        fresh.read_data().agents.is_empty(),
+        "a refused body left agents"
+    );
+
+    let mut received = fresh.begin_receiving_snapshot().await.unwrap();
+    for chunk in bytes.chunks(64 * 1024) {
+        received.write_all(chunk).await.unwrap();
+    }
+    fresh.install_snapshot(&meta, received).await.unwrap();
+    assert_eq!(stored_lines(&fresh), stored_lines(&sm));
 }
 
 /// A body is spooled in the data directory only where it leaves the disk reserve free;

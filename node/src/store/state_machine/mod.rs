@@ -635,7 +635,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     openraft::AnyError::new(&e),
                 ))
             })?;
-        Ok(Box::new(SnapshotSpool::ready(spool)))
+        Ok(Box::new(SnapshotSpool::receiving(spool)))
     }
 
     async fn install_snapshot(
@@ -643,11 +643,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta<NodeId, BasicNode>,
         snapshot: Box<SnapshotSpool>,
     ) -> Result<(), StorageError> {
-        let spool = snapshot.into_file().await.map_err(sm_write_err)?;
+        let (spool, seal) = snapshot.into_file().await.map_err(sm_write_err)?;
         let this = self.clone();
         let owned_meta = meta.clone();
         // Parsing and writing a whole state: off the async workers.
-        tokio::task::spawn_blocking(move || this.install_from(&owned_meta, spool))
+        tokio::task::spawn_blocking(move || this.install_from(&owned_meta, spool, seal))
             .await
             .map_err(sm_write_err)??;
         self.note_snapshot(meta);

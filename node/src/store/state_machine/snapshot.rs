@@ -13,7 +13,7 @@
 //! one whose log writes meet a full disk.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Seek, SeekFrom, Write};
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use openraft::storage::Snapshot;
@@ -22,7 +22,7 @@ use openraft::{AnyError, BasicNode, RaftSnapshotBuilder, SnapshotMeta, StorageIO
 use super::snapshot_body::{install_body, write_body};
 use super::{sm_read_err, sm_write_err, write_applied, StateMachine};
 use crate::raft_types::{NodeId, StorageError, TypeConfig};
-use crate::snapshot_spool::SnapshotSpool;
+use crate::snapshot_spool::{BodySeal, RunningSeal, SnapshotSpool};
 
 /// The buffer between a body and its spool, each way.
 const SPOOL_BUFFER_BYTES: usize = 256 * 1024;
@@ -55,16 +55,20 @@ enum SpoolError {
 }
 
 /// A writer that remembers whether its file failed, to tell a spool's failure from the
-/// body's.
+/// body's, and hashes what it took, so the spool can be held to it when read back.
 struct Watched<W> {
     inner: W,
     failed: bool,
+    seal: RunningSeal,
 }
 
 impl<W: Write> Write for Watched<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let written = self.inner.write(buf);
-        self.failed |= written.is_err();
+        match &written {
+            Ok(n) => self.seal.update(&buf[..*n]),
+            Err(_) => self.failed = true,
+        }
         written
     }
 
@@ -75,15 +79,16 @@ impl<W: Write> Write for Watched<W> {
     }
 }
 
-/// The body of `txn`'s state written into `spool`, rewound for reading.
+/// The body of `txn`'s state written into `spool`, rewound for reading, and its seal.
 fn spool_body(
     txn: &redb::ReadTransaction,
     spool: std::io::Result<File>,
-) -> Result<File, SpoolError> {
+) -> Result<(File, BodySeal), SpoolError> {
     let spool = spool.map_err(|e| SpoolError::Spool(format!("cannot make a spool: {e}")))?;
     let mut out = Watched {
         inner: BufWriter::with_capacity(SPOOL_BUFFER_BYTES, spool),
         failed: false,
+        seal: RunningSeal::default(),
     };
     if let Err(e) = write_body(txn, &mut out) {
         return Err(if out.failed {
@@ -99,7 +104,7 @@ fn spool_body(
     spool
         .rewind()
         .map_err(|e| SpoolError::Spool(e.to_string()))?;
-    Ok(spool)
+    Ok((spool, out.seal.seal()))
 }
 
 /// The body of `txn`'s state in a spool: on disk in `dir` when it has room for it beside
@@ -109,7 +114,7 @@ fn spool_anywhere(
     dir: &Path,
     estimate: u64,
     reserve: u64,
-) -> Result<File, String> {
+) -> Result<(File, BodySeal), String> {
     let on_disk = if disk_can_take(dir, estimate, reserve) {
         spool_body(txn, spool(dir))
     } else {
@@ -126,6 +131,20 @@ fn spool_anywhere(
             spool_body(txn, memory_spool())
                 .map_err(|(SpoolError::Spool(e) | SpoolError::Body(e))| e)
         }
+    }
+}
+
+/// A reader that hashes what it reads, to hold a spool to its seal.
+struct Sealing<R> {
+    inner: R,
+    seal: RunningSeal,
+}
+
+impl<R: Read> Read for Sealing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.seal.update(&buf[..n]);
+        Ok(n)
     }
 }
 
@@ -202,13 +221,15 @@ impl StateMachine {
     }
 
     /// Replaces the whole state with the body in `spool` (a snapshot received from the
-    /// leader). One write transaction: an error, or a crash, leaves the state as it was.
-    /// The data lock is held throughout, so reads wait for the install; only a wiped or
-    /// far-behind node installs a snapshot.
+    /// leader), held to `seal` (the bytes as they arrived) when there is one. One write
+    /// transaction: an error, or a crash, leaves the state as it was. The data lock is
+    /// held throughout, so reads wait for the install; only a wiped or far-behind node
+    /// installs a snapshot.
     pub(super) fn install_from(
         &self,
         meta: &SnapshotMeta<NodeId, BasicNode>,
         mut spool: File,
+        seal: Option<BodySeal>,
     ) -> Result<(), StorageError> {
         let failed = |e: String| {
             StorageError::from(StorageIOError::read_snapshot(
@@ -224,7 +245,27 @@ impl StateMachine {
         // none is written over the snapshot afterwards.
         self.flush()?;
         let txn = self.db.begin_write().map_err(sm_write_err)?;
-        install_body(&txn, BufReader::with_capacity(SPOOL_BUFFER_BYTES, spool)).map_err(failed)?;
+        let mut read = Sealing {
+            inner: spool,
+            seal: RunningSeal::default(),
+        };
+        install_body(
+            &txn,
+            BufReader::with_capacity(SPOOL_BUFFER_BYTES, &mut read),
+        )
+        .map_err(failed)?;
+        if let Some(expected) = seal {
+            // The parse stops at the body's end; bytes after it were refused, so the
+            // rest of the file is what the seal may still cover.
+            std::io::copy(&mut read, &mut std::io::sink()).map_err(|e| failed(e.to_string()))?;
+            if read.seal.seal() != expected {
+                return Err(failed(format!(
+                    "the snapshot body read back from its spool ({} bytes) is not the body received ({} bytes): its SHA-256 differs, so the spool was damaged; nothing installed",
+                    read.seal.seal().len,
+                    expected.len
+                )));
+            }
+        }
         write_applied(&txn, &meta.last_log_id, &meta.last_membership)?;
         txn.commit().map_err(sm_write_err)?;
         *data = self.load_from_disk()?;
