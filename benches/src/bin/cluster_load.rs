@@ -363,7 +363,7 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
     let machine_before = machine_ticks();
     if args.wrk {
         let result = run_wrk(&url, &tokens, args)?;
-        print_machine(machine_before, own_before, &result);
+        print_machine(machine_before, own_before, &result, None);
         return finish(
             &http,
             cluster,
@@ -414,7 +414,8 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
         p50: pick(0.50),
         p99: pick(0.99),
     };
-    print_machine(machine_before, own_before, &result);
+    let labels = json!({"nodes": cluster.urls.len(), "history": args.history});
+    print_machine(machine_before, own_before, &result, Some(labels));
     finish(
         &http,
         cluster,
@@ -427,11 +428,14 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
 }
 
 /// Whether the machine itself was the limit: every node and the load generator share its
-/// CPUs. (With wrk the generator's own CPU is not in this process's figure.)
+/// CPUs. (With wrk the generator's own CPU is not in this process's figure, so
+/// `generator_labels` is `None` then; otherwise its CPU per decision is handed over as a
+/// figure with those labels.)
 fn print_machine(
     machine_before: Option<MachineTicks>,
     own_before: Option<Duration>,
     result: &LoadResult,
+    generator_labels: Option<Value>,
 ) {
     let own_used = own_before.and_then(|before| Some(process_cpu("self")?.saturating_sub(before)));
     let machine_used = machine_before.and_then(|before| {
@@ -444,12 +448,15 @@ fn print_machine(
     });
     if let (Some(machine), Some(own)) = (machine_used, own_used) {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let own_per_decision = own.as_secs_f64() * 1e6 / result.decisions.max(1) as f64;
         println!(
-            "  machine: {:.0}% of {cpus} CPUs busy, {:.0}% stolen; load generator CPU {:.0} µs per decision",
+            "  machine: {:.0}% of {cpus} CPUs busy, {:.0}% stolen; load generator CPU {own_per_decision:.0} µs per decision",
             100.0 * machine.busy as f64 / machine.total as f64,
             100.0 * machine.steal as f64 / machine.total as f64,
-            own.as_secs_f64() * 1e6 / result.decisions.max(1) as f64,
         );
+        if let Some(labels) = generator_labels {
+            lineage_benches::figure("generator_cpu_us_per_decision", own_per_decision, labels);
+        }
     }
 }
 
@@ -988,6 +995,7 @@ fn real_main() -> Result<(), String> {
     let sign = sign_ceiling();
     let fsync = lineage_benches::durable_appends_per_second()?;
     println!("machine ceiling: {sign:.0} records sealed/s on one core, {fsync:.0} durable appends/s (1 fsync each)");
+    lineage_benches::figure("fsyncs_per_second_ceiling", fsync, json!({}));
     // The reference single node stores each agent's records in its own file, each one
     // fdatasynced: at this many agents, that alone allows no more decisions/s than this.
     let writers = args.agents.min(MAX_CEILING_WRITERS);

@@ -5,11 +5,18 @@
 //! Each figure is printed with its ratio to the baselines measured in the same run: the
 //! reference-style bounds (its storage path, its record lines, its one-core verify) and
 //! another build of the node (`--baseline-node`, for example the build before a change).
+//! Then the projection from this machine, where every node and the load generator share
+//! the cores and the disk, to one machine per node: each node's CPU and fsyncs per
+//! decision over the cores and the fsyncs per second measured here, so a goal this
+//! machine cannot show is computed rather than asserted.
 //!
 //!   cargo build --release -p lineage-node -p lineage-benches
 //!   target/release/report [--baseline-node PATH] [--small 100000] [--large 1000000]
-//!     [--seconds 10] [--skip-memory] [--skip-instructions]
+//!     [--seconds 10] [--rounds 1] [--skip-memory] [--skip-instructions]
 //!
+//! Whichever build runs first after the part before measured up to a quarter more CPU per
+//! decision here (seen with both builds, and with the same build against itself), so
+//! `--rounds 2` runs each column's pair twice, in both orders (ABBA), and averages.
 //! The parts are the other benchmarks, each run as its own process beside this one
 //! (`cluster_load`, `memory_growth`, `instructions`; their own lines are shown as they
 //! run), handing their figures over through `LINEAGE_BENCH_FIGURES`. The two builds take
@@ -57,6 +64,12 @@ fn run_part(
     let program = sibling_binary(bench, "-p lineage-benches")?;
     let file = scratch.join(format!("figures-{}.jsonl", figures.0.len()));
     println!("\n=== {bench} {} ({build})", args.join(" "));
+    // The part before left gigabytes of dirty pages behind; written back during this
+    // part, they took disk and CPU from whichever build ran first after it (its CPU per
+    // decision up to a quarter higher). Flush them before starting.
+    if let Err(e) = Command::new("sync").status() {
+        println!("sync: {e} (figures may carry the last part's write-back)");
+    }
     let status = Command::new(&program)
         .args(args)
         .env("LINEAGE_BENCH_FIGURES", &file)
@@ -105,6 +118,14 @@ fn print_row(label: &str, cells: &[String]) {
     println!();
 }
 
+/// The highest reference storage bound any part measured (the disk's best showing).
+fn reference_bound(figures: &Figures) -> Option<f64> {
+    figures
+        .values("reference_bound_decisions_per_second", &[])
+        .into_iter()
+        .reduce(f64::max)
+}
+
 /// The cluster_load table: one column per cluster size and history.
 fn print_load_table(figures: &Figures, sizes: &[u64], one_core_verify: f64) {
     let columns: Vec<(u64, u64)> = [1u64, 3]
@@ -119,12 +140,7 @@ fn print_load_table(figures: &Figures, sizes: &[u64], one_core_verify: f64) {
             .map(|(n, h)| format!("{n} node(s), {h} records"))
             .collect::<Vec<_>>(),
     );
-    let reference = figures
-        .values("reference_bound_decisions_per_second", &[])
-        .into_iter()
-        .fold(None, |best: Option<f64>, v| {
-            Some(best.map_or(v, |b| b.max(v)))
-        });
+    let reference = reference_bound(figures);
     let rows: [(&str, &str, Option<bool>, Option<f64>); 11] = [
         (
             "decisions/s (÷ reference storage bound, ÷ baseline)",
@@ -232,6 +248,115 @@ fn load_cell(
     cell(pick("this"), &baselines)
 }
 
+/// What one build's cluster_load figures for a cluster size and history say about the
+/// machine: each a bound on decisions/s, in the order the projection table prints them.
+struct Bounds {
+    /// This machine's cores over the CPU every process here took per decision (all
+    /// nodes and the load generator): the ceiling the measured figure runs into.
+    shared_cpu: f64,
+    /// Those cores over the busiest node's CPU per decision alone: each node on a
+    /// machine of its own, the generator elsewhere.
+    own_cpu: f64,
+    /// The machine's fsyncs per second over the most fsyncs any node made per decision
+    /// (at this load's group commits; a heavier load groups more): each node with a
+    /// disk of its own.
+    own_disk: f64,
+}
+
+impl Bounds {
+    fn of(figures: &Figures, build: &str, (nodes, history): (u64, u64)) -> Option<Bounds> {
+        let filter = [
+            ("bench", Value::from("cluster_load")),
+            ("build", build.into()),
+            ("nodes", nodes.into()),
+            ("history", history.into()),
+        ];
+        // A node's figure, the leader's or the followers' mean over the rounds.
+        let node = |name: &str, leader: bool| {
+            let mut filter = filter.to_vec();
+            filter.push(("leader", leader.into()));
+            figures.mean(name, &filter)
+        };
+        let followers = nodes.saturating_sub(1) as f64;
+        let (leader_cpu, leader_fsyncs) = (
+            node("cpu_us_per_decision", true)?,
+            node("fsyncs_per_decision", true)?,
+        );
+        let (follower_cpu, follower_fsyncs) = if followers > 0.0 {
+            (
+                node("cpu_us_per_decision", false)?,
+                node("fsyncs_per_decision", false)?,
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        let generator = figures.mean("generator_cpu_us_per_decision", &filter)?;
+        let ceiling = figures.mean("fsyncs_per_second_ceiling", &[])?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        Some(Bounds {
+            shared_cpu: cores * 1e6 / (leader_cpu + followers * follower_cpu + generator),
+            own_cpu: cores * 1e6 / leader_cpu.max(follower_cpu),
+            own_disk: ceiling / leader_fsyncs.max(follower_fsyncs),
+        })
+    }
+
+    fn projected(&self) -> f64 {
+        self.own_cpu.min(self.own_disk)
+    }
+}
+
+/// The projection from this machine's shared cores and disk to one machine per node,
+/// computed from the CPU and fsyncs each node took per decision.
+fn print_projection(figures: &Figures, sizes: &[u64], reference: Option<f64>) {
+    let columns: Vec<(u64, u64)> = [1u64, 3]
+        .iter()
+        .flat_map(|&nodes| sizes.iter().map(move |&size| (nodes, size)))
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "\nprojection, decisions/s: the CPU and fsyncs each node took per decision, over {cores} cores and this disk's fsyncs/s (÷ baseline)"
+    );
+    print_row(
+        "",
+        &columns
+            .iter()
+            .map(|(n, h)| format!("{n} node(s), {h} records"))
+            .collect::<Vec<_>>(),
+    );
+    let rows: [(&str, fn(&Bounds) -> f64); 4] = [
+        ("CPU bound, nodes and generator sharing this machine", |b| {
+            b.shared_cpu
+        }),
+        ("CPU bound, each node on a machine like this alone", |b| {
+            b.own_cpu
+        }),
+        ("fsync bound, each node with a disk like this alone", |b| {
+            b.own_disk
+        }),
+        (
+            "projected, one machine per node (÷ ref. bound, ÷ baseline)",
+            Bounds::projected,
+        ),
+    ];
+    let count = rows.len();
+    for (index, (label, pick)) in rows.into_iter().enumerate() {
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|&column| {
+                let this = Bounds::of(figures, "this", column).map(|b| pick(&b));
+                let baseline = Bounds::of(figures, "baseline", column).map(|b| pick(&b));
+                let baselines = if index + 1 == count {
+                    vec![reference, baseline]
+                } else {
+                    vec![baseline]
+                };
+                cell(this, &baselines)
+            })
+            .collect();
+        print_row(label, &cells);
+    }
+}
+
 /// memory_growth's table: one node, after load and after restart, at each history.
 fn print_memory_table(figures: &Figures, sizes: &[u64]) {
     println!("\nmemory_growth, one node, 16 agents: this build (÷ baseline)");
@@ -336,6 +461,7 @@ fn main() {
 fn real_main() -> Result<(), String> {
     let sizes = [flag("--small", 100_000), flag("--large", 1_000_000)];
     let seconds = flag("--seconds", 10).to_string();
+    let rounds = flag("--rounds", 1).clamp(1, 10);
     let args: Vec<String> = std::env::args().collect();
     let has = |name: &str| args.iter().any(|a| a == name);
     let baseline: Option<PathBuf> = args
@@ -364,12 +490,16 @@ fn real_main() -> Result<(), String> {
 
     for (turn, &size) in sizes.iter().enumerate() {
         for nodes in [1, 3] {
-            let mut builds: Vec<(&str, &Path)> = vec![("this", &this)];
-            if let Some(path) = &baseline {
-                builds.push(("baseline", path));
-                if turn % 2 == 0 {
-                    builds.reverse();
+            let mut builds: Vec<(&str, &Path)> = Vec::new();
+            for round in 0..rounds {
+                let mut pair: Vec<(&str, &Path)> = vec![("this", &this)];
+                if let Some(path) = &baseline {
+                    pair.push(("baseline", path));
+                    if (turn + round as usize) % 2 == 0 {
+                        pair.reverse();
+                    }
                 }
+                builds.extend(pair);
             }
             for (build, binary) in builds {
                 let part = [
@@ -408,6 +538,7 @@ fn real_main() -> Result<(), String> {
 
     println!("\n=== report: every figure from this sitting");
     print_load_table(&figures, &sizes, one_core_verify);
+    print_projection(&figures, &sizes, reference_bound(&figures));
     if !has("--skip-memory") {
         print_memory_table(&figures, &sizes);
     }
