@@ -1,6 +1,8 @@
 //! Memory and disk against history: one `lineage-node` loaded to a small and then a large
-//! number of records, with VmRSS and RssAnon read from /proc after the load and after a
-//! restart at each size, the restart's time to the first decision, and the data
+//! number of records, with VmRSS and RssAnon read from /proc after the load (the last
+//! `--small` records of it loaded into a freshly started process, at every size, so each
+//! size's figure follows the same load and differs only by the history under it) and
+//! after a restart at each size, the restart's time to the first decision, and the data
 //! directory's bytes per record after a snapshot and a purge of the log
 //! (`POST /v1/node/snapshot`), beside the bytes the reference guard stores for the same
 //! records (their lines in a JSONL file) and the ratio of the two. A node whose memory
@@ -279,8 +281,21 @@ async fn measure(binary: &Path, sizes: &[u64], load: &Load) -> Result<Vec<Figure
     wait_ready(&http, &node).await?;
     let tokens = create_agents(&http, &node, load.agents).await?;
     let mut out = Vec::new();
+    let last_stretch = sizes.iter().copied().min().unwrap_or(0);
     for &size in sizes {
         let started = Instant::now();
+        // Every size's "after load" follows the same load in a fresh process: the last
+        // `last_stretch` records, after a restart. A process's memory under load climbs
+        // for its first tens of seconds (allocator and caches filling; seen here: RssAnon
+        // 94 MB after 3 s, a plateau of 170-187 MB from 20 s to 85 s), so a small size
+        // loaded from nothing was measured before that plateau and a large one on it,
+        // and the two read as growth with history.
+        let warm_up_from = size.saturating_sub(last_stretch);
+        if warm_up_from > 0 {
+            load_to(&http, &node, &tokens, load, warm_up_from).await?;
+            node.restart()?;
+            wait_ready(&http, &node).await?;
+        }
         load_to(&http, &node, &tokens, load, size).await?;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let records = du_records(&http, &node, &tokens).await?;

@@ -264,7 +264,12 @@ struct Bounds {
 }
 
 impl Bounds {
-    fn of(figures: &Figures, build: &str, (nodes, history): (u64, u64)) -> Option<Bounds> {
+    fn of(
+        figures: &Figures,
+        build: &str,
+        (nodes, history): (u64, u64),
+        cores: f64,
+    ) -> Option<Bounds> {
         let filter = [
             ("bench", Value::from("cluster_load")),
             ("build", build.into()),
@@ -292,7 +297,6 @@ impl Bounds {
         };
         let generator = figures.mean("generator_cpu_us_per_decision", &filter)?;
         let ceiling = figures.mean("fsyncs_per_second_ceiling", &[])?;
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
         Some(Bounds {
             shared_cpu: cores * 1e6 / (leader_cpu + followers * follower_cpu + generator),
             own_cpu: cores * 1e6 / leader_cpu.max(follower_cpu),
@@ -304,6 +308,9 @@ impl Bounds {
         self.own_cpu.min(self.own_disk)
     }
 }
+
+/// A row of the projection table: its label and the bound it shows.
+type BoundRow = (&'static str, fn(&Bounds) -> f64);
 
 /// The projection from this machine's shared cores and disk to one machine per node,
 /// computed from the CPU and fsyncs each node took per decision.
@@ -323,7 +330,7 @@ fn print_projection(figures: &Figures, sizes: &[u64], reference: Option<f64>) {
             .map(|(n, h)| format!("{n} node(s), {h} records"))
             .collect::<Vec<_>>(),
     );
-    let rows: [(&str, fn(&Bounds) -> f64); 4] = [
+    let rows: [BoundRow; 4] = [
         ("CPU bound, nodes and generator sharing this machine", |b| {
             b.shared_cpu
         }),
@@ -343,8 +350,9 @@ fn print_projection(figures: &Figures, sizes: &[u64], reference: Option<f64>) {
         let cells: Vec<String> = columns
             .iter()
             .map(|&column| {
-                let this = Bounds::of(figures, "this", column).map(|b| pick(&b));
-                let baseline = Bounds::of(figures, "baseline", column).map(|b| pick(&b));
+                let this = Bounds::of(figures, "this", column, cores as f64).map(|b| pick(&b));
+                let baseline =
+                    Bounds::of(figures, "baseline", column, cores as f64).map(|b| pick(&b));
                 let baselines = if index + 1 == count {
                     vec![reference, baseline]
                 } else {
@@ -495,7 +503,7 @@ fn real_main() -> Result<(), String> {
                 let mut pair: Vec<(&str, &Path)> = vec![("this", &this)];
                 if let Some(path) = &baseline {
                     pair.push(("baseline", path));
-                    if (turn + round as usize) % 2 == 0 {
+                    if (turn + round as usize).is_multiple_of(2) {
                         pair.reverse();
                     }
                 }
@@ -546,4 +554,55 @@ fn real_main() -> Result<(), String> {
         print_instructions(&figures);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A 3-node run: the leader took 200 µs and 0.25 fsyncs per decision, each follower
+    /// 100 µs and 0.5 fsyncs, the generator 50 µs; the disk does 1,000 fsyncs/s.
+    fn three_nodes() -> Figures {
+        let run = json!({"bench": "cluster_load", "build": "this", "nodes": 3, "history": 10});
+        let node = |name: &str, value: f64, leader: bool| {
+            let mut f = run.clone();
+            f["name"] = name.into();
+            f["value"] = value.into();
+            f["leader"] = leader.into();
+            f
+        };
+        let mut generator = run.clone();
+        generator["name"] = "generator_cpu_us_per_decision".into();
+        generator["value"] = 50.0.into();
+        Figures(vec![
+            node("cpu_us_per_decision", 200.0, true),
+            node("cpu_us_per_decision", 100.0, false),
+            node("cpu_us_per_decision", 100.0, false),
+            node("fsyncs_per_decision", 0.25, true),
+            node("fsyncs_per_decision", 0.5, false),
+            node("fsyncs_per_decision", 0.5, false),
+            generator,
+            json!({"bench": "cluster_load", "name": "fsyncs_per_second_ceiling", "value": 1000.0}),
+        ])
+    }
+
+    #[test]
+    fn bounds_come_from_each_nodes_cost_per_decision() {
+        let bounds = Bounds::of(&three_nodes(), "this", (3, 10), 2.0).expect("figures");
+        // 2 cores over 200 + 2 × 100 + 50 µs; over the leader's 200 µs alone.
+        assert!((bounds.shared_cpu - 2e6 / 450.0).abs() < 1e-6);
+        assert!((bounds.own_cpu - 2e6 / 200.0).abs() < 1e-6);
+        // The followers' 0.5 fsyncs per decision bound the disk: 1,000 / 0.5.
+        assert!((bounds.own_disk - 2000.0).abs() < 1e-6);
+        assert!((bounds.projected() - 2000.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn no_bounds_without_the_runs_figures() {
+        let figures = three_nodes();
+        assert!(Bounds::of(&figures, "baseline", (3, 10), 2.0).is_none());
+        assert!(Bounds::of(&figures, "this", (3, 99), 2.0).is_none());
+        assert!(Bounds::of(&Figures(Vec::new()), "this", (1, 10), 2.0).is_none());
+    }
 }
