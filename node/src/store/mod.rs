@@ -110,8 +110,9 @@ fn remove_old_snapshot_files(data_dir: &Path) {
 /// redb's page cache. Its default (1 GiB) let a node's memory grow with its history:
 /// replay and the scrub read every record once, and each page read stayed cached. Reads
 /// here are mostly of recent records (and the scrub's one pass), which the OS page cache
-/// serves as well.
-pub const STATE_DB_CACHE_BYTES: usize = 32 * 1024 * 1024;
+/// serves as well. 8 MiB rather than 32: measured at 1M records (release, one node, 16
+/// clients), the same CPU per decision (130 µs) and 40 MB less VmRSS after load.
+pub const STATE_DB_CACHE_BYTES: usize = 8 * 1024 * 1024;
 const CLEAN_STOP: &str = "clean-stop";
 
 /// Opens the state machine's redb file. After a stop that was not clean its integrity is
