@@ -290,9 +290,9 @@ async fn measure(binary: &Path, sizes: &[u64], load: &Load) -> Result<Vec<Figure
         // 94 MB after 3 s, a plateau of 170-187 MB from 20 s to 85 s), so a small size
         // loaded from nothing was measured before that plateau and a large one on it,
         // and the two read as growth with history.
-        let warm_up_from = size.saturating_sub(last_stretch);
-        if warm_up_from > 0 {
-            load_to(&http, &node, &tokens, load, warm_up_from).await?;
+        let restart_at = size.saturating_sub(last_stretch);
+        if restart_at > 0 {
+            load_to(&http, &node, &tokens, load, restart_at).await?;
             node.restart()?;
             wait_ready(&http, &node).await?;
         }

@@ -126,13 +126,13 @@ fn reference_bound(figures: &Figures) -> Option<f64> {
         .reduce(f64::max)
 }
 
-/// The cluster_load table: one column per cluster size and history.
-fn print_load_table(figures: &Figures, sizes: &[u64], one_core_verify: f64) {
+/// The (cluster size, history) columns of the cluster_load tables, after printing their
+/// heads.
+fn print_load_columns(sizes: &[u64]) -> Vec<(u64, u64)> {
     let columns: Vec<(u64, u64)> = [1u64, 3]
         .iter()
         .flat_map(|&nodes| sizes.iter().map(move |&size| (nodes, size)))
         .collect();
-    println!("\ncluster_load, 16 clients over 16 agents: this build (÷ baselines)");
     print_row(
         "",
         &columns
@@ -140,6 +140,13 @@ fn print_load_table(figures: &Figures, sizes: &[u64], one_core_verify: f64) {
             .map(|(n, h)| format!("{n} node(s), {h} records"))
             .collect::<Vec<_>>(),
     );
+    columns
+}
+
+/// The cluster_load table: one column per cluster size and history.
+fn print_load_table(figures: &Figures, sizes: &[u64], one_core_verify: f64) {
+    println!("\ncluster_load, 16 clients over 16 agents: this build (÷ baselines)");
+    let columns = print_load_columns(sizes);
     let reference = reference_bound(figures);
     let rows: [(&str, &str, Option<bool>, Option<f64>); 11] = [
         (
@@ -315,21 +322,11 @@ type BoundRow = (&'static str, fn(&Bounds) -> f64);
 /// The projection from this machine's shared cores and disk to one machine per node,
 /// computed from the CPU and fsyncs each node took per decision.
 fn print_projection(figures: &Figures, sizes: &[u64], reference: Option<f64>) {
-    let columns: Vec<(u64, u64)> = [1u64, 3]
-        .iter()
-        .flat_map(|&nodes| sizes.iter().map(move |&size| (nodes, size)))
-        .collect();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "\nprojection, decisions/s: the CPU and fsyncs each node took per decision, over {cores} cores and this disk's fsyncs/s (÷ baseline)"
     );
-    print_row(
-        "",
-        &columns
-            .iter()
-            .map(|(n, h)| format!("{n} node(s), {h} records"))
-            .collect::<Vec<_>>(),
-    );
+    let columns = print_load_columns(sizes);
     let rows: [BoundRow; 4] = [
         ("CPU bound, nodes and generator sharing this machine", |b| {
             b.shared_cpu
