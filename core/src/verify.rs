@@ -108,16 +108,8 @@ impl Verifier {
 
     /// Verifies the next record's line. On failure the verifier must not be used again.
     pub fn push_line(&mut self, line: &[u8]) -> Result<Record, VerifyFailure> {
-        let line_no = self.count + 1;
-        let text = std::str::from_utf8(line).map_err(|e| {
-            VerifyFailure::at(
-                line_no,
-                None,
-                format!("malformed record: invalid UTF-8: {e}"),
-            )
-        })?;
-        let record = Record::from_line(text)
-            .map_err(|e| VerifyFailure::at(line_no, None, format!("malformed record: {e}")))?;
+        let record =
+            parse_line(line).map_err(|reason| VerifyFailure::at(self.count + 1, None, reason))?;
         self.push(&record)?;
         Ok(record)
     }
@@ -262,7 +254,7 @@ fn content_check(key: Option<&VerifyingKey>, record: &Record) -> Result<(), Stri
         .map_err(|_| "signature is invalid".to_string())
 }
 
-/// [`Verifier`] for records that come in batches: each batch's hashes and signatures
+/// [`Verifier`] for lines that come in batches: each batch's parsing, hashes and signatures
 /// (about 50 µs a record for strict Ed25519 alone) are checked on up to `threads` cores,
 /// then its chain in order. The verdict, and the first failure, are the same as
 /// [`Verifier`]'s record for record; memory holds one batch.
@@ -270,6 +262,8 @@ fn content_check(key: Option<&VerifyingKey>, record: &Record) -> Result<(), Stri
 pub struct BatchVerifier {
     inner: Verifier,
     threads: usize,
+    /// Run first on each worker thread (a node lowers the workers' priority with it).
+    worker_start: fn(),
 }
 
 /// Records a reader gathers into one batch (and at most 8 MiB of lines).
@@ -282,7 +276,16 @@ impl BatchVerifier {
         BatchVerifier {
             inner: Verifier::new(options),
             threads: threads.max(1),
+            worker_start: || {},
         }
+    }
+
+    /// Calls `start` first on every worker thread this verifier spawns: a server uses it
+    /// to run the workers below its request threads' priority, so that a long
+    /// verification takes idle cores but never the ones its writes need.
+    pub fn with_worker_start(mut self, start: fn()) -> Self {
+        self.worker_start = start;
+        self
     }
 
     /// All of this machine's cores.
@@ -290,51 +293,34 @@ impl BatchVerifier {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     }
 
-    /// Verifies the next records, in log order. On failure it must not be used again.
-    pub fn push_batch(&mut self, records: &[Record]) -> Result<(), VerifyFailure> {
-        let mut rest = records;
+    /// Verifies the next lines (each a record without its newline). Each worker parses
+    /// its lines and checks their hashes and signatures in one pass, so the cores do not
+    /// wait for one another between parsing and checking.
+    pub fn push_lines(&mut self, lines: &[impl AsRef<[u8]> + Sync]) -> Result<(), VerifyFailure> {
+        let mut rest = lines;
         // The genesis record names the key every later signature is checked against.
         if self.inner.count == 0 {
             let Some((first, later)) = rest.split_first() else {
                 return Ok(());
             };
-            self.inner.push(first)?;
+            self.inner.push_line(first.as_ref())?;
             rest = later;
         }
         let key = self.inner.key;
-        let verdicts = parallel_map(rest, self.threads, |r| content_check(key.as_ref(), r));
-        for (record, content) in rest.iter().zip(verdicts) {
-            self.inner.check_chain(record)?;
-            self.inner.accept(record, content)?;
+        let verdicts = parallel_map(rest, self.threads, self.worker_start, |line| {
+            let record = parse_line(line.as_ref())?;
+            let content = content_check(key.as_ref(), &record);
+            Ok::<_, String>((record, content))
+        });
+        // In log order: an earlier failure wins, and a malformed line fails only once
+        // everything before it is verified.
+        for verdict in verdicts {
+            let (record, content) =
+                verdict.map_err(|reason| VerifyFailure::at(self.inner.count + 1, None, reason))?;
+            self.inner.check_chain(&record)?;
+            self.inner.accept(&record, content)?;
         }
         Ok(())
-    }
-
-    /// Verifies the next lines (each a record without its newline), parsing them on the
-    /// worker threads too.
-    pub fn push_lines(&mut self, lines: &[Vec<u8>]) -> Result<(), VerifyFailure> {
-        let parsed = parallel_map(lines, self.threads, |line| {
-            let text = std::str::from_utf8(line)
-                .map_err(|e| format!("malformed record: invalid UTF-8: {e}"))?;
-            Record::from_line(text).map_err(|e| format!("malformed record: {e}"))
-        });
-        let mut records = Vec::with_capacity(parsed.len());
-        let mut malformed = None;
-        for (i, result) in parsed.into_iter().enumerate() {
-            match result {
-                Ok(record) => records.push(record),
-                Err(reason) => {
-                    malformed = Some((i, reason));
-                    break;
-                }
-            }
-        }
-        // Everything before a malformed line is verified first: an earlier failure wins.
-        self.push_batch(&records)?;
-        match malformed {
-            Some((_, reason)) => Err(VerifyFailure::at(self.inner.count + 1, None, reason)),
-            None => Ok(()),
-        }
     }
 
     pub fn finish(&self) -> Result<(), VerifyFailure> {
@@ -350,29 +336,53 @@ impl BatchVerifier {
     }
 }
 
-/// `f` over `items` on up to `threads` scoped threads, results in order.
+/// One record's line (without its newline), or why it is malformed.
+fn parse_line(line: &[u8]) -> Result<Record, String> {
+    let text =
+        std::str::from_utf8(line).map_err(|e| format!("malformed record: invalid UTF-8: {e}"))?;
+    Record::from_line(text).map_err(|e| format!("malformed record: {e}"))
+}
+
+/// `f` over `items` on up to `threads` scoped threads, each calling `worker_start`
+/// first, results in order. Workers take blocks of `BLOCK` items as they finish the
+/// last, so one that is slowed (a busy core) does not leave the others waiting.
 fn parallel_map<T: Sync, R: Send>(
     items: &[T],
     threads: usize,
+    worker_start: fn(),
     f: impl Fn(&T) -> R + Sync,
 ) -> Vec<R> {
-    // Below a few dozen items a thread costs more than it saves.
-    let threads = threads.min(items.len() / 32).max(1);
-    if threads == 1 {
-        return items.iter().map(f).collect();
-    }
-    let chunk = items.len().div_ceil(threads);
-    let f = &f;
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = items
-            .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().map(f).collect::<Vec<R>>()))
+    const BLOCK: usize = 16;
+    let blocks = items.len().div_ceil(BLOCK);
+    // Always on workers, even one, so the hook holds for every item.
+    let threads = threads.min(blocks).max(1);
+    let next_block = std::sync::atomic::AtomicUsize::new(0);
+    let (f, next_block) = (&f, &next_block);
+    let mut done: Vec<(usize, Vec<R>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(move || {
+                    worker_start();
+                    let mut mine = Vec::new();
+                    loop {
+                        let block = next_block.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let start = block * BLOCK;
+                        if start >= items.len() {
+                            return mine;
+                        }
+                        let part = &items[start..(start + BLOCK).min(items.len())];
+                        mine.push((block, part.iter().map(f).collect::<Vec<R>>()));
+                    }
+                })
+            })
             .collect();
         workers
             .into_iter()
             .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
-    })
+    });
+    done.sort_unstable_by_key(|(block, _)| *block);
+    done.into_iter().flat_map(|(_, results)| results).collect()
 }
 
 /// Reads the next `\n`-terminated line into `buf` (without the newline), refusing

@@ -284,3 +284,23 @@ fn a_read_error_is_the_whole_logs_and_an_overlong_line_is_its_lines() {
         "{failure}"
     );
 }
+
+/// Worker threads started while this test's verifier ran.
+static WORKERS_STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The hook a server gives to lower its verification workers' priority runs on every
+/// worker thread, and not on the caller's (which keeps its own priority).
+#[test]
+fn the_worker_start_hook_runs_on_each_worker_thread_only() {
+    fn count_worker() {
+        WORKERS_STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    let lines = log_lines();
+    let mut verifier =
+        BatchVerifier::new(VerifyOptions::default(), 3).with_worker_start(count_worker);
+    verifier.push_lines(&lines).unwrap();
+    verifier.finish().unwrap();
+    // One batch: the caller checks the genesis record, 3 workers the rest.
+    assert_eq!(WORKERS_STARTED.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert_eq!(verifier.count(), RECORDS as u64);
+}

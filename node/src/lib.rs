@@ -51,6 +51,7 @@ pub mod request_rate;
 pub mod rotating_secrets;
 pub mod scrub;
 pub mod snapshot_spool;
+pub mod spare_cores;
 pub mod store;
 pub mod tls;
 pub mod tls_reload;

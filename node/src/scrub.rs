@@ -35,8 +35,7 @@ pub fn scrub_once(sm: &StateMachine, public_key: &str) -> ScrubReport {
             public_key: Some(public_key.to_string()),
             checkpoint: head.clone(),
         };
-        // One core: the scrub is background work and must not slow the agents' writes.
-        let failure = match sm.verify_stored(&agent_id, options, 1) {
+        let failure = match sm.verify_stored(&agent_id, crate::spare_cores::verifier(options)) {
             Err(e) => Some(format!("cannot read stored records: {e}")),
             Ok(verified) => {
                 report.records_checked += verified.records;

@@ -780,7 +780,8 @@ async fn records_merged_behind_the_applies_read_the_same_and_survive_reopen() {
             public_key: Some(key.public_key_hex().to_string()),
             checkpoint: None,
         };
-        let report = sm.verify_stored("bot", options, 2).unwrap();
+        let verifier = lineage_core::verify::BatchVerifier::new(options, 2);
+        let report = sm.verify_stored("bot", verifier).unwrap();
         assert!(report.ok, "{report:?}");
         assert_eq!(report.records, expected.len() as u64);
         let state = match sm.read_data().agents.get("bot") {

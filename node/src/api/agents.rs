@@ -10,7 +10,7 @@ use axum::Json;
 use base64::Engine;
 use lineage_core::guard::{Command, Outcome, OutcomeStatus, Severity};
 use lineage_core::transparency::{self, Hash};
-use lineage_core::verify::{BatchVerifier, VerifyOptions};
+use lineage_core::verify::VerifyOptions;
 use lineage_core::{token, Policy};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -521,11 +521,9 @@ pub async fn verify_agent(
             public_key: Some(app.keys.audit.public_key_hex().to_string()),
             checkpoint: None,
         };
-        // Half the cores at most: the node's writes keep the rest.
-        let threads = (BatchVerifier::all_cores() / 2).max(1);
         let report = app
             .sm
-            .verify_stored(&agent_id, options, threads)
+            .verify_stored(&agent_id, crate::spare_cores::verifier(options))
             .map_err(ApiError::Internal)?;
         Ok(if report.ok {
             json!({"ok": true, "records": report.records, "public_key": report.public_key, "head": report.head})

@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock};
 
 use lineage_core::guard::AgentState;
 use lineage_core::record::Record;
-use lineage_core::verify::{BatchVerifier, VerifyOptions, VerifyReport, BATCH_RECORDS};
+use lineage_core::verify::{BatchVerifier, VerifyReport, BATCH_RECORDS};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{BasicNode, Entry, LogId, SnapshotMeta, StorageIOError, StoredMembership};
 use redb::{Database, ReadableTable, TableDefinition};
@@ -318,21 +318,22 @@ impl StateMachine {
         Ok(data)
     }
 
-    /// Verifies this node's copy of an agent's log a batch at a time, on `threads` cores:
-    /// memory holds one batch, never the whole log.
+    /// Verifies this node's copy of an agent's log a batch at a time with `verifier`
+    /// (its cores parse the lines too): memory holds one batch, never the whole log.
     pub fn verify_stored(
         &self,
         agent_id: &str,
-        options: VerifyOptions,
-        threads: usize,
+        mut verifier: BatchVerifier,
     ) -> Result<VerifyReport, String> {
-        let mut verifier = BatchVerifier::new(options, threads);
         let mut from = 0;
         loop {
-            let batch = self.records(agent_id, from, BATCH_RECORDS)?;
-            let Some(last) = batch.last() else { break };
-            from = last.seq.saturating_add(1);
-            if let Err(failure) = verifier.push_batch(&batch) {
+            let batch = self.record_lines(agent_id, from, BATCH_RECORDS)?;
+            let Some(&(last, _)) = batch.last() else {
+                break;
+            };
+            from = last.saturating_add(1);
+            let lines: Vec<&str> = batch.iter().map(|(_, line)| line.as_str()).collect();
+            if let Err(failure) = verifier.push_lines(&lines) {
                 return Ok(verifier.report(Some(failure)));
             }
             if batch.len() < BATCH_RECORDS {
@@ -345,6 +346,19 @@ impl StateMachine {
 
     /// An agent's records with seq in `from..` (at most `limit`), read from this node's copy.
     pub fn records(&self, agent_id: &str, from: u64, limit: usize) -> Result<Vec<Record>, String> {
+        self.record_lines(agent_id, from, limit)?
+            .iter()
+            .map(|(_, line)| Record::from_line(line).map_err(|e| e.to_string()))
+            .collect()
+    }
+
+    /// [`Self::records`] as (seq, line), unparsed.
+    fn record_lines(
+        &self,
+        agent_id: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, String)>, String> {
         // The overlay first, then the tables: a row leaves the overlay only after it is
         // committed, so every applied row is in one or the other (or both).
         let mut lines: BTreeMap<u64, String> = self
@@ -364,11 +378,7 @@ impl StateMachine {
             taken < limit
         })
         .map_err(|e| e.to_string())?;
-        lines
-            .values()
-            .take(limit)
-            .map(|line| Record::from_line(line).map_err(|e| e.to_string()))
-            .collect()
+        Ok(lines.into_iter().take(limit).collect())
     }
 
     /// System log lines with seq in `from..` (at most `limit`), from this node's copy
