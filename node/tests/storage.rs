@@ -1417,3 +1417,64 @@ async fn a_damaged_heads_row_is_never_read_as_a_leaf_or_a_root() {
     let error = sm.heads_leaves(11, 20).unwrap_err();
     assert!(error.contains("heads leaf 12 is not stored"), "{error}");
 }
+
+/// A stored record line flipped, zeroed, cut short or split by a new newline is a
+/// verification failure of the stored copy (what the scrub quarantines on), never a
+/// log that simply ends earlier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_stored_line_fails_verification_and_is_never_a_shorter_log() {
+    type Damage = fn(&str) -> String;
+    let damages: [(&str, Damage); 4] = [
+        ("flipped", |row| row.replacen("\"seq\":5", "\"seq\":7", 1)),
+        ("zeroed", |row| {
+            let mut bytes = row.as_bytes().to_vec();
+            let at = bytes.len() / 2;
+            bytes[at] = 0;
+            String::from_utf8(bytes).unwrap()
+        }),
+        ("cut", |row| row[..row.len() - 40].to_string()),
+        ("split", |row| {
+            let at = row.len() / 2;
+            format!("{}\n{}", &row[..at], &row[at..])
+        }),
+    ];
+    let key = AuditKey::from_seed([6; 32]);
+    let appends = entries_with_requests(&key, 30);
+    for (name, damage) in damages {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (_log, mut sm) = store::open(dir.path()).unwrap();
+            sm.apply(as_entries(&appends, 1)).await.unwrap();
+            sm.flush().unwrap();
+        }
+        {
+            let db = redb::Database::open(dir.path().join("node.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut table = txn
+                    .open_table(redb::TableDefinition::<(&str, u64), &str>::new("records"))
+                    .unwrap();
+                let (first, row) = {
+                    let mut rows =
+                        redb::ReadableTable::range(&table, ("bot", 0)..=("bot", u64::MAX)).unwrap();
+                    let (k, v) = rows.next().unwrap().unwrap();
+                    (k.value().1, v.value().to_string())
+                };
+                let damaged = damage(&row);
+                assert_ne!(damaged, row, "{name}");
+                table.insert(("bot", first), damaged.as_str()).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        // Whatever start-up made of the agent, its stored copy is read and checked.
+        let (_log, sm) = store::open(dir.path()).unwrap();
+        let options = lineage_core::verify::VerifyOptions {
+            public_key: Some(key.public_key_hex().to_string()),
+            checkpoint: None,
+        };
+        let verifier = lineage_core::verify::BatchVerifier::new(options, 2);
+        let report = sm.verify_stored("bot", verifier).unwrap();
+        assert!(!report.ok, "{name}: {report:?}");
+        assert!(report.failure.is_some(), "{name}: {report:?}");
+    }
+}
