@@ -124,6 +124,27 @@ pub fn du_bytes(path: &Path) -> u64 {
     total
 }
 
+/// Bytes of disk the files under `path` take (`du -s --block-size=1`): their allocated
+/// blocks, so a file's never-written (sparse) stretch counts nothing. redb grows its file
+/// by doubling it (below 4 GiB), and the grown tail is sparse until pages are written
+/// there: the file's length says how far it may grow before asking for more, its blocks
+/// what it holds.
+pub fn du_block_bytes(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    if let Ok(entries) = std::fs::read_dir(path) {
+        for entry in entries.flatten() {
+            match entry.metadata() {
+                Ok(m) if m.is_dir() => total += du_block_bytes(&entry.path()),
+                // st_blocks counts 512-byte units, whatever the file system's block size.
+                Ok(m) => total += m.blocks() * 512,
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
 /// GET `url` with `token` as the bearer; the answer's body as JSON.
 pub async fn get_json(
     http: &reqwest::Client,

@@ -4,8 +4,10 @@
 //! size's figure follows the same load and differs only by the history under it) and
 //! after a restart at each size, the restart's time to the first decision, and the data
 //! directory's bytes per record after a snapshot and a purge of the log
-//! (`POST /v1/node/snapshot`), beside the bytes the reference guard stores for the same
-//! records (their lines in a JSONL file) and the ratio of the two. A node whose memory
+//! (`POST /v1/node/snapshot`), both its files' lengths (`du -sb`) and their allocated
+//! blocks (redb's file has a sparse tail: `lineage_benches::du_block_bytes`), beside the
+//! bytes the reference guard stores for the same records (their lines in a JSONL file)
+//! and the ratios. A node whose memory
 //! does not grow with history shows a large/small ratio near 1.
 //!
 //!   cargo build --release -p lineage-node -p lineage-benches
@@ -113,27 +115,43 @@ impl Drop for Node {
     }
 }
 
-/// Where the data directory's bytes go, per record (stderr): each entry at its top.
+/// Where the data directory's bytes go, per record (stderr): each entry at its top, its
+/// length and (after the slash) its allocated blocks.
 fn print_disk_parts(dir: &Path, records: u64) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
-    let mut parts: Vec<(String, u64)> = entries
+    use std::os::unix::fs::MetadataExt;
+    let mut parts: Vec<(String, u64, u64)> = entries
         .flatten()
         .map(|entry| {
-            let bytes = match entry.metadata() {
-                Ok(m) if m.is_dir() => lineage_benches::du_bytes(&entry.path()),
-                Ok(m) => m.len(),
-                Err(_) => 0,
+            let (bytes, blocks) = match entry.metadata() {
+                Ok(m) if m.is_dir() => (
+                    lineage_benches::du_bytes(&entry.path()),
+                    lineage_benches::du_block_bytes(&entry.path()),
+                ),
+                Ok(m) => (m.len(), m.blocks() * 512),
+                Err(_) => (0, 0),
             };
-            (entry.file_name().to_string_lossy().into_owned(), bytes)
+            (
+                entry.file_name().to_string_lossy().into_owned(),
+                bytes,
+                blocks,
+            )
         })
         .collect();
     parts.sort_by_key(|part| std::cmp::Reverse(part.1));
+    let per_record = |bytes: u64| bytes as f64 / records.max(1) as f64;
     let line: Vec<String> = parts
         .iter()
-        .filter(|(_, bytes)| *bytes > 0)
-        .map(|(name, bytes)| format!("{name} {:.0}", *bytes as f64 / records.max(1) as f64))
+        .filter(|(_, bytes, _)| *bytes > 0)
+        .map(|(name, bytes, blocks)| {
+            format!(
+                "{name} {:.0}/{:.0}",
+                per_record(*bytes),
+                per_record(*blocks)
+            )
+        })
         .collect();
     eprintln!("  disk bytes per record: {}", line.join(", "));
 }
@@ -270,7 +288,11 @@ struct Figures {
     rss_restarted: u64,
     anon_restarted: u64,
     first_decision: Duration,
+    /// The data directory's file lengths (`du -sb`), per record.
     disk_per_record: f64,
+    /// Its allocated blocks (`du -s --block-size=1`), per record: without the sparse tail
+    /// of redb's file (`lineage_benches::du_block_bytes`).
+    blocks_per_record: f64,
     /// What the reference stores per record: its line.
     line_per_record: f64,
 }
@@ -320,6 +342,8 @@ async fn measure(binary: &Path, sizes: &[u64], load: &Load) -> Result<Vec<Figure
         let (rss_restarted, anon_restarted) = node.memory()?;
         print_disk_parts(&node.data_dir(), records);
         let disk_per_record = lineage_benches::du_bytes(&node.data_dir()) as f64 / records as f64;
+        let blocks_per_record =
+            lineage_benches::du_block_bytes(&node.data_dir()) as f64 / records as f64;
         let line_per_record =
             lineage_benches::line_bytes(&http, &node.url, &node.admin, load.agents).await? as f64
                 / records as f64;
@@ -331,6 +355,7 @@ async fn measure(binary: &Path, sizes: &[u64], load: &Load) -> Result<Vec<Figure
             anon_restarted,
             first_decision,
             disk_per_record,
+            blocks_per_record,
             line_per_record,
         });
     }
@@ -344,7 +369,7 @@ fn mb(bytes: u64) -> f64 {
 fn print(name: &str, figures: &[Figures], baseline: Option<&[Figures]>) {
     println!("{name}");
     println!(
-        "  {:>9} {:>12} {:>12} {:>14} {:>14} {:>12} {:>10} {:>10} {:>9}",
+        "  {:>9} {:>12} {:>12} {:>14} {:>14} {:>12} {:>10} {:>9} {:>12} {:>11} {:>10}",
         "records",
         "VmRSS load",
         "RssAnon load",
@@ -352,12 +377,14 @@ fn print(name: &str, figures: &[Figures], baseline: Option<&[Figures]>) {
         "RssAnon restart",
         "1st decision",
         "disk B/rec",
-        "line B/rec",
-        "disk÷line"
+        "disk÷line",
+        "blocks B/rec",
+        "blocks÷line",
+        "line B/rec"
     );
     for (i, f) in figures.iter().enumerate() {
         println!(
-            "  {:>9} {:>10.1}MB {:>10.1}MB {:>12.1}MB {:>12.1}MB {:>12.2?} {:>10.0} {:>10.0} {:>8.2}x",
+            "  {:>9} {:>10.1}MB {:>10.1}MB {:>12.1}MB {:>12.1}MB {:>12.2?} {:>10.0} {:>8.2}x {:>12.0} {:>10.2}x {:>10.0}",
             f.records,
             mb(f.rss_loaded),
             mb(f.anon_loaded),
@@ -365,19 +392,23 @@ fn print(name: &str, figures: &[Figures], baseline: Option<&[Figures]>) {
             mb(f.anon_restarted),
             f.first_decision,
             f.disk_per_record,
+            f.disk_per_record / f.line_per_record,
+            f.blocks_per_record,
+            f.blocks_per_record / f.line_per_record,
             f.line_per_record,
-            f.disk_per_record / f.line_per_record
         );
         if let Some(base) = baseline.and_then(|b| b.get(i)) {
             println!(
-                "  {:>9} {:>11.2}x {:>11.2}x {:>13.2}x {:>13.2}x {:>11.2}x {:>9.2}x   (÷ baseline)",
+                "  {:>9} {:>11.2}x {:>11.2}x {:>13.2}x {:>13.2}x {:>11.2}x {:>9.2}x {:>9} {:>11.2}x   (÷ baseline)",
                 "",
                 f.rss_loaded as f64 / base.rss_loaded as f64,
                 f.anon_loaded as f64 / base.anon_loaded as f64,
                 f.rss_restarted as f64 / base.rss_restarted as f64,
                 f.anon_restarted as f64 / base.anon_restarted as f64,
                 f.first_decision.as_secs_f64() / base.first_decision.as_secs_f64(),
-                f.disk_per_record / base.disk_per_record
+                f.disk_per_record / base.disk_per_record,
+                "",
+                f.blocks_per_record / base.blocks_per_record,
             );
         }
     }
@@ -409,6 +440,7 @@ fn report_figures(build: &str, sizes: &[u64], figures: &[Figures]) {
             f.first_decision.as_secs_f64(),
         );
         figure("purged_disk_bytes_per_record", f.disk_per_record);
+        figure("purged_disk_block_bytes_per_record", f.blocks_per_record);
         figure("purged_line_bytes_per_record", f.line_per_record);
     }
 }

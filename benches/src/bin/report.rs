@@ -392,6 +392,11 @@ fn print_memory_table(figures: &Figures, sizes: &[u64]) {
             "purged_disk_bytes_per_record",
             1.0,
         ),
+        (
+            "disk blocks B/record after purge (÷ line)",
+            "purged_disk_block_bytes_per_record",
+            1.0,
+        ),
     ];
     for (label, name, unit) in rows {
         let pick = |build: &str, history: u64| {
@@ -409,7 +414,7 @@ fn print_memory_table(figures: &Figures, sizes: &[u64]) {
         let mut cells: Vec<String> = sizes
             .iter()
             .map(|&history| {
-                let baseline = if name == "purged_disk_bytes_per_record" {
+                let baseline = if name.starts_with("purged_disk_") {
                     figures.mean(
                         "purged_line_bytes_per_record",
                         &[

@@ -12,18 +12,32 @@
 
 use redb::{ReadableTable, StorageError, Table};
 
-/// A run takes another line only while it stays within this many bytes, so no row gets
-/// huge (a snapshot install writes whole agents at once). A row bigger than a page sits
-/// alone in a leaf of a power-of-two number of pages: a full run, with its key and the
-/// leaf's header, fills 64 KiB rather than spilling into 128 KiB.
-const MAX_RUN_BYTES: usize = 64 * 1024 - 256;
-/// A row at least this long counts as settled: [`merge_tail`] stops there.
-const SETTLED_RUN_BYTES: usize = MAX_RUN_BYTES / 2;
+/// redb's page size (its default; the node does not change it).
+const PAGE_BYTES: usize = 4096;
+/// What a leaf holding one row spends besides the row's text: the leaf's 4-byte header,
+/// 4-byte end offsets for the key and the value, and the key (agent, seq) itself, a 4-byte
+/// length, the agent's bytes and 8 bytes of seq (redb's tuple encoding).
+const ONE_ROW_LEAF_OVERHEAD: usize = 4 + 4 + 4 + 4 + 8;
+
+/// A run of `agent`'s takes another line only while the row still fits in a leaf of
+/// four pages (16 KiB).
+///
+/// Why four: redb gives a leaf bigger than a page a block of a power-of-two number of
+/// contiguous pages, and frees it as one when the row is rewritten. The pages merges free
+/// (small rows, one per commit) lie scattered between full runs. Runs of 64 KiB needed
+/// blocks of sixteen free pages, which those seldom made, so the file kept growing with
+/// written pages free; runs of one page are served by any free page but a page holds few
+/// lines, so its unfilled end was a fifth of it. At 200k records (16 agents, 567-byte
+/// lines, memory_growth) the data file held 168 MB of blocks with 64 KiB runs, 172 MB
+/// with 4 KiB runs, and 147 MB with 16 KiB. A line longer than this is a row of its own.
+pub fn max_run_bytes(agent: &str) -> usize {
+    (4 * PAGE_BYTES).saturating_sub(ONE_ROW_LEAF_OVERHEAD + agent.len())
+}
 /// How many bytes of rows one [`merge_tail`] call rewrites at most.
 pub const MERGE_LIMIT_BYTES: usize = 16 * 1024 * 1024;
-/// Small rows are left to gather until there are this many, or enough bytes for a
-/// settled run, so an agent that writes a little at a time does not have its last,
-/// unsettled run rewritten at every merge.
+/// Small rows are left to gather until there are this many, or a run's worth of bytes,
+/// so an agent that writes a little at a time does not have its last, unsettled run
+/// rewritten at every merge.
 const MERGE_MIN_ROWS: usize = 16;
 
 /// What [`merge_tail`] did.
@@ -70,7 +84,10 @@ impl RunWriter {
         line: &str,
     ) -> Result<(), StorageError> {
         if let Some((run_agent, first, next, text)) = &mut self.run {
-            if run_agent == agent && *next == seq && text.len() + 1 + line.len() <= MAX_RUN_BYTES {
+            if run_agent == agent
+                && *next == seq
+                && text.len() + 1 + line.len() <= max_run_bytes(agent)
+            {
                 text.push('\n');
                 text.push_str(line);
                 *next += 1;
@@ -94,33 +111,51 @@ impl RunWriter {
     }
 }
 
-/// Rewrites `agent_id`'s newest rows, back to the last settled one, as full runs, once
-/// there are enough of them to be worth it (or `however_few`). Each commit of the writer leaves one small row
-/// per agent (tens of milliseconds of records), and each such row takes a leaf of its
-/// own rounded up to a power-of-two number of pages: merged, the records cost about
-/// their own size on disk, and the small rows' pages are reused by later ones. One
-/// transaction, so a crash leaves either the old rows or the merged ones; the records
-/// and their seqs are the same either way.
+/// Rewrites `agent_id`'s newest rows as full runs, back to the last settled row before
+/// `since` (the first seq written since the last merge; `None`: the last settled row),
+/// once there are enough of them to be worth it (or `however_few`). A row is settled when
+/// the line after it would not have fitted in it. A commit leaves an agent's records as
+/// full runs and a remainder (one small row, for tens of milliseconds of records): the
+/// remainders behind a commit's full runs are why the walk goes back to `since`. Merged,
+/// every row but the agent's last is full and the small rows' pages are reused by later
+/// ones. One transaction, so a crash leaves either the old rows or the merged ones; the
+/// records and their seqs are the same either way.
 pub fn merge_tail(
     table: &mut Table<(&'static str, u64), &'static str>,
     agent_id: &str,
+    since: Option<u64>,
     however_few: bool,
 ) -> Result<Merged, StorageError> {
+    let run_limit = max_run_bytes(agent_id);
+    let full = |row: &str, next_first_line: usize| row.len() + 1 + next_first_line > run_limit;
+    let first_line = |row: &str| row.split('\n').next().map_or(0, str::len);
+    // Newest first.
     let mut tail: Vec<(u64, String)> = Vec::new();
     let mut bytes = 0;
     for row in table.range((agent_id, 0)..=(agent_id, u64::MAX))?.rev() {
         let (key, text) = row?;
-        let text = text.value();
-        if text.len() >= SETTLED_RUN_BYTES || bytes + text.len() > MERGE_LIMIT_BYTES {
+        let (first, text) = (key.value().1, text.value());
+        let settled = tail
+            .last()
+            .is_some_and(|(_, next)| full(text, first_line(next)));
+        if (settled && since.is_none_or(|since| first < since))
+            || bytes + text.len() > MERGE_LIMIT_BYTES
+        {
             break;
         }
         bytes += text.len();
-        tail.push((key.value().1, text.to_string()));
+        tail.push((first, text.to_string()));
+    }
+    // Full rows at the old end of what was read stay as they are.
+    while tail.len() >= 2 && full(&tail[tail.len() - 1].1, first_line(&tail[tail.len() - 2].1)) {
+        if let Some((_, text)) = tail.pop() {
+            bytes -= text.len();
+        }
     }
     if tail.len() < 2 {
         return Ok(Merged::Nothing);
     }
-    if !however_few && tail.len() < MERGE_MIN_ROWS && bytes < SETTLED_RUN_BYTES {
+    if !however_few && tail.len() < MERGE_MIN_ROWS && bytes < run_limit {
         return Ok(Merged::NotYet);
     }
     tail.reverse();
@@ -298,8 +333,14 @@ mod tests {
             .unwrap()
             .map(|row| row.unwrap().1.value().len())
             .collect();
-        assert_eq!(rows.len(), 4, "{rows:?}");
-        assert!(rows.iter().all(|&len| len <= MAX_RUN_BYTES), "{rows:?}");
+        // As many 1000-byte lines as fit in one page's row, and a run per that many.
+        let per_run = (max_run_bytes("a") + 1) / (line.len() + 1);
+        assert_eq!(per_run, 16);
+        assert_eq!(rows.len(), 200usize.div_ceil(per_run), "{rows:?}");
+        assert!(
+            rows.iter().all(|&len| len <= max_run_bytes("a")),
+            "{rows:?}"
+        );
         drop(table);
         drop(txn);
         assert_eq!(lines(&db, "a", 0, usize::MAX).len(), 200);
@@ -313,7 +354,10 @@ mod tests {
     fn small_rows_merge_into_full_runs_that_read_the_same() {
         let dir = tempfile::tempdir().unwrap();
         let db = Database::create(dir.path().join("t.redb")).unwrap();
-        let line = |seq: u64| format!("{seq}:{}", "y".repeat(300));
+        let line = |seq: u64| format!("{seq:03}:{}", "y".repeat(300));
+        // Lines of one length: a full run holds this many.
+        let per_run = (max_run_bytes("a") + 1) / (line(0).len() + 1);
+        let full_run = per_run * (line(0).len() + 1) - 1;
         let write = |range: std::ops::Range<u64>| {
             let txn = db.begin_write().unwrap();
             {
@@ -343,7 +387,7 @@ mod tests {
             let txn = db.begin_write().unwrap();
             let merged = {
                 let mut table = txn.open_table(RECORDS).unwrap();
-                merge_tail(&mut table, "a", false).unwrap()
+                merge_tail(&mut table, "a", None, false).unwrap()
             };
             txn.commit().unwrap();
             merged
@@ -361,10 +405,13 @@ mod tests {
 
         assert!(matches!(merge(&db), Merged::Rewrote(_)));
         let merged = rows(&db);
-        assert_eq!(merged.len(), 3, "{merged:?}");
-        assert!(merged[..2]
-            .iter()
-            .all(|&(_, len)| (SETTLED_RUN_BYTES..=MAX_RUN_BYTES).contains(&len)));
+        assert_eq!(merged.len(), 500usize.div_ceil(per_run), "{merged:?}");
+        let (last, settled) = merged.split_last().unwrap();
+        assert!(
+            settled.iter().all(|&(_, len)| len == full_run),
+            "{merged:?}"
+        );
+        assert_eq!(last.0, (settled.len() * per_run) as u64);
         assert_eq!(lines(&db, "a", 0, usize::MAX), expected);
         assert_eq!(lines(&db, "a", 300, 1), [(300, line(300))]);
         assert_eq!(lines(&db, "b", 0, 9), [(0, "b0".into())]);
@@ -378,9 +425,78 @@ mod tests {
         write(505..520);
         assert!(matches!(merge(&db), Merged::Rewrote(_)));
         let after = rows(&db);
-        assert_eq!(after[..2], merged[..2], "settled runs were rewritten");
-        assert_eq!(after.len(), 3, "{after:?}");
+        assert_eq!(
+            after[..settled.len()],
+            *settled,
+            "settled runs were rewritten"
+        );
+        assert_eq!(after.len(), 520usize.div_ceil(per_run), "{after:?}");
         let expected: Vec<(u64, String)> = (0..520).map(|seq| (seq, line(seq))).collect();
+        assert_eq!(lines(&db, "a", 0, usize::MAX), expected);
+    }
+
+    /// A commit of more than a run's worth leaves full runs and a remainder: the
+    /// remainders behind later commits' full runs are merged when the merge is told where
+    /// the new rows start, and only then; after it every row but the last is full.
+    #[test]
+    fn remainders_behind_full_runs_merge_from_the_first_new_seq() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::create(dir.path().join("t.redb")).unwrap();
+        let line = |seq: u64| format!("{seq:03}:{}", "w".repeat(300));
+        let per_run = (max_run_bytes("a") + 1) / (line(0).len() + 1);
+        let commit = |seqs: std::ops::Range<u64>| {
+            let texts: Vec<(u64, String)> = seqs.map(|seq| (seq, line(seq))).collect();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut table = txn.open_table(RECORDS).unwrap();
+                insert_runs(&mut table, texts.iter().map(|(s, l)| ("a", *s, l.as_str()))).unwrap();
+            }
+            txn.commit().unwrap();
+        };
+        let merge = |since: Option<u64>| {
+            let txn = db.begin_write().unwrap();
+            let merged = {
+                let mut table = txn.open_table(RECORDS).unwrap();
+                merge_tail(&mut table, "a", since, false).unwrap()
+            };
+            txn.commit().unwrap();
+            merged
+        };
+        let row_lines = || -> Vec<usize> {
+            let txn = db.begin_read().unwrap();
+            let table = txn.open_table(RECORDS).unwrap();
+            let rows = table
+                .iter()
+                .unwrap()
+                .map(|row| row.unwrap().1.value().split('\n').count())
+                .collect();
+            rows
+        };
+        let commit_size = per_run as u64 + 7;
+        for n in 0..3 {
+            commit(n * commit_size..(n + 1) * commit_size);
+        }
+        assert_eq!(row_lines().len(), 6, "{:?}", row_lines());
+        // Told nothing, the walk stops at the newest commit's full run.
+        assert_eq!(merge(None), Merged::Nothing);
+        assert!(matches!(merge(Some(0)), Merged::Rewrote(_)));
+        let rows = row_lines();
+        assert!(
+            rows[..rows.len() - 1].iter().all(|&n| n == per_run),
+            "{rows:?}"
+        );
+        assert_eq!(rows.iter().sum::<usize>() as u64, 3 * commit_size);
+
+        for n in 3..5 {
+            commit(n * commit_size..(n + 1) * commit_size);
+        }
+        assert!(matches!(merge(Some(3 * commit_size)), Merged::Rewrote(_)));
+        let rows = row_lines();
+        assert!(
+            rows[..rows.len() - 1].iter().all(|&n| n == per_run),
+            "{rows:?}"
+        );
+        let expected: Vec<(u64, String)> = (0..5 * commit_size).map(|s| (s, line(s))).collect();
         assert_eq!(lines(&db, "a", 0, usize::MAX), expected);
     }
 
@@ -427,7 +543,7 @@ mod tests {
             let txn = db.begin_write().unwrap();
             let merged = {
                 let mut table = txn.open_table(RECORDS).unwrap();
-                merge_tail(&mut table, "a", true).unwrap()
+                merge_tail(&mut table, "a", None, true).unwrap()
             };
             txn.commit().unwrap();
             assert_eq!(merged, Merged::Inconsistent, "{damage}");

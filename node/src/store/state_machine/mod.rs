@@ -62,8 +62,9 @@ pub struct SmData {
     pub agents: BTreeMap<String, AgentSlot>,
     /// Agents changed since their last checkpoint.
     dirty: std::collections::BTreeSet<String>,
-    /// Agents with record rows written since their last merge (`merge_record_runs`).
-    unmerged: std::collections::BTreeSet<String>,
+    /// Agents with record rows written since their last merge (`merge_record_runs`), and
+    /// the first seq written since.
+    unmerged: BTreeMap<String, u64>,
     /// Records folded while loading from disk (what start-up cost).
     pub records_replayed_at_open: u64,
     pub heads: HeadsLog,
@@ -496,12 +497,17 @@ impl StateMachine {
     /// commit carries it; a crash leaves the old rows or the merged ones, the same
     /// records). Returns the bytes of rows rewritten.
     pub fn merge_record_runs(&self, all: bool) -> Result<usize, StorageError> {
-        let agents: Vec<String> = if all {
-            self.write_data().unmerged.clear();
-            self.read_data().agents.keys().cloned().collect()
+        let unmerged = std::mem::take(&mut self.write_data().unmerged);
+        let agents: Vec<(String, Option<u64>)> = if all {
+            self.read_data()
+                .agents
+                .keys()
+                .map(|agent| (agent.clone(), unmerged.get(agent).copied()))
+                .collect()
         } else {
-            std::mem::take(&mut self.write_data().unmerged)
+            unmerged
                 .into_iter()
+                .map(|(agent, since)| (agent, Some(since)))
                 .collect()
         };
         if agents.is_empty() {
@@ -513,12 +519,16 @@ impl StateMachine {
         txn.set_durability(redb::Durability::None);
         {
             let mut table = txn.open_table(RECORDS).map_err(sm_write_err)?;
-            for agent_id in agents {
+            for (agent_id, since) in agents {
                 if rewritten >= 4 * record_rows::MERGE_LIMIT_BYTES {
-                    later.push(agent_id);
+                    if let Some(since) = since {
+                        later.push((agent_id, since));
+                    }
                     continue;
                 }
-                match record_rows::merge_tail(&mut table, &agent_id, all).map_err(sm_write_err)? {
+                let merged = record_rows::merge_tail(&mut table, &agent_id, since, all)
+                    .map_err(sm_write_err)?;
+                match merged {
                     record_rows::Merged::Rewrote(bytes) => rewritten += bytes,
                     record_rows::Merged::Inconsistent => tracing::error!(
                         agent_id = %agent_id,
