@@ -4,14 +4,15 @@
 //! one: requested, or pending approval. Once decided, later commands need only its status
 //! and outcome (an outcome is accepted only for an allowed action), and the API shows its
 //! request by reading the `action_requested` record back from the log. So an open action
-//! keeps its request here; a settled one keeps 9 bytes: a status byte and the seq of its
-//! request. The ids this guard writes are `act-1`, `act-2`, … in request order, which
+//! keeps its request here; a settled one keeps about 3 bytes: a status byte and the seq of
+//! its request (`SeqColumn`, 2 bytes a seq). The ids this guard writes are `act-1`, `act-2`, … in request order, which
 //! index those bytes; other ids (a log written elsewhere) go in a map.
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::seq_column::SeqColumn;
 use super::state::{ActionState, ReplayError};
 use super::types::{Action, ActionStatus, OutcomeStatus};
 use crate::record::Record;
@@ -93,7 +94,7 @@ pub struct ActionBook {
     /// `act-N`'s status and outcome at N-1 (`encode`).
     numbered_status: Vec<u8>,
     /// `act-N`'s request seq at N-1.
-    numbered_seq: Vec<u64>,
+    numbered_seq: SeqColumn,
     /// Settled actions whose ids are not `act-N` in request order.
     named: HashMap<String, SettledAction>,
     /// Actions waiting for a decision, with their request.
@@ -174,7 +175,7 @@ impl ActionBook {
         Some(ActionLookup::Settled(SettledAction {
             status,
             outcome,
-            requested_seq: *self.numbered_seq.get(index)?,
+            requested_seq: self.numbered_seq.get(index)?,
         }))
     }
 

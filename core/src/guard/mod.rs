@@ -3,6 +3,7 @@
 
 mod action_book;
 mod decide;
+mod seq_column;
 mod state;
 mod types;
 

@@ -333,7 +333,7 @@ mod tests {
             .unwrap()
             .map(|row| row.unwrap().1.value().len())
             .collect();
-        // As many 1000-byte lines as fit in one page's row, and a run per that many.
+        // As many 1000-byte lines as fit in one run, and a row per that many.
         let per_run = (max_run_bytes("a") + 1) / (line.len() + 1);
         assert_eq!(per_run, 16);
         assert_eq!(rows.len(), 200usize.div_ceil(per_run), "{rows:?}");
