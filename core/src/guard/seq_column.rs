@@ -5,8 +5,8 @@
 //! each block of 64 keeps its first seq whole, and each later action its distance from
 //! the one before in 16 bits; a lookup adds up at most 63 of them. A seq that is not
 //! within 16 bits above the one before (a gap of 65,535 records, or a log written
-//! elsewhere) is kept whole in a map beside. Serialized as the
-//! plain list of seqs, as the `Vec<u64>` it replaces was: checkpoints read the same.
+//! elsewhere) is kept whole in a map beside. Serialized as the plain list of seqs, as the
+//! `Vec<u64>` it replaces was: checkpoints read the same.
 
 use std::collections::BTreeMap;
 

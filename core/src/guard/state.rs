@@ -43,7 +43,7 @@ pub struct AgentState {
     pub head: Option<Head>,
     /// The last record's timestamp in microseconds (records never go backwards).
     pub last_timestamp_micros: i64,
-    /// Every action: whole while it waits for a decision, 9 bytes once decided. (Named
+    /// Every action: whole while it waits for a decision, about 3 bytes once decided. (Named
     /// apart from the `actions` map that earlier checkpoints held, with every input in
     /// it: those do not parse, and the node replays that agent's records instead.)
     action_book: ActionBook,
