@@ -5,8 +5,9 @@
 //! and outcome (an outcome is accepted only for an allowed action), and the API shows its
 //! request by reading the `action_requested` record back from the log. So an open action
 //! keeps its request here; a settled one keeps about 3 bytes: a status byte and the seq of
-//! its request (`SeqColumn`, 2 bytes a seq). The ids this guard writes are `act-1`, `act-2`, … in request order, which
-//! index those bytes; other ids (a log written elsewhere) go in a map.
+//! its request (`SeqColumn`, 2 bytes a seq). The ids this guard writes are `act-1`,
+//! `act-2`, … in request order, which index those bytes; other ids (a log written
+//! elsewhere) go in a map.
 
 use std::collections::HashMap;
 

@@ -521,9 +521,9 @@ impl StateMachine {
             let mut table = txn.open_table(RECORDS).map_err(sm_write_err)?;
             for (agent_id, since) in agents {
                 if rewritten >= 4 * record_rows::MERGE_LIMIT_BYTES {
-                    if let Some(since) = since {
-                        later.push((agent_id, since));
-                    }
+                    // For the next pass. Without a seq written since, the whole tail is
+                    // looked at: the same walk as `None`.
+                    later.push((agent_id, since.unwrap_or(u64::MAX)));
                     continue;
                 }
                 let merged = record_rows::merge_tail(&mut table, &agent_id, since, all)
@@ -543,7 +543,12 @@ impl StateMachine {
         } else {
             txn.commit().map_err(sm_write_err)?;
         }
-        self.write_data().unmerged.extend(later);
+        // Applies may have added agents meanwhile: keep the older seq of the two.
+        let mut data = self.write_data();
+        for (agent_id, since) in later {
+            let kept = data.unmerged.entry(agent_id).or_insert(since);
+            *kept = (*kept).min(since);
+        }
         Ok(rewritten)
     }
 
