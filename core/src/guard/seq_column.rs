@@ -109,6 +109,8 @@ mod tests {
             seq += match i % 97 {
                 0 => 70_000,
                 1 => u64::from(WHOLE) - 1,
+                // A step of exactly the marker's value: kept whole, not read as a marker.
+                2 => u64::from(WHOLE),
                 _ => 1 + i % 5,
             };
             seqs.push(seq);
@@ -124,9 +126,10 @@ mod tests {
             assert_eq!(column.get(index), Some(seq), "index {index}");
         }
         assert_eq!(column.get(seqs.len()), None);
-        // One whole seq per gap too wide, the one below and the one after it, and the last.
+        // One whole seq per step too wide (two kinds), the one below its block's first and
+        // the one after it, and the last.
         assert!(
-            column.whole.len() <= 1_000 / 97 + 1 + 3,
+            column.whole.len() <= 2 * (1_000 / 97 + 1) + 3,
             "{:?}",
             column.whole
         );

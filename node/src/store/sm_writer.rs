@@ -57,6 +57,11 @@ struct WriterState {
     /// When redb last committed with an fsync.
     last_durable: Mutex<Instant>,
     fsync_interval_ms: AtomicU64,
+    /// Agents with record rows committed since the merge last took this, and the first
+    /// seq committed since (`StateMachine::merge_record_runs` reaches back to it). Kept
+    /// here, at the commit, not at the apply: a merge sees only committed rows, and a
+    /// seq it took before its rows were committed would be lost to it.
+    committed_since: Mutex<BTreeMap<String, u64>>,
 }
 
 impl WriterState {
@@ -114,6 +119,7 @@ impl SmWriter {
             failed: Mutex::new(None),
             last_durable: Mutex::new(Instant::now()),
             fsync_interval_ms: AtomicU64::new(fsync_interval.as_millis() as u64),
+            committed_since: Mutex::new(BTreeMap::new()),
         });
         let for_thread = state.clone();
         let thread = std::thread::Builder::new()
@@ -150,6 +156,30 @@ impl SmWriter {
 
     pub fn check(&self) -> Result<(), String> {
         self.state.check()
+    }
+
+    /// The agents with record rows committed since the last call, each with the first
+    /// seq committed since.
+    pub fn take_committed_since(&self) -> BTreeMap<String, u64> {
+        std::mem::take(
+            &mut *self
+                .state
+                .committed_since
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
+    }
+
+    /// Hands an agent back for the next [`take_committed_since`](Self::take_committed_since),
+    /// keeping the older seq if rows were committed meanwhile.
+    pub fn put_back_since(&self, agent_id: String, since: u64) {
+        let mut map = self
+            .state
+            .committed_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let kept = map.entry(agent_id).or_insert(since);
+        *kept = (*kept).min(since);
     }
 
     /// Whether a commit now should be durable (then the turn is taken).
@@ -242,7 +272,25 @@ fn commit(state: &WriterState, db: &Database, tables: Tables, rows: Vec<RowBatch
     }
     let durable = state.take_durable_turn();
     match write_rows(db, tables, durable, &rows) {
-        Ok(()) => state.flushed_through.store(last_seq, Ordering::Release),
+        Ok(()) => {
+            let mut since = state
+                .committed_since
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for batch in &rows {
+                // A batch holds each agent's records together, in seq order.
+                let mut last_agent: Option<&str> = None;
+                for (agent, seq, _) in &batch.records {
+                    if last_agent != Some(agent.as_str()) {
+                        let kept = since.entry(agent.clone()).or_insert(*seq);
+                        *kept = (*kept).min(*seq);
+                        last_agent = Some(agent);
+                    }
+                }
+            }
+            drop(since);
+            state.flushed_through.store(last_seq, Ordering::Release)
+        }
         Err(e) => {
             tracing::error!(error = %e, "state machine commit failed; refusing further applies");
             *state.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);

@@ -179,13 +179,6 @@ impl StateMachine {
                     data.heads.mark_if_grown(&append.agent_id, slot);
                     add_rows(append, &records, &mut rows)?;
                     data.dirty.insert(append.agent_id.clone());
-                    if let Some(first) = records.first() {
-                        let since = data
-                            .unmerged
-                            .entry(append.agent_id.clone())
-                            .or_insert(first.seq);
-                        *since = (*since).min(first.seq);
-                    }
                 } else if matches!(slot, AgentSlot::Active(s) if s.head.is_none()) {
                     // A rejected first write leaves no agent behind.
                     data.agents.remove(&append.agent_id);

@@ -62,9 +62,6 @@ pub struct SmData {
     pub agents: BTreeMap<String, AgentSlot>,
     /// Agents changed since their last checkpoint.
     dirty: std::collections::BTreeSet<String>,
-    /// Agents with record rows written since their last merge (`merge_record_runs`), and
-    /// the first seq written since.
-    unmerged: BTreeMap<String, u64>,
     /// Records folded while loading from disk (what start-up cost).
     pub records_replayed_at_open: u64,
     pub heads: HeadsLog,
@@ -487,8 +484,9 @@ impl StateMachine {
 }
 
 impl StateMachine {
-    /// Merges the newest small record rows of the agents written since the last call into
-    /// full runs (`record_rows::merge_tail`), at most four times
+    /// Merges the newest small record rows of the agents with rows committed since the last
+    /// call into full runs, back to the first seq committed since
+    /// (`record_rows::merge_tail`, `SmWriter::take_committed_since`), at most four times
     /// [`record_rows::MERGE_LIMIT_BYTES`] of rows per call (the rest waits for the next).
     /// An agent whose few small rows are not worth a rewrite yet waits for its next
     /// write; `all` (at a snapshot) merges every agent's rows however few. Runs beside
@@ -497,7 +495,7 @@ impl StateMachine {
     /// commit carries it; a crash leaves the old rows or the merged ones, the same
     /// records). Returns the bytes of rows rewritten.
     pub fn merge_record_runs(&self, all: bool) -> Result<usize, StorageError> {
-        let unmerged = std::mem::take(&mut self.write_data().unmerged);
+        let unmerged = self.writer.take_committed_since();
         let agents: Vec<(String, Option<u64>)> = if all {
             self.read_data()
                 .agents
@@ -543,11 +541,8 @@ impl StateMachine {
         } else {
             txn.commit().map_err(sm_write_err)?;
         }
-        // Applies may have added agents meanwhile: keep the older seq of the two.
-        let mut data = self.write_data();
         for (agent_id, since) in later {
-            let kept = data.unmerged.entry(agent_id).or_insert(since);
-            *kept = (*kept).min(since);
+            self.writer.put_back_since(agent_id, since);
         }
         Ok(rewritten)
     }
