@@ -111,17 +111,7 @@ pub fn status_field_bytes(status: &str, field: &str) -> Option<u64> {
 
 /// Bytes of the files under `path` (their lengths, as `du -sb` counts them).
 pub fn du_bytes(path: &Path) -> u64 {
-    let mut total = 0;
-    if let Ok(entries) = std::fs::read_dir(path) {
-        for entry in entries.flatten() {
-            match entry.metadata() {
-                Ok(m) if m.is_dir() => total += du_bytes(&entry.path()),
-                Ok(m) => total += m.len(),
-                Err(_) => {}
-            }
-        }
-    }
-    total
+    sum_files(path, &|m| m.len())
 }
 
 /// Bytes of disk the files under `path` take (`du -s --block-size=1`): their allocated
@@ -131,13 +121,18 @@ pub fn du_bytes(path: &Path) -> u64 {
 /// what it holds.
 pub fn du_block_bytes(path: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
+    // st_blocks counts 512-byte units, whatever the file system's block size.
+    sum_files(path, &|m| m.blocks() * 512)
+}
+
+/// `bytes` of every file under `path`, summed (unreadable entries count nothing).
+fn sum_files(path: &Path, bytes: &dyn Fn(&std::fs::Metadata) -> u64) -> u64 {
     let mut total = 0;
     if let Ok(entries) = std::fs::read_dir(path) {
         for entry in entries.flatten() {
             match entry.metadata() {
-                Ok(m) if m.is_dir() => total += du_block_bytes(&entry.path()),
-                // st_blocks counts 512-byte units, whatever the file system's block size.
-                Ok(m) => total += m.blocks() * 512,
+                Ok(m) if m.is_dir() => total += sum_files(&entry.path(), bytes),
+                Ok(m) => total += bytes(&m),
                 Err(_) => {}
             }
         }
