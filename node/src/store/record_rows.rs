@@ -266,6 +266,17 @@ mod tests {
         out
     }
 
+    /// `merge_tail` for agent "a" in a transaction of its own, committed.
+    fn merge_committed(db: &Database, since: Option<u64>) -> Merged {
+        let txn = db.begin_write().unwrap();
+        let merged = {
+            let mut table = txn.open_table(RECORDS).unwrap();
+            merge_tail(&mut table, "a", since, false).unwrap()
+        };
+        txn.commit().unwrap();
+        merged
+    }
+
     #[test]
     fn runs_read_back_from_any_seq_and_overlaps_count_once() {
         let dir = tempfile::tempdir().unwrap();
@@ -383,15 +394,7 @@ mod tests {
                 .collect();
             rows
         };
-        let merge = |db: &Database| {
-            let txn = db.begin_write().unwrap();
-            let merged = {
-                let mut table = txn.open_table(RECORDS).unwrap();
-                merge_tail(&mut table, "a", None, false).unwrap()
-            };
-            txn.commit().unwrap();
-            merged
-        };
+        let merge = |db: &Database| merge_committed(db, None);
         write(0..500);
         let txn = db.begin_write().unwrap();
         {
@@ -453,15 +456,7 @@ mod tests {
             }
             txn.commit().unwrap();
         };
-        let merge = |since: Option<u64>| {
-            let txn = db.begin_write().unwrap();
-            let merged = {
-                let mut table = txn.open_table(RECORDS).unwrap();
-                merge_tail(&mut table, "a", since, false).unwrap()
-            };
-            txn.commit().unwrap();
-            merged
-        };
+        let merge = |since: Option<u64>| merge_committed(&db, since);
         let row_lines = || -> Vec<usize> {
             let txn = db.begin_read().unwrap();
             let table = txn.open_table(RECORDS).unwrap();
