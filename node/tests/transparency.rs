@@ -24,6 +24,7 @@ use lineage_client::witnessed_cli::{
 use lineage_core::heads::Cosigner;
 use lineage_core::record::Record;
 use lineage_core::AuditKey;
+use lineage_node::store::record_ends;
 use redb::{ReadableTable, TableDefinition};
 use serde_json::{json, Value};
 use util::{free_port, Cluster};
@@ -99,7 +100,9 @@ async fn wait_witnessed(cluster: &Cluster, agents: &[&str]) -> String {
 /// What an operator with disk access does to one node's database: cut `cut` back to
 /// `keep` records, and rewrite `rewritten` from seq `from` (re-signed with the real key,
 /// so its chain still verifies). Agent-state checkpoints are dropped so the node
-/// rebuilds the agents from the edited records.
+/// rebuilds the agents from the edited records, and the cut agent's stored end is
+/// moved back with its records (its seal is a plain checksum, not a keyed one: it
+/// catches damage, not someone who rewrites the file; the witness catches them).
 fn tamper(db_path: &Path, key: &AuditKey, keep: u64, from: u64) {
     let db = redb::Database::create(db_path).expect("open node db");
     let txn = db.begin_write().unwrap();
@@ -141,6 +144,8 @@ fn tamper(db_path: &Path, key: &AuditKey, keep: u64, from: u64) {
                 .insert(("rewritten", record.seq), record.to_line().as_str())
                 .unwrap();
         }
+        let mut ends = txn.open_table(record_ends::RECORD_ENDS).unwrap();
+        record_ends::put(&mut ends, "cut", keep).unwrap();
         let mut checkpoints = txn.open_table(AGENT_CHECKPOINTS).unwrap();
         checkpoints.remove("cut").unwrap();
         checkpoints.remove("rewritten").unwrap();

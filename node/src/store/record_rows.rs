@@ -220,6 +220,24 @@ pub fn visit_lines(
     Ok(())
 }
 
+/// The seq after `agent_id`'s last stored record (0 with none), read from its newest row.
+pub fn rows_end(
+    table: &impl ReadableTable<(&'static str, u64), &'static str>,
+    agent_id: &str,
+) -> Result<u64, StorageError> {
+    match table
+        .range((agent_id, 0)..=(agent_id, u64::MAX))?
+        .next_back()
+    {
+        Some(row) => {
+            let (key, text) = row?;
+            let lines = text.value().split('\n').count() as u64;
+            Ok(key.value().1.saturating_add(lines))
+        }
+        None => Ok(0),
+    }
+}
+
 /// Calls `visit(agent, seq, line)` for every record in the table, in (agent, seq) order,
 /// each once.
 pub fn visit_all(

@@ -9,6 +9,7 @@ use openraft::{Entry, EntryPayload, LogId, StoredMembership};
 
 use super::super::agent_slot::AgentSlot;
 use super::super::idempotency_rows;
+use super::super::record_ends;
 use super::super::sm_writer::RowBatch;
 use super::overlay::MAX_UNFLUSHED_BATCHES;
 use super::{idempotency_key, meta_row, sm_err, sm_write_err, write_applied, SmData, StateMachine};
@@ -300,15 +301,7 @@ fn apply_import(
                 return rejected(format!("no import of {agent_id} is under way"));
             }
             remove_marker(txn, &agent_id).map_err(sm_err)?;
-            let mut records = txn.open_table(super::RECORDS).map_err(sm_write_err)?;
-            records
-                .retain_in(
-                    (agent_id.as_str(), 0)..=(agent_id.as_str(), u64::MAX),
-                    |_, _| false,
-                )
-                .map_err(sm_write_err)?;
-            let mut index = txn.open_table(super::AGENT_INDEX).map_err(sm_write_err)?;
-            index.remove(agent_id.as_str()).map_err(sm_write_err)?;
+            remove_lines(txn, &agent_id)?;
             Ok(ApplyOutcome::Applied)
         }
         ImportStep::Records { agent_id, records } => {
@@ -466,10 +459,31 @@ fn store_lines(
             .map(|(record, line)| (agent_id, record.seq, line.line())),
     )
     .map_err(sm_write_err)?;
+    if let Some(last) = records.last() {
+        let mut ends = txn
+            .open_table(record_ends::RECORD_ENDS)
+            .map_err(sm_write_err)?;
+        record_ends::put(&mut ends, agent_id, last.seq.saturating_add(1)).map_err(sm_write_err)?;
+    }
     if records.first().is_some_and(|r| r.seq == 0) {
         let mut index = txn.open_table(super::AGENT_INDEX).map_err(sm_write_err)?;
         index.insert(agent_id, ()).map_err(sm_write_err)?;
     }
+    Ok(())
+}
+
+/// Removes an aborted import's records, with its end and index entry.
+fn remove_lines(txn: &redb::WriteTransaction, agent_id: &str) -> Result<(), StorageError> {
+    let mut records = txn.open_table(super::RECORDS).map_err(sm_write_err)?;
+    records
+        .retain_in((agent_id, 0)..=(agent_id, u64::MAX), |_, _| false)
+        .map_err(sm_write_err)?;
+    let mut ends = txn
+        .open_table(record_ends::RECORD_ENDS)
+        .map_err(sm_write_err)?;
+    ends.remove(agent_id).map_err(sm_write_err)?;
+    let mut index = txn.open_table(super::AGENT_INDEX).map_err(sm_write_err)?;
+    index.remove(agent_id).map_err(sm_write_err)?;
     Ok(())
 }
 

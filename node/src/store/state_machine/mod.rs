@@ -34,6 +34,7 @@ use super::heads::{self, HeadsLog};
 use super::heads_tree::{self, StoredTree};
 use super::idempotency_rows;
 use super::log_store::DurableLog;
+use super::record_ends;
 use super::record_rows;
 use super::sm_writer::{SmWriter, Tables};
 use super::system_log;
@@ -151,6 +152,14 @@ impl StateMachine {
     pub fn open(db: Arc<Database>, spool_dir: &std::path::Path) -> Result<Self, StorageError> {
         {
             let txn = db.begin_write().map_err(sm_write_err)?;
+            let recorded =
+                record_ends::record_if_missing(&txn, RECORDS, AGENT_INDEX).map_err(sm_write_err)?;
+            if recorded > 0 {
+                tracing::info!(
+                    agents = recorded,
+                    "stored where each agent's records end (a data directory from before ends were kept)"
+                );
+            }
             txn.open_table(RECORDS).map_err(sm_write_err)?;
             txn.open_table(IDEMPOTENCY).map_err(sm_write_err)?;
             txn.open_table(SM_META).map_err(sm_write_err)?;
@@ -242,6 +251,9 @@ impl StateMachine {
         let records = txn.open_table(RECORDS).map_err(sm_read_err)?;
         let index = txn.open_table(AGENT_INDEX).map_err(sm_read_err)?;
         let checkpoints = txn.open_table(AGENT_CHECKPOINTS).map_err(sm_read_err)?;
+        let ends = txn
+            .open_table(record_ends::RECORD_ENDS)
+            .map_err(sm_read_err)?;
         for item in index.iter().map_err(sm_read_err)? {
             let (agent, _) = item.map_err(sm_read_err)?;
             let agent_id = agent.value();
@@ -287,7 +299,29 @@ impl StateMachine {
             })
             .map_err(sm_read_err)?;
             data.records_replayed_at_open += replayed;
+            // Lines that all chain can still be a log cut short: its end was committed
+            // with its rows.
+            if let AgentSlot::Active(state) = &slot {
+                let replayed_to = Some(state.next_seq());
+                if let Some(reason) = record_ends::check(&ends, &records, agent_id, replayed_to)
+                    .map_err(sm_read_err)?
+                {
+                    tracing::error!(
+                        agent_id,
+                        reason,
+                        "stored records do not end where they were committed; agent quarantined on this node"
+                    );
+                    slot = AgentSlot::Quarantined(reason);
+                }
+            }
             data.agents.insert(agent_id.to_string(), slot);
+        }
+        // An agent whose records were committed but whose index entry is gone would
+        // otherwise start afresh at seq 0 on this node.
+        for agent_id in record_ends::missing_from_index(&ends, &index).map_err(sm_read_err)? {
+            let reason = "its records were committed, but its index entry is missing".to_string();
+            tracing::error!(agent_id, reason, "agent quarantined on this node");
+            data.agents.insert(agent_id, AgentSlot::Quarantined(reason));
         }
         // Agents still being imported go back to the imports (their records so far were
         // loaded like any agent's).

@@ -16,6 +16,7 @@ use serde::{Deserializer, Serialize};
 
 use super::super::heads::{HeadsLog, HeadsSnapshot};
 use super::super::imports::{self, ImportPoint};
+use super::super::record_ends;
 use super::super::record_rows::{self, RunWriter};
 use super::super::{idempotency_rows, system_log};
 use super::{AGENT_CHECKPOINTS, AGENT_INDEX, IDEMPOTENCY, RECORDS};
@@ -34,6 +35,8 @@ pub(super) fn write_body(txn: &redb::ReadTransaction, out: &mut impl Write) -> R
     let records = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
     out.write_all(b"{\"records\":{").map_err(io)?;
     let mut current: Option<(String, u64)> = None;
+    // Where each agent's lines sent end, held to the stored ends (`record_ends`).
+    let mut sent = std::collections::BTreeMap::new();
     record_rows::visit_all(&records, |agent, seq, line| {
         match &mut current {
             Some((name, next)) if name == agent => {
@@ -48,7 +51,8 @@ pub(super) fn write_body(txn: &redb::ReadTransaction, out: &mut impl Write) -> R
                 if seq != 0 {
                     return Err(format!("{agent}: stored records start at seq {seq}"));
                 }
-                if current.is_some() {
+                if let Some((done, next)) = current.take() {
+                    sent.insert(done, next);
                     out.write_all(b"],").map_err(io)?;
                 }
                 json(out, &agent)?;
@@ -58,9 +62,14 @@ pub(super) fn write_body(txn: &redb::ReadTransaction, out: &mut impl Write) -> R
         }
         json(out, &line)
     })?;
-    if current.is_some() {
+    if let Some((done, next)) = current {
+        sent.insert(done, next);
         out.write_all(b"]").map_err(io)?;
     }
+    let ends = txn
+        .open_table(record_ends::RECORD_ENDS)
+        .map_err(|e| e.to_string())?;
+    record_ends::check_sent(&ends, &sent)?;
     out.write_all(b"},\"idempotency\":[").map_err(io)?;
     let idem = txn.open_table(IDEMPOTENCY).map_err(|e| e.to_string())?;
     for (n, item) in idem.iter().map_err(|e| e.to_string())?.enumerate() {
@@ -114,6 +123,8 @@ pub(super) fn write_body(txn: &redb::ReadTransaction, out: &mut impl Write) -> R
 /// The tables a body's records and answers go into as they are parsed.
 struct Tables<'txn> {
     records: Table<'txn, (&'static str, u64), &'static str>,
+    /// Where each agent's records end (`record_ends`), written as its lines are read.
+    ends: Table<'txn, &'static str, &'static [u8]>,
     index: Table<'txn, &'static str, ()>,
     idempotency: Table<'txn, &'static str, &'static [u8]>,
 }
@@ -144,11 +155,18 @@ pub(super) fn install_body(txn: &redb::WriteTransaction, reader: impl Read) -> R
     drop(checkpoints);
     let mut tables = Tables {
         records: txn.open_table(RECORDS).map_err(|e| e.to_string())?,
+        ends: txn
+            .open_table(record_ends::RECORD_ENDS)
+            .map_err(|e| e.to_string())?,
         index: txn.open_table(AGENT_INDEX).map_err(|e| e.to_string())?,
         idempotency: txn.open_table(IDEMPOTENCY).map_err(|e| e.to_string())?,
     };
     tables
         .records
+        .retain(|_, _| false)
+        .map_err(|e| e.to_string())?;
+    tables
+        .ends
         .retain(|_, _| false)
         .map_err(|e| e.to_string())?;
     tables
@@ -274,6 +292,7 @@ impl<'de> Visitor<'de> for RecordsSeed<'_, '_> {
                 agent: &agent,
                 runs: &mut runs,
                 records: &mut tables.records,
+                ends: &mut tables.ends,
             })?;
             previous = Some(agent);
         }
@@ -286,6 +305,7 @@ struct LinesSeed<'a, 'txn> {
     agent: &'a str,
     runs: &'a mut RunWriter,
     records: &'a mut Table<'txn, (&'static str, u64), &'static str>,
+    ends: &'a mut Table<'txn, &'static str, &'static [u8]>,
 }
 
 impl<'de> DeserializeSeed<'de> for LinesSeed<'_, '_> {
@@ -318,6 +338,7 @@ impl<'de> Visitor<'de> for LinesSeed<'_, '_> {
                 .map_err(custom)?;
             seq += 1;
         }
+        record_ends::put(self.ends, self.agent, seq).map_err(custom)?;
         Ok(())
     }
 }
