@@ -1595,3 +1595,56 @@ async fn the_newest_stored_records_cut_away_are_not_a_shorter_log() {
         }
     }
 }
+
+/// A build from before `record_ends` moves the last applied id (and the records) without
+/// moving the ends. Its writes are then taken as they are, the ends refilled from the rows,
+/// not quarantined; the same stale end with the marker saying the ends are current is
+/// damage, and quarantines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ends_an_older_build_left_behind_are_refilled_not_quarantined() {
+    let key = AuditKey::from_seed([7; 32]);
+    let appends = entries_with_requests(&key, 10);
+    for older_build_wrote in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let head_before = {
+            let (_log, mut sm) = store::open(dir.path()).unwrap();
+            sm.apply(as_entries(&appends, 1)).await.unwrap();
+            sm.flush().unwrap();
+            let head = match sm.read_data().agents.get("bot") {
+                Some(AgentSlot::Active(state)) => state.next_seq(),
+                other => panic!("{other:?}"),
+            };
+            head
+        };
+        {
+            let db = redb::Database::open(dir.path().join("node.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut ends = txn
+                    .open_table(lineage_node::store::record_ends::RECORD_ENDS)
+                    .unwrap();
+                lineage_node::store::record_ends::put(&mut ends, "bot", head_before - 3).unwrap();
+                if older_build_wrote {
+                    txn.open_table(redb::TableDefinition::<&str, &[u8]>::new("sm_meta"))
+                        .unwrap()
+                        .remove("record_ends_applied")
+                        .unwrap();
+                }
+            }
+            txn.commit().unwrap();
+        }
+        let (_log, sm) = store::open(dir.path()).unwrap();
+        match (older_build_wrote, sm.read_data().agents.get("bot")) {
+            (true, Some(AgentSlot::Active(state))) => assert_eq!(state.next_seq(), head_before),
+            (false, Some(AgentSlot::Quarantined(reason))) => {
+                assert!(
+                    reason.contains("were committed up to before seq"),
+                    "{reason}"
+                )
+            }
+            (older_build_wrote, other) => {
+                panic!("older build wrote: {older_build_wrote}: {other:?}")
+            }
+        };
+    }
+}

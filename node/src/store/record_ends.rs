@@ -7,6 +7,10 @@
 //! leave lines that all parse and chain, and would read back as a shorter log: budget
 //! they spent refunded, approvals they used usable again. Merges rewrite rows but never
 //! move an end, so a merge cannot bless a cut either.
+//!
+//! The ends are current as of a last applied id stored beside them (`state_machine`): a
+//! build from before ends were kept moves that id without them, and the ends are then
+//! taken from the rows again at open rather than quarantining what it wrote.
 
 use redb::{ReadableTable, StorageError, Table, TableDefinition};
 
@@ -120,32 +124,25 @@ pub fn missing_from_index(
     Ok(missing)
 }
 
-/// Data directories from before ends were stored: each indexed agent gets the end its
-/// rows have now, once (the table's existence marks that it was done). What is stored
-/// then is trusted as before; from here on a cut is caught.
-pub fn record_if_missing(
+/// Replaces every stored end with the one `index`ed agents' rows have now (when the ends
+/// are not current: `state_machine`'s `ENDS_APPLIED_KEY`). Returns how many were stored.
+pub fn refill(
     txn: &redb::WriteTransaction,
     records: TableDefinition<(&'static str, u64), &'static str>,
     index: TableDefinition<&'static str, ()>,
 ) -> Result<usize, redb::Error> {
-    use redb::TableHandle;
-    if txn
-        .list_tables()?
-        .any(|table| table.name() == RECORD_ENDS.name())
-    {
-        return Ok(0);
-    }
     let mut ends = txn.open_table(RECORD_ENDS)?;
+    ends.retain(|_, _| false)?;
     let records = txn.open_table(records)?;
     let index = txn.open_table(index)?;
-    let mut recorded = 0;
+    let mut stored = 0;
     for item in index.iter()? {
         let (agent, _) = item?;
         let end = record_rows::rows_end(&records, agent.value())?;
         put(&mut ends, agent.value(), end)?;
-        recorded += 1;
+        stored += 1;
     }
-    Ok(recorded)
+    Ok(stored)
 }
 
 #[cfg(test)]
@@ -226,10 +223,10 @@ mod tests {
         }
     }
 
-    /// An older data directory gets each indexed agent's end from its rows, once; an end
+    /// A refill takes each indexed agent's end from its rows and drops any other; an end
     /// without an index entry is found.
     #[test]
-    fn ends_are_recorded_once_for_older_data_and_orphans_are_found() {
+    fn a_refill_takes_the_ends_from_the_rows_and_orphans_are_found() {
         let (_dir, db) = db();
         let txn = db.begin_write().unwrap();
         {
@@ -240,23 +237,21 @@ mod tests {
             let mut index = txn.open_table(INDEX).unwrap();
             index.insert("a", ()).unwrap();
             index.insert("b", ()).unwrap();
+            let mut ends = txn.open_table(RECORD_ENDS).unwrap();
+            put(&mut ends, "a", 9).unwrap();
+            put(&mut ends, "gone", 4).unwrap();
         }
-        assert_eq!(record_if_missing(&txn, RECORDS, INDEX).unwrap(), 2);
+        assert_eq!(refill(&txn, RECORDS, INDEX).unwrap(), 2);
         txn.commit().unwrap();
         assert_eq!(check_now(&db, "a", Some(3)), None);
         assert_eq!(check_now(&db, "b", Some(1)), None);
-
-        let txn = db.begin_write().unwrap();
-        {
-            txn.open_table(RECORD_ENDS).unwrap().remove("b").unwrap();
-            txn.open_table(INDEX).unwrap().remove("a").unwrap();
-        }
-        // The table exists: nothing is filled in again, so a lost end stays lost.
-        assert_eq!(record_if_missing(&txn, RECORDS, INDEX).unwrap(), 0);
-        txn.commit().unwrap();
-        assert!(check_now(&db, "b", Some(1))
+        assert!(check_now(&db, "gone", None)
             .unwrap()
             .contains("no stored end"));
+
+        let txn = db.begin_write().unwrap();
+        txn.open_table(INDEX).unwrap().remove("a").unwrap();
+        txn.commit().unwrap();
         let txn = db.begin_read().unwrap();
         let missing = missing_from_index(
             &txn.open_table(RECORD_ENDS).unwrap(),

@@ -46,6 +46,8 @@ pub struct Tables {
     pub agent_index: TableDefinition<'static, &'static str, ()>,
     pub meta: TableDefinition<'static, &'static str, &'static [u8]>,
     pub applied_key: &'static str,
+    /// The last applied id again, as of which `record_ends` is current (`record_ends`).
+    pub ends_applied_key: &'static str,
     pub membership_key: &'static str,
 }
 
@@ -354,6 +356,8 @@ fn write_rows(
         if let Some(last) = rows.last() {
             meta.insert(tables.applied_key, last.applied.as_slice())
                 .map_err(|e| text(e.into()))?;
+            meta.insert(tables.ends_applied_key, last.applied.as_slice())
+                .map_err(|e| text(e.into()))?;
             meta.insert(tables.membership_key, last.membership.as_slice())
                 .map_err(|e| text(e.into()))?;
         }
@@ -371,6 +375,7 @@ mod tests {
         agent_index: TableDefinition::new("agent_index"),
         meta: TableDefinition::new("meta"),
         applied_key: "applied",
+        ends_applied_key: "ends_applied",
         membership_key: "membership",
     };
 

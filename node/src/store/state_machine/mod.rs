@@ -54,6 +54,10 @@ const AGENT_INDEX: TableDefinition<&str, ()> = TableDefinition::new("agent_index
 /// after each checkpoint's head, so it does not grow with the length of the logs.
 const AGENT_CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("agent_checkpoints");
 const APPLIED_KEY: &str = "last_applied";
+/// The last applied id as of which `record_ends` is current: written with it by this
+/// version. A build from before ends were kept moves the last applied id without it, so
+/// a difference at open means the ends are stale and are taken from the rows again.
+const ENDS_APPLIED_KEY: &str = "record_ends_applied";
 const MEMBERSHIP_KEY: &str = "membership";
 
 #[derive(Debug, Default)]
@@ -106,6 +110,7 @@ const WRITER_TABLES: Tables = Tables {
     agent_index: AGENT_INDEX,
     meta: SM_META,
     applied_key: APPLIED_KEY,
+    ends_applied_key: ENDS_APPLIED_KEY,
     membership_key: MEMBERSHIP_KEY,
 };
 
@@ -152,15 +157,10 @@ impl StateMachine {
     pub fn open(db: Arc<Database>, spool_dir: &std::path::Path) -> Result<Self, StorageError> {
         {
             let txn = db.begin_write().map_err(sm_write_err)?;
-            let recorded =
-                record_ends::record_if_missing(&txn, RECORDS, AGENT_INDEX).map_err(sm_write_err)?;
-            if recorded > 0 {
-                tracing::info!(
-                    agents = recorded,
-                    "stored where each agent's records end (a data directory from before ends were kept)"
-                );
-            }
+            refill_stale_ends(&txn).map_err(sm_write_err)?;
             txn.open_table(RECORDS).map_err(sm_write_err)?;
+            txn.open_table(record_ends::RECORD_ENDS)
+                .map_err(sm_write_err)?;
             txn.open_table(IDEMPOTENCY).map_err(sm_write_err)?;
             txn.open_table(SM_META).map_err(sm_write_err)?;
             txn.open_table(AGENT_INDEX).map_err(sm_write_err)?;
@@ -589,6 +589,30 @@ impl StateMachine {
     }
 }
 
+/// Takes every agent's end from its rows when the ends are not current as of the last
+/// applied id ([`ENDS_APPLIED_KEY`]): a data directory from before ends were kept, or
+/// one an older build has written to since. What the rows hold then is trusted, as
+/// before ends were kept; from here on a cut is caught.
+fn refill_stale_ends(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    let mut meta = txn.open_table(SM_META)?;
+    let applied = meta.get(APPLIED_KEY)?.map(|v| v.value().to_vec());
+    let ends_applied = meta.get(ENDS_APPLIED_KEY)?.map(|v| v.value().to_vec());
+    if applied == ends_applied {
+        return Ok(());
+    }
+    let agents = record_ends::refill(txn, RECORDS, AGENT_INDEX)?;
+    match &applied {
+        Some(applied) => meta.insert(ENDS_APPLIED_KEY, applied.as_slice())?,
+        None => meta.remove(ENDS_APPLIED_KEY)?,
+    };
+    tracing::warn!(
+        agents,
+        "where each agent's records end taken from its rows: they were not current (a data \
+         directory from before they were kept, or one an older build wrote to)"
+    );
+    Ok(())
+}
+
 /// Records the last applied log id and membership in `txn` (the writer thread stores the
 /// same two keys for the batches it commits).
 fn write_applied(
@@ -597,7 +621,10 @@ fn write_applied(
     membership: &StoredMembership<NodeId, BasicNode>,
 ) -> Result<(), StorageError> {
     let mut meta = txn.open_table(SM_META).map_err(sm_write_err)?;
-    meta.insert(APPLIED_KEY, meta_row(applied)?.as_slice())
+    let applied = meta_row(applied)?;
+    meta.insert(APPLIED_KEY, applied.as_slice())
+        .map_err(sm_write_err)?;
+    meta.insert(ENDS_APPLIED_KEY, applied.as_slice())
         .map_err(sm_write_err)?;
     meta.insert(MEMBERSHIP_KEY, meta_row(membership)?.as_slice())
         .map_err(sm_write_err)?;
@@ -629,6 +656,11 @@ pub fn meta_intact(db: &Database) -> Result<(), String> {
     if let Some(v) = meta.get(MEMBERSHIP_KEY).map_err(|e| e.to_string())? {
         checked_row::unseal_json::<StoredMembership<NodeId, BasicNode>>(v.value())
             .map_err(|e| format!("membership: {e}"))?;
+    }
+    // Damaged, it would read as stale and have the ends taken from the rows as they are.
+    if let Some(v) = meta.get(ENDS_APPLIED_KEY).map_err(|e| e.to_string())? {
+        checked_row::unseal_json::<Option<LogId<NodeId>>>(v.value())
+            .map_err(|e| format!("last applied id of the record ends: {e}"))?;
     }
     // The system log and the imports' rows are sealed too. None may be skipped as
     // absent: a lost revocation would let a revoked token back in, a lost import marker
