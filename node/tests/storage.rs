@@ -1597,14 +1597,28 @@ async fn the_newest_stored_records_cut_away_are_not_a_shorter_log() {
 }
 
 /// A build from before `record_ends` moves the last applied id (and the records) without
-/// moving the ends. Its writes are then taken as they are, the ends refilled from the rows,
-/// not quarantined; the same stale end with the marker saying the ends are current is
-/// damage, and quarantines.
+/// moving the ends or their copy of the applied id: its writes are then taken as they are,
+/// the ends refilled from the rows, not quarantined. The same stale end with the copy
+/// current is damage, and quarantines; the copy itself lost or flipped makes the file count
+/// as damaged (moved aside and rebuilt), never a refill that would accept a cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ends_an_older_build_left_behind_are_refilled_not_quarantined() {
+async fn ends_an_older_build_left_behind_are_refilled_and_nothing_else_is() {
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Marker {
+        /// What an older build leaves: a copy of an earlier applied id.
+        Older,
+        Intact,
+        Removed,
+        Flipped,
+    }
     let key = AuditKey::from_seed([7; 32]);
     let appends = entries_with_requests(&key, 10);
-    for older_build_wrote in [true, false] {
+    for marker in [
+        Marker::Older,
+        Marker::Intact,
+        Marker::Removed,
+        Marker::Flipped,
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let head_before = {
             let (_log, mut sm) = store::open(dir.path()).unwrap();
@@ -1624,27 +1638,53 @@ async fn ends_an_older_build_left_behind_are_refilled_not_quarantined() {
                     .open_table(lineage_node::store::record_ends::RECORD_ENDS)
                     .unwrap();
                 lineage_node::store::record_ends::put(&mut ends, "bot", head_before - 3).unwrap();
-                if older_build_wrote {
-                    txn.open_table(redb::TableDefinition::<&str, &[u8]>::new("sm_meta"))
-                        .unwrap()
-                        .remove("record_ends_applied")
-                        .unwrap();
+                let mut meta = txn
+                    .open_table(redb::TableDefinition::<&str, &[u8]>::new("sm_meta"))
+                    .unwrap();
+                let copy = "record_ends_applied";
+                match marker {
+                    Marker::Older => {
+                        let older = serde_json::to_vec(&Some(log_id(1, 1, 2))).unwrap();
+                        let row = lineage_node::store::checked_row::seal(&older);
+                        meta.insert(copy, row.as_slice()).unwrap();
+                    }
+                    Marker::Intact => {}
+                    Marker::Removed => {
+                        meta.remove(copy).unwrap();
+                    }
+                    Marker::Flipped => {
+                        let mut row = redb::ReadableTable::get(&meta, copy)
+                            .unwrap()
+                            .unwrap()
+                            .value()
+                            .to_vec();
+                        let last = row.len() - 2;
+                        row[last] ^= 0x01;
+                        meta.insert(copy, row.as_slice()).unwrap();
+                    }
                 }
             }
             txn.commit().unwrap();
         }
         let (_log, sm) = store::open(dir.path()).unwrap();
-        match (older_build_wrote, sm.read_data().agents.get("bot")) {
-            (true, Some(AgentSlot::Active(state))) => assert_eq!(state.next_seq(), head_before),
-            (false, Some(AgentSlot::Quarantined(reason))) => {
+        let moved_aside = std::fs::read_dir(dir.path()).unwrap().flatten().any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("node.redb.damaged-")
+        });
+        match (marker, sm.read_data().agents.get("bot")) {
+            (Marker::Older, Some(AgentSlot::Active(state))) => {
+                assert_eq!(state.next_seq(), head_before)
+            }
+            (Marker::Intact, Some(AgentSlot::Quarantined(reason))) => {
                 assert!(
                     reason.contains("were committed up to before seq"),
                     "{reason}"
                 )
             }
-            (older_build_wrote, other) => {
-                panic!("older build wrote: {older_build_wrote}: {other:?}")
-            }
+            // Rebuilt empty, to be filled from the Raft log or a snapshot.
+            (Marker::Removed | Marker::Flipped, None) => assert!(moved_aside, "{marker:?}"),
+            (marker, other) => panic!("{marker:?}: {other:?}"),
         };
     }
 }

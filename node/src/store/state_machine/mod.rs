@@ -589,6 +589,15 @@ impl StateMachine {
     }
 }
 
+/// Whether any agent's end is stored (a data directory this version has written to).
+fn any_record_end(txn: &redb::ReadTransaction) -> Result<bool, String> {
+    match txn.open_table(record_ends::RECORD_ENDS) {
+        Ok(ends) => Ok(!redb::ReadableTableMetadata::is_empty(&ends).map_err(|e| e.to_string())?),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Takes every agent's end from its rows when the ends are not current as of the last
 /// applied id ([`ENDS_APPLIED_KEY`]): a data directory from before ends were kept, or
 /// one an older build has written to since. What the rows hold then is trusted, as
@@ -657,10 +666,24 @@ pub fn meta_intact(db: &Database) -> Result<(), String> {
         checked_row::unseal_json::<StoredMembership<NodeId, BasicNode>>(v.value())
             .map_err(|e| format!("membership: {e}"))?;
     }
-    // Damaged, it would read as stale and have the ends taken from the rows as they are.
-    if let Some(v) = meta.get(ENDS_APPLIED_KEY).map_err(|e| e.to_string())? {
-        checked_row::unseal_json::<Option<LogId<NodeId>>>(v.value())
-            .map_err(|e| format!("last applied id of the record ends: {e}"))?;
+    // The record ends' marker, damaged or lost, would read as stale and have the ends
+    // taken from the rows as they are (a cut among them accepted). It is absent only in
+    // a data directory from before ends were kept, which has none.
+    let applied = meta.get(APPLIED_KEY).map_err(|e| e.to_string())?.is_some();
+    match meta.get(ENDS_APPLIED_KEY).map_err(|e| e.to_string())? {
+        Some(v) => {
+            checked_row::unseal_json::<Option<LogId<NodeId>>>(v.value())
+                .map_err(|e| format!("last applied id of the record ends: {e}"))?;
+            if !applied {
+                return Err(
+                    "the last applied id is missing, the record ends' copy of it is not".into(),
+                );
+            }
+        }
+        None if applied && any_record_end(&txn)? => {
+            return Err("the record ends' last applied id is missing".into());
+        }
+        None => {}
     }
     // The system log and the imports' rows are sealed too. None may be skipped as
     // absent: a lost revocation would let a revoked token back in, a lost import marker
