@@ -622,8 +622,8 @@ fn refill_stale_ends(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
     Ok(())
 }
 
-/// Records the last applied log id and membership in `txn` (the writer thread stores the
-/// same two keys for the batches it commits).
+/// Records the last applied log id (with the record ends' copy of it) and membership in
+/// `txn` (the writer thread stores the same keys for the batches it commits).
 fn write_applied(
     txn: &redb::WriteTransaction,
     applied: &Option<LogId<NodeId>>,
