@@ -1,6 +1,7 @@
 //! Tampered storage: a record edited on disk is caught — at start-up when the records are
-//! replayed, by the scrub when a checkpoint skipped them — and the agent is quarantined
-//! (503 `quarantined`) while other agents keep working.
+//! replayed, by the scrub when a checkpoint skipped them — and so is one cut from the end
+//! (at start-up, against the end stored with the rows); the agent is quarantined (503
+//! `quarantined`) while other agents keep working.
 
 #[path = "cluster/util.rs"]
 mod util;
@@ -158,6 +159,29 @@ fn tamper(data: &Path) {
     txn.commit().unwrap();
 }
 
+/// Cuts the victim's newest record away, as a lost write or someone with disk access
+/// would: every record left still parses and chains.
+fn cut_newest(data: &Path) {
+    let db = redb::Database::create(data.join("node/node.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut table = txn.open_table(RECORDS).unwrap();
+        util::one_row_per_record(&mut table, "victim");
+        let newest = table
+            .range(("victim", 0)..=("victim", u64::MAX))
+            .unwrap()
+            .next_back()
+            .unwrap()
+            .unwrap()
+            .0
+            .value()
+            .1;
+        assert!(newest > 0, "nothing to cut");
+        table.remove(("victim", newest)).unwrap();
+    }
+    txn.commit().unwrap();
+}
+
 async fn wait_quarantined(node: &Node) -> Value {
     let start = Instant::now();
     loop {
@@ -264,5 +288,19 @@ async fn a_record_edited_behind_a_checkpoint_is_caught_by_the_scrub() {
         .await;
     assert_eq!(status, StatusCode::OK);
     // ...until the scrub re-verifies the stored records.
+    assert_only_victim_quarantined(&node).await;
+}
+
+/// The newest record cut away leaves a log that verifies on its own: start-up holds it to
+/// the end committed with the rows, rather than taking it for the whole log (which would
+/// refund what the cut action spent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_cut_from_the_end_on_disk_is_caught_at_start_up() {
+    let mut node = Node::new();
+    node.start().await;
+    node.setup_agents().await;
+    node.kill();
+    cut_newest(node.data.path());
+    node.start().await;
     assert_only_victim_quarantined(&node).await;
 }
