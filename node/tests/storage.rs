@@ -1471,25 +1471,11 @@ async fn a_damaged_stored_line_fails_verification_and_is_never_a_shorter_log() {
             sm.apply(as_entries(&appends, 1)).await.unwrap();
             sm.flush().unwrap();
         }
-        {
-            let db = redb::Database::open(dir.path().join("node.redb")).unwrap();
-            let txn = db.begin_write().unwrap();
-            {
-                let mut table = txn
-                    .open_table(redb::TableDefinition::<(&str, u64), &str>::new("records"))
-                    .unwrap();
-                let (first, row) = {
-                    let mut rows =
-                        redb::ReadableTable::range(&table, ("bot", 0)..=("bot", u64::MAX)).unwrap();
-                    let (k, v) = rows.next().unwrap().unwrap();
-                    (k.value().1, v.value().to_string())
-                };
-                let damaged = damage(&row);
-                assert_ne!(damaged, row, "{name}");
-                table.insert(("bot", first), damaged.as_str()).unwrap();
-            }
-            txn.commit().unwrap();
-        }
+        edit_bot_row(dir.path(), false, |row| {
+            let damaged = damage(row);
+            assert_ne!(damaged, row, "{name}");
+            Some(damaged)
+        });
         // Whatever start-up made of the agent, its stored copy is read and checked.
         let (_log, sm) = store::open(dir.path()).unwrap();
         let options = lineage_core::verify::VerifyOptions {
@@ -1501,6 +1487,35 @@ async fn a_damaged_stored_line_fails_verification_and_is_never_a_shorter_log() {
         assert!(!report.ok, "{name}: {report:?}");
         assert!(report.failure.is_some(), "{name}: {report:?}");
     }
+}
+
+/// Rewrites one of `bot`'s stored record rows in `dir`'s state file, as disk damage
+/// would: the oldest or the newest, replaced by what `edit` returns (`None`: removed).
+fn edit_bot_row(dir: &std::path::Path, newest: bool, edit: impl FnOnce(&str) -> Option<String>) {
+    let db = redb::Database::open(dir.join("node.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut table = txn
+            .open_table(redb::TableDefinition::<(&str, u64), &str>::new("records"))
+            .unwrap();
+        let (first, row) = {
+            let mut rows =
+                redb::ReadableTable::range(&table, ("bot", 0)..=("bot", u64::MAX)).unwrap();
+            let (k, v) = if newest {
+                rows.next_back()
+            } else {
+                rows.next()
+            }
+            .unwrap()
+            .unwrap();
+            (k.value().1, v.value().to_string())
+        };
+        match edit(&row) {
+            Some(edited) => table.insert(("bot", first), edited.as_str()).unwrap(),
+            None => table.remove(("bot", first)).unwrap(),
+        };
+    }
+    txn.commit().unwrap();
 }
 
 /// The newest stored records cut away (the newest row's last line dropped at a line
@@ -1548,27 +1563,7 @@ async fn the_newest_stored_records_cut_away_are_not_a_shorter_log() {
                     other => panic!("{name}: {other:?}"),
                 };
             }
-            {
-                let db = redb::Database::open(dir.path().join("node.redb")).unwrap();
-                let txn = db.begin_write().unwrap();
-                {
-                    let mut table = txn
-                        .open_table(redb::TableDefinition::<(&str, u64), &str>::new("records"))
-                        .unwrap();
-                    let (first, row) = {
-                        let mut rows =
-                            redb::ReadableTable::range(&table, ("bot", 0)..=("bot", u64::MAX))
-                                .unwrap();
-                        let (k, v) = rows.next_back().unwrap().unwrap();
-                        (k.value().1, v.value().to_string())
-                    };
-                    match cut(&row) {
-                        Some(kept) => table.insert(("bot", first), kept.as_str()).unwrap(),
-                        None => table.remove(("bot", first)).unwrap(),
-                    };
-                }
-                txn.commit().unwrap();
-            }
+            edit_bot_row(dir.path(), true, cut);
             let (_log, mut sm) = store::open(dir.path()).unwrap();
             match sm.read_data().agents.get("bot") {
                 Some(AgentSlot::Quarantined(reason)) => {

@@ -35,15 +35,16 @@ fn read(
     ends: &impl ReadableTable<&'static str, &'static [u8]>,
     agent: &str,
 ) -> Result<Option<Result<u64, String>>, StorageError> {
-    let Some(row) = ends.get(agent)? else {
-        return Ok(None);
-    };
-    let end = checked_row::unseal(row.value()).and_then(|content| {
+    Ok(ends.get(agent)?.map(|row| decode(row.value())))
+}
+
+/// An end from its stored row, if its checksum matches and it is eight bytes.
+fn decode(row: &[u8]) -> Result<u64, String> {
+    checked_row::unseal(row).and_then(|content| {
         <[u8; 8]>::try_from(content)
             .map(u64::from_le_bytes)
             .map_err(|_| format!("stored end is {} bytes, not 8", content.len()))
-    });
-    Ok(Some(end))
+    })
 }
 
 /// Checks `agent`'s stored end against its rows and against `replayed_to`, the seq its
@@ -83,13 +84,10 @@ pub fn check_sent(
 ) -> Result<(), String> {
     let mut matched = 0;
     for item in ends.iter().map_err(|e| e.to_string())? {
-        let (agent, _) = item.map_err(|e| e.to_string())?;
+        let (agent, row) = item.map_err(|e| e.to_string())?;
         let agent = agent.value();
-        let end = match read(ends, agent).map_err(|e| e.to_string())? {
-            Some(Ok(end)) => end,
-            Some(Err(why)) => return Err(format!("{agent}: the stored end of its records: {why}")),
-            None => continue,
-        };
+        let end = decode(row.value())
+            .map_err(|why| format!("{agent}: the stored end of its records: {why}"))?;
         let sent_to = sent.get(agent).copied().unwrap_or(0);
         if sent_to != end {
             return Err(format!(
