@@ -1594,8 +1594,9 @@ async fn the_newest_stored_records_cut_away_are_not_a_shorter_log() {
 /// A build from before `record_ends` moves the last applied id (and the records) without
 /// moving the ends or their copy of the applied id: its writes are then taken as they are,
 /// the ends refilled from the rows, not quarantined. The same stale end with the copy
-/// current is damage, and quarantines; the copy itself lost or flipped makes the file count
-/// as damaged (moved aside and rebuilt), never a refill that would accept a cut.
+/// current is damage, and quarantines; the copy itself lost, flipped, zeroed or cut makes
+/// the file count as damaged (moved aside and rebuilt), never a refill that would accept a
+/// cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ends_an_older_build_left_behind_are_refilled_and_nothing_else_is() {
     #[derive(Debug, Clone, Copy, PartialEq)]
@@ -1605,6 +1606,8 @@ async fn ends_an_older_build_left_behind_are_refilled_and_nothing_else_is() {
         Intact,
         Removed,
         Flipped,
+        Zeroed,
+        Cut,
     }
     let key = AuditKey::from_seed([7; 32]);
     let appends = entries_with_requests(&key, 10);
@@ -1613,6 +1616,8 @@ async fn ends_an_older_build_left_behind_are_refilled_and_nothing_else_is() {
         Marker::Intact,
         Marker::Removed,
         Marker::Flipped,
+        Marker::Zeroed,
+        Marker::Cut,
     ] {
         let dir = tempfile::tempdir().unwrap();
         let head_before = {
@@ -1647,14 +1652,20 @@ async fn ends_an_older_build_left_behind_are_refilled_and_nothing_else_is() {
                     Marker::Removed => {
                         meta.remove(copy).unwrap();
                     }
-                    Marker::Flipped => {
+                    Marker::Flipped | Marker::Zeroed | Marker::Cut => {
                         let mut row = redb::ReadableTable::get(&meta, copy)
                             .unwrap()
                             .unwrap()
                             .value()
                             .to_vec();
-                        let last = row.len() - 2;
-                        row[last] ^= 0x01;
+                        match marker {
+                            Marker::Flipped => {
+                                let last = row.len() - 2;
+                                row[last] ^= 0x01;
+                            }
+                            Marker::Zeroed => row.fill(0),
+                            _ => row.truncate(row.len() / 2),
+                        }
                         meta.insert(copy, row.as_slice()).unwrap();
                     }
                 }
@@ -1678,7 +1689,9 @@ async fn ends_an_older_build_left_behind_are_refilled_and_nothing_else_is() {
                 )
             }
             // Rebuilt empty, to be filled from the Raft log or a snapshot.
-            (Marker::Removed | Marker::Flipped, None) => assert!(moved_aside, "{marker:?}"),
+            (Marker::Removed | Marker::Flipped | Marker::Zeroed | Marker::Cut, None) => {
+                assert!(moved_aside, "{marker:?}")
+            }
             (marker, other) => panic!("{marker:?}: {other:?}"),
         };
     }

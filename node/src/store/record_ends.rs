@@ -207,18 +207,37 @@ mod tests {
             .unwrap()
             .contains("no stored end"));
 
-        for damage in [0usize, 35] {
+        // The end's row flipped (in its checksum, in its content), zeroed, or cut short.
+        let sealed = checked_row::seal(&5u64.to_le_bytes());
+        let flipped = |at: usize| {
+            let mut row = sealed.clone();
+            row[at] ^= 0x01;
+            row
+        };
+        for row in [
+            flipped(0),
+            flipped(35),
+            vec![0; sealed.len()],
+            sealed[..39].to_vec(),
+            sealed[..20].to_vec(),
+        ] {
             let txn = db.begin_write().unwrap();
-            {
-                let mut ends = txn.open_table(RECORD_ENDS).unwrap();
-                let mut row = checked_row::seal(&5u64.to_le_bytes());
-                row[damage] ^= 0x01;
-                ends.insert("a", row.as_slice()).unwrap();
-            }
+            txn.open_table(RECORD_ENDS)
+                .unwrap()
+                .insert("a", row.as_slice())
+                .unwrap();
             txn.commit().unwrap();
             let damaged = check_now(&db, "a", Some(5)).unwrap();
-            assert!(damaged.contains("checksum"), "{damaged}");
+            assert!(
+                damaged.starts_with("the stored end of its records: "),
+                "{damaged}"
+            );
         }
+
+        // A newline flipped away in a row is a line lost, never a shorter log that fits.
+        write(&[(0, "r0\nr1\nr2"), (3, "r3\x0br4")], Some(5));
+        let joined = check_now(&db, "a", Some(4)).unwrap();
+        assert!(joined.contains("end before seq 4"), "{joined}");
     }
 
     /// A refill takes each indexed agent's end from its rows and drops any other; an end
