@@ -180,8 +180,7 @@ impl SmWriter {
             .committed_since
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let kept = map.entry(agent_id).or_insert(since);
-        *kept = (*kept).min(since);
+        keep_older_since(&mut map, agent_id, since);
     }
 
     /// Whether a commit now should be durable (then the turn is taken).
@@ -219,8 +218,9 @@ impl SmWriter {
 /// here), so it runs at a lower CPU priority: on a busy machine its commits take idle
 /// time rather than the cores that decide and replicate. With the apply done inline,
 /// 3-node `cluster_load` gained 8–15% in three alternating pairs, with less CPU per
-/// decision on every node. On Linux the nice value is per thread (`None` names the calling one). A failure (say,
-/// a seccomp filter) leaves the priority as it was, which is only slower.
+/// decision on every node. On Linux the nice value is per thread (`None` names the
+/// calling one). A failure (say, a seccomp filter) leaves the priority as it was, which
+/// is only slower.
 fn lower_this_threads_priority() {
     if let Err(e) = rustix::process::setpriority_process(None, 10) {
         tracing::debug!(error = %e, "cannot lower the state machine writer's priority");
@@ -271,21 +271,13 @@ fn commit(state: &WriterState, db: &Database, tables: Tables, rows: Vec<RowBatch
     }
     let durable = state.take_durable_turn();
     match write_rows(db, tables, durable, &rows) {
-        Ok(()) => {
+        Ok(spans) => {
             let mut since = state
                 .committed_since
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            for batch in &rows {
-                // A batch holds each agent's records together, in seq order.
-                let mut last_agent: Option<&str> = None;
-                for (agent, seq, _) in &batch.records {
-                    if last_agent != Some(agent.as_str()) {
-                        let kept = since.entry(agent.clone()).or_insert(*seq);
-                        *kept = (*kept).min(*seq);
-                        last_agent = Some(agent);
-                    }
-                }
+            for (agent, (first, _)) in spans {
+                keep_older_since(&mut since, agent.to_string(), first);
             }
             drop(since);
             state.flushed_through.store(last_seq, Ordering::Release)
@@ -297,18 +289,29 @@ fn commit(state: &WriterState, db: &Database, tables: Tables, rows: Vec<RowBatch
     }
 }
 
-fn write_rows(
+/// Records `since` as the agent's first seq committed since the last merge, unless an
+/// older one is there.
+fn keep_older_since(map: &mut BTreeMap<String, u64>, agent_id: String, since: u64) {
+    let kept = map.entry(agent_id).or_insert(since);
+    *kept = (*kept).min(since);
+}
+
+/// Each agent's records in a commit: its first seq, and the seq after its last.
+type Spans<'a> = BTreeMap<&'a str, (u64, u64)>;
+
+/// Commits `rows` in one transaction; returns each agent's span of records in it.
+fn write_rows<'a>(
     db: &Database,
     tables: Tables,
     durable: bool,
-    rows: &[RowBatch],
-) -> Result<(), String> {
+    rows: &'a [RowBatch],
+) -> Result<Spans<'a>, String> {
     let text = |e: redb::Error| e.to_string();
     let mut txn = db.begin_write().map_err(|e| text(e.into()))?;
     if !durable {
         txn.set_durability(redb::Durability::None);
     }
-    {
+    let spans = {
         let mut records = txn.open_table(tables.records).map_err(|e| text(e.into()))?;
         let mut idempotency = txn
             .open_table(tables.idempotency)
@@ -334,11 +337,11 @@ fn write_rows(
                     .map_err(|e| text(e.into()))?;
             }
         }
-        // Each agent's records now end after its last one here (in seq order, so the
-        // last written wins); stored with the rows, checked at start-up (`record_ends`).
-        let mut new_ends = BTreeMap::new();
-        for (agent, seq) in sorted_records.keys() {
-            new_ends.insert(*agent, seq.saturating_add(1));
+        // Each agent's records here, in seq order: the first starts its span, the last
+        // ends it. The end is stored with the rows, checked at start-up (`record_ends`).
+        let mut spans: Spans<'a> = BTreeMap::new();
+        for &(agent, seq) in sorted_records.keys() {
+            spans.entry(agent).or_insert((seq, seq)).1 = seq.saturating_add(1);
         }
         super::record_rows::insert_runs(
             &mut records,
@@ -350,7 +353,7 @@ fn write_rows(
         let mut ends = txn
             .open_table(super::record_ends::RECORD_ENDS)
             .map_err(|e| text(e.into()))?;
-        for (agent, end) in new_ends {
+        for (agent, &(_, end)) in &spans {
             super::record_ends::put(&mut ends, agent, end).map_err(|e| text(e.into()))?;
         }
         if let Some(last) = rows.last() {
@@ -361,8 +364,10 @@ fn write_rows(
             meta.insert(tables.membership_key, last.membership.as_slice())
                 .map_err(|e| text(e.into()))?;
         }
-    }
-    txn.commit().map_err(|e| text(e.into()))
+        spans
+    };
+    txn.commit().map_err(|e| text(e.into()))?;
+    Ok(spans)
 }
 
 #[cfg(test)]
