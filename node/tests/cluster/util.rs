@@ -298,6 +298,11 @@ impl Cluster {
         self.dir.path().join(format!("node-{}", i + 1))
     }
 
+    /// Node `i`'s process id, while this harness runs it.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.children()[i].as_ref().map(Child::id)
+    }
+
     fn children(&self) -> std::sync::MutexGuard<'_, Vec<Option<Child>>> {
         self.children.lock().unwrap_or_else(|p| p.into_inner())
     }
