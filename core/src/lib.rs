@@ -24,7 +24,7 @@ pub use embedded::{Guard, GuardFileError};
 pub use guard::{AgentState, Command, Decision, DenyReason, Outcome, Severity, Status};
 pub use keys::AuditKey;
 pub use log_file::{AuditError, AuditLog};
-pub use policy::{GrowthLimits, Policy, RateLimit, ToolRule};
+pub use policy::{GrowthLimits, Policy, RateLimit, ToolRule, ToolTable};
 pub use record::{Head, Record};
 pub use verify::{
     verify_file, verify_reader, verify_records, VerifyFailure, VerifyOptions, VerifyReport,

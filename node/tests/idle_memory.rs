@@ -34,6 +34,8 @@ async fn memory_a_burst_freed_goes_back_while_the_node_is_idle() {
     let pid = cluster.pid(0).expect("node 1 runs");
     let policy = json!({"budget": 100, "scar_limit": 10, "tools": {"search": {"cost": 1}}});
     let token = cluster.create_agent(0, "bursty", policy).await;
+    // What start-up freed goes back first, so the burst's rise is measured on its own.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let before = rss_anon_kib(pid);
 
     let input = "x".repeat(1 << 20);
