@@ -187,8 +187,9 @@ pub struct RecordLine {
     line: Box<RawValue>,
     /// The record parsed back from `line`, there on the leader that sealed it. Every
     /// node, this one included, applies the record its line reads back as, never the
-    /// one the leader held before writing the line.
-    parsed: Option<Record>,
+    /// one the leader held before writing the line. Boxed: a `Record` is about 400 bytes
+    /// inline, which every line read from the log or a peer (`None`) would carry too.
+    parsed: Option<Box<Record>>,
 }
 
 impl RecordLine {
@@ -200,7 +201,7 @@ impl RecordLine {
             .map_err(|e| RoundTripError(format!("record seq {}: {e}", record.seq)))?;
         Ok(RecordLine {
             line,
-            parsed: Some(parsed),
+            parsed: Some(Box::new(parsed)),
         })
     }
 
@@ -208,7 +209,7 @@ impl RecordLine {
     /// parses the same bytes, so a line that is not a record fails alike everywhere.
     pub fn record(&self) -> Result<Cow<'_, Record>, String> {
         match &self.parsed {
-            Some(record) => Ok(Cow::Borrowed(record)),
+            Some(record) => Ok(Cow::Borrowed(record.as_ref())),
             None => Record::from_line(self.line.get())
                 .map(Cow::Owned)
                 .map_err(|e| format!("not a record: {e}")),
@@ -319,6 +320,18 @@ mod tests {
         assert_eq!(decoded.record().unwrap().as_ref(), &record);
         assert_eq!(decoded.line(), record.to_line());
         assert_eq!(line.record().unwrap().as_ref(), &record);
+    }
+
+    #[test]
+    fn a_line_without_its_parsed_record_costs_only_pointers() {
+        // Raft entries kept for replication hold their lines; a parsed record inline
+        // would add its whole size to every one of them, parsed or not.
+        let line = std::mem::size_of::<RecordLine>();
+        assert!(
+            line <= 3 * std::mem::size_of::<usize>(),
+            "RecordLine is {line} bytes; a Record is {}",
+            std::mem::size_of::<Record>()
+        );
     }
 
     #[test]
