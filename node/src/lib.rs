@@ -293,12 +293,12 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
             .map_err(|e| format!("replaying this node's log: {e}"))?;
     }
     let reserved_ids = if has_reference_logs {
-        reference_logs::check(
-            reference_dir,
-            &state_machine,
-            std::env::var(reference_logs::IGNORE_VAR).is_ok_and(|v| v == "1"),
-            only_voter,
-        )?
+        // Reads and verifies whole files: off the workers, which Raft's timers now need.
+        let (dir, sm) = (reference_dir.to_path_buf(), state_machine.clone());
+        let ignore = std::env::var(reference_logs::IGNORE_VAR).is_ok_and(|v| v == "1");
+        tokio::task::spawn_blocking(move || reference_logs::check(&dir, &sm, ignore, only_voter))
+            .await
+            .map_err(|e| format!("checking reference logs: {e}"))??
     } else {
         Default::default()
     };

@@ -535,7 +535,16 @@ fn serve(config: NodeConfig) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("runtime: {e}"))?
-        .block_on(lineage_node::run(config))
+        // The node runs as a task on a worker, not on this thread: start-up allocates
+        // every agent's state, and what the workers later free of it stays in this
+        // thread's allocator pages, which only this thread collects, and it would only
+        // wait here. 10,000 agents at 1M records, two runs: 8-19 MB less after a load,
+        // 4-6 MB more while idle after a restart (the worker keeps start-up's pages).
+        .block_on(async {
+            tokio::spawn(lineage_node::run(config))
+                .await
+                .map_err(|e| format!("the node's main task: {e}"))?
+        })
 }
 
 /// The reference guard server's environment and key layout, as a one-node cluster.

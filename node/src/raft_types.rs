@@ -187,7 +187,7 @@ pub struct RecordLine {
     line: Box<RawValue>,
     /// The record parsed back from `line`, there on the leader that sealed it. Every
     /// node, this one included, applies the record its line reads back as, never the
-    /// one the leader held before writing the line. Boxed: a `Record` is about 400 bytes
+    /// one the leader held before writing the line. Boxed: a `Record` is 184 bytes
     /// inline, which every line read from the log or a peer (`None`) would carry too.
     parsed: Option<Box<Record>>,
 }
