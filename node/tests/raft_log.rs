@@ -209,19 +209,12 @@ async fn every_fault_in_acknowledged_frames_sets_the_floor() {
         ),
         (
             "zeroed 4 KiB block",
-            |path, frames| {
-                let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-                let block = frames[14].0 / 4096 * 4096;
-                file.write_all_at(&[0u8; 4096], block as u64).unwrap();
-            },
+            |path, frames| zero(path, frames[14].0 / 4096 * 4096, 4096),
             0,
         ),
         (
             "truncated inside a frame",
-            |path, frames| {
-                let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-                file.set_len((frames[20].0 + 5) as u64).unwrap();
-            },
+            |path, frames| cut(path, frames[20].0 + 5),
             20,
         ),
         (
@@ -247,10 +240,78 @@ async fn every_fault_in_acknowledged_frames_sets_the_floor() {
     }
 }
 
+/// Damage under an open log, read back where no decoded copy is held (a reopened log
+/// holds none; a running one holds only its newest 4 MiB): a flipped byte, a zeroed frame,
+/// a zeroed header and a cut file are each a read error for the damaged entry and for any
+/// range over it, never an entry that reads back otherwise or a shorter log.
+#[tokio::test]
+async fn damage_read_back_by_an_open_log_is_an_error_never_fewer_entries() {
+    type Fault = fn(&Path, &[(usize, usize)]);
+    let faults: [(&str, Fault, u64); 5] = [
+        ("bit flip", |path, frames| flip(path, frames[14].0 + 20), 15),
+        (
+            "bit flip that leaves valid JSON: entry 15 reads as 14",
+            |path, frames| {
+                let bytes = std::fs::read(path).unwrap();
+                let (at, len) = frames[14];
+                let needle = b"\"index\":15";
+                let found = bytes[at..at + len]
+                    .windows(needle.len())
+                    .position(|w| w == needle)
+                    .expect("entry 15's index in its frame");
+                flip(path, at + found + needle.len() - 1);
+            },
+            15,
+        ),
+        (
+            "zeroed frame",
+            |path, frames| zero(path, frames[14].0, frames[14].1),
+            15,
+        ),
+        (
+            "zeroed header",
+            |path, frames| zero(path, frames[14].0, 8),
+            15,
+        ),
+        (
+            "cut inside a frame",
+            |path, frames| cut(path, frames[20].0 + 5),
+            21,
+        ),
+    ];
+    for (name, fault, damaged) in faults {
+        let dir = tempfile::tempdir().unwrap();
+        let segment = thirty_acknowledged(dir.path()).await;
+        let mut log = LogStore::open(dir.path()).unwrap();
+        let mut reader = log.get_log_reader().await;
+        // Intact, every entry reads back from disk.
+        assert_eq!(reader.try_get_log_entries(1..=30).await.unwrap().len(), 30);
+        fault(&segment, &frames(&segment));
+        for range in [damaged..=damaged, 1..=30] {
+            let read = reader.try_get_log_entries(range.clone()).await;
+            assert!(read.is_err(), "{name}: {range:?} read back as {read:?}");
+        }
+        // What lies before the damage still reads.
+        let before = reader.try_get_log_entries(1..=damaged - 1).await.unwrap();
+        assert_eq!(before.len() as u64, damaged - 1, "{name}");
+    }
+}
+
 fn flip(path: &Path, at: usize) {
     let mut bytes = std::fs::read(path).unwrap();
     bytes[at] ^= 0x01;
     std::fs::write(path, bytes).unwrap();
+}
+
+fn zero(path: &Path, at: usize, len: usize) {
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.write_all_at(&vec![0u8; len], at as u64).unwrap();
+}
+
+/// Cuts the file to `len` bytes.
+fn cut(path: &Path, len: usize) {
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.set_len(len as u64).unwrap();
 }
 
 /// Lost metadata: a lost watermark with an intact log is written anew (no fault); a lost
