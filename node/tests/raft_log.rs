@@ -4,7 +4,7 @@
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use lineage_node::raft_types::TypeConfig;
+use lineage_node::raft_types::{Proposal, TypeConfig};
 use lineage_node::store::repair_floor::Floor;
 use lineage_node::store::LogStore;
 use openraft::storage::RaftLogStorage;
@@ -295,6 +295,91 @@ async fn damage_read_back_by_an_open_log_is_an_error_never_fewer_entries() {
         let before = reader.try_get_log_entries(1..=damaged - 1).await.unwrap();
         assert_eq!(before.len() as u64, damaged - 1, "{name}");
     }
+}
+
+/// Entries beyond the decoded cache are read from disk outside the index lock, while
+/// truncates cut the very frames being read and appends overwrite them in a new term.
+/// Every read must still be the whole log as it stood at one moment: never a read error
+/// (openraft stops on one), a torn entry, an entry under another's log id, or a mix of
+/// two terms' writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn reads_racing_truncates_see_the_log_as_it_stood_never_an_error() {
+    const LAST: u64 = 80;
+    const NOTE: usize = 100_000;
+    // 100 KB entries: the 4 MiB cache holds the newest 40 or so, the rest read from disk.
+    fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
+        let note = format!("{term}/{index}/{}", "x".repeat(NOTE));
+        Entry {
+            log_id: log_id(term, 1, index),
+            payload: EntryPayload::Normal(Proposal::Witnessed { note }),
+        }
+    }
+    fn whole(entries: &[Entry<TypeConfig>]) -> Result<(), String> {
+        let mut last_term = 0;
+        for (i, e) in entries.iter().enumerate() {
+            let (index, term) = (e.log_id.index, e.log_id.leader_id.get_term());
+            if index != i as u64 + 1 || term < last_term {
+                return Err(format!("entry {index} of term {term} at position {i}"));
+            }
+            last_term = term;
+            match &e.payload {
+                EntryPayload::Normal(Proposal::Witnessed { note })
+                    if note.starts_with(&format!("{term}/{index}/"))
+                        && note.len() == format!("{term}/{index}/").len() + NOTE => {}
+                _ => return Err(format!("entry {index} of term {term} holds another's data")),
+            }
+        }
+        Ok(())
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = LogStore::open(dir.path()).unwrap();
+    log.append_and_wait((1..=LAST).map(|i| entry(1, i)).collect())
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let mut reader = log.get_log_reader().await;
+        let stop = stop.clone();
+        readers.push(tokio::spawn(async move {
+            let mut reads = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let entries = reader
+                    .try_get_log_entries(1..=LAST)
+                    .await
+                    .map_err(|e| format!("read {reads}: {e}"))?;
+                whole(&entries).map_err(|e| format!("read {reads}: {e}"))?;
+                reads += 1;
+                tokio::task::yield_now().await;
+            }
+            Ok::<u32, String>(reads)
+        }));
+    }
+    // Each round cuts the log inside the part read from disk and writes it again.
+    let mut terms = vec![1u64; LAST as usize + 1];
+    for term in 2..=31u64 {
+        let at = 5 + (term * 7) % 30;
+        log.truncate(log_id(terms[at as usize], 1, at))
+            .await
+            .unwrap();
+        log.append_and_wait((at..=LAST).map(|i| entry(term, i)).collect())
+            .await
+            .unwrap();
+        terms[at as usize..].fill(term);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for reader in readers {
+        let reads = reader.await.unwrap().unwrap_or_else(|e| panic!("{e}"));
+        assert!(reads > 0, "a reader never finished a read");
+    }
+    let after = log
+        .get_log_reader()
+        .await
+        .try_get_log_entries(1..=LAST)
+        .await
+        .unwrap();
+    whole(&after).unwrap();
+    assert_eq!(after.len() as u64, LAST);
 }
 
 fn flip(path: &Path, at: usize) {

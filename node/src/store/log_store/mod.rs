@@ -55,7 +55,6 @@ use std::fmt::Debug;
 use std::fs::File;
 use std::io;
 use std::ops::{Bound, RangeBounds};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -64,6 +63,7 @@ use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{Entry, LogId, LogState, RaftLogReader, StorageIOError, Vote};
 
 mod durable;
+mod reader;
 mod segment;
 mod writer;
 
@@ -90,8 +90,8 @@ pub(super) const FRAME_HEADER: usize = 8;
 /// leader's applies and replication read the newest entries: 4 MiB is about 30 of the
 /// batcher's largest (128 KiB), 230 of the 18 KB ones 16 clients made over 16 agents and
 /// 800 of the 5 KB ones over 10,000 (memory_growth: 100k records in 3,150 and 12,500
-/// entries). A follower further behind reads the rest from disk, under the index lock
-/// (so appends wait for those reads).
+/// entries). A follower further behind is served from disk, read outside the index lock
+/// (`reader.rs`).
 const RECENT_BYTES: u64 = 4 * 1024 * 1024;
 /// Zeros written ahead of the frames, extended by this much whenever a write reaches
 /// their end. Overwriting blocks the file already has lets fdatasync skip the journal
@@ -202,26 +202,6 @@ impl LogIndex {
                 None => break,
             }
         }
-    }
-
-    fn read_frame(&self, frame: &Frame) -> Result<Entry<TypeConfig>, StorageError> {
-        let segment = self
-            .segments
-            .get(&frame.segment)
-            .ok_or_else(|| read_err(format!("segment {} is gone", frame.segment)))?;
-        let mut buf = vec![0u8; FRAME_HEADER + frame.len as usize];
-        segment
-            .file
-            .read_exact_at(&mut buf, frame.offset)
-            .map_err(read_err)?;
-        let entry = decode_frame(&buf).map_err(read_err)?;
-        if entry.log_id != frame.log_id {
-            return Err(read_err(format!(
-                "frame at {} holds {} instead of {}",
-                frame.offset, entry.log_id, frame.log_id
-            )));
-        }
-        Ok(entry)
     }
 }
 
@@ -456,7 +436,6 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
-        let index = self.shared.lock();
         let start = match range.start_bound() {
             Bound::Included(&s) => s,
             Bound::Excluded(&s) => s.saturating_add(1),
@@ -467,30 +446,17 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(&e) => e,
             Bound::Unbounded => u64::MAX,
         };
-        let mut entries = Vec::new();
-        // Both queues hold consecutive indexes: find the slice by arithmetic.
-        let positions = |first: Option<u64>, len: usize| {
-            let first = first.unwrap_or(0);
-            let from = start.saturating_sub(first).min(len as u64) as usize;
-            let to = end.saturating_sub(first).min(len as u64) as usize;
-            from..to.max(from)
-        };
-        let durable_first = index.durable.front().map(|f| f.log_id.index);
-        let cached_from = index.durable.len() - index.recent.len();
-        for position in positions(durable_first, index.durable.len()) {
-            match position.checked_sub(cached_from) {
-                Some(cached) => entries.push(index.recent[cached].0.clone()),
-                None => entries.push(index.read_frame(&index.durable[position])?),
+        // Disk reads happen outside the lock (`reader.rs`); a frame that changed meanwhile
+        // sends the range back to be read with the lock held.
+        let plan = self.shared.lock().plan_read(start, end)?;
+        match plan.read() {
+            Ok(entries) => Ok(entries),
+            Err(first) => {
+                tracing::debug!(error = %first, "raft log read again under the lock");
+                let index = self.shared.lock();
+                index.plan_read(start, end)?.read()
             }
         }
-        let pending_first = index.pending.front().map(|e| e.log_id.index);
-        for entry in index
-            .pending
-            .range(positions(pending_first, index.pending.len()))
-        {
-            entries.push(entry.clone());
-        }
-        Ok(entries)
     }
 }
 
