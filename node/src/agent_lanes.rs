@@ -30,9 +30,10 @@ const LANES_SWEEP_MIN: usize = 1024;
 
 /// Every agent's lane. Lanes nobody holds are dropped when the map has doubled since the
 /// last sweep, so memory follows the agents being written now, not every agent ever
-/// written. A lane keeps its pending state only while it has writes in flight
-/// (`InFlight`'s drop): an idle lane is about 0.5 KB, where one holding a small agent's
-/// state was about 2.2 KB (`benches` `lane_bytes`).
+/// written. A lane drops its pending state when its last write in flight is answered
+/// (`InFlight`'s drop; kept if a turn is held just then, until a later write): an idle
+/// lane is about 0.5 KB, where one holding a small agent's state was about 2.2 KB
+/// (`benches` `lane_bytes`).
 pub struct Lanes {
     pipelining: bool,
     map: Mutex<LaneMap>,

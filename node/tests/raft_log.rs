@@ -299,9 +299,9 @@ async fn damage_read_back_by_an_open_log_is_an_error_never_fewer_entries() {
 
 /// Entries beyond the decoded cache are read from disk outside the index lock, while
 /// truncates cut the very frames being read and appends overwrite them in a new term.
-/// Every read must still be the whole log as it stood at one moment: never a read error
-/// (openraft stops on one), a torn entry, an entry under another's log id, or a mix of
-/// two terms' writes.
+/// Every read must still be the whole log as it stood at one moment (one of the states
+/// the writer took it through, compared term by term): never a read error (openraft
+/// stops on one), a torn entry, an entry under another's log id, or a mix of states.
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn reads_racing_truncates_see_the_log_as_it_stood_never_an_error() {
     const LAST: u64 = 80;
@@ -342,35 +342,52 @@ async fn reads_racing_truncates_see_the_log_as_it_stood_never_an_error() {
         let mut reader = log.get_log_reader().await;
         let stop = stop.clone();
         readers.push(tokio::spawn(async move {
-            let mut reads = 0u32;
+            // The terms of each read's entries, by index.
+            let mut seen: Vec<Vec<u64>> = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let read = seen.len();
                 let entries = reader
                     .try_get_log_entries(1..=LAST)
                     .await
-                    .map_err(|e| format!("read {reads}: {e}"))?;
-                whole(&entries).map_err(|e| format!("read {reads}: {e}"))?;
-                reads += 1;
+                    .map_err(|e| format!("read {read}: {e}"))?;
+                whole(&entries).map_err(|e| format!("read {read}: {e}"))?;
+                seen.push(
+                    entries
+                        .iter()
+                        .map(|e| e.log_id.leader_id.get_term())
+                        .collect(),
+                );
                 tokio::task::yield_now().await;
             }
-            Ok::<u32, String>(reads)
+            Ok::<Vec<Vec<u64>>, String>(seen)
         }));
     }
-    // Each round cuts the log inside the part read from disk and writes it again.
+    // Each round cuts the log inside the part read from disk and writes it again. Each
+    // is one step under the log's lock, so these are all the states the log has held.
     let mut terms = vec![1u64; LAST as usize + 1];
+    let mut states = std::collections::HashSet::from([terms[1..].to_vec()]);
     for term in 2..=31u64 {
         let at = 5 + (term * 7) % 30;
         log.truncate(log_id(terms[at as usize], 1, at))
             .await
             .unwrap();
+        states.insert(terms[1..at as usize].to_vec());
         log.append_and_wait((at..=LAST).map(|i| entry(term, i)).collect())
             .await
             .unwrap();
         terms[at as usize..].fill(term);
+        states.insert(terms[1..].to_vec());
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for reader in readers {
-        let reads = reader.await.unwrap().unwrap_or_else(|e| panic!("{e}"));
-        assert!(reads > 0, "a reader never finished a read");
+        let seen = reader.await.unwrap().unwrap_or_else(|e| panic!("{e}"));
+        assert!(!seen.is_empty(), "a reader never finished a read");
+        for (n, read) in seen.iter().enumerate() {
+            assert!(
+                states.contains(read),
+                "read {n} is no state the log held: {read:?}"
+            );
+        }
     }
     let after = log
         .get_log_reader()

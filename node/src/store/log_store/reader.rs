@@ -10,9 +10,10 @@
 //! Meanwhile the log may move under the read: a purge deletes segments (the handle still
 //! reads them), and a truncate cuts a segment, whose frames new appends then overwrite.
 //! Every frame read is checked against what the index said it was: its header's length
-//! and CRC, the CRC of its payload, and its log id. Raft never gives two different
-//! entries one log id, so a frame that passes is the entry that was indexed, and the
-//! range read is exactly the log as it stood when the lock was held. A frame that fails
+//! and CRC, the CRC of its payload, and its log id. A frame that passes has the indexed
+//! length, CRC and log id, so (short of a CRC32 collision at the same length and log id)
+//! it is the entry that was indexed, and the range read is exactly the log as it stood
+//! when the lock was held. A frame that fails
 //! is either damage or a frame rewritten since: the range is read again with the lock
 //! held throughout, where nothing moves, and only a failure then is a read error (which
 //! openraft treats as fatal).
@@ -175,6 +176,10 @@ mod tests {
         assert_eq!(read, blanks(1, 1..=10));
         let dir = tempfile::tempdir().unwrap();
         let mut log = reopened(dir.path(), 200).await;
+        assert!(
+            super::super::segment_path(dir.path(), 4).exists(),
+            "entry 4 starts a segment, so the truncate deletes whole files"
+        );
         let plan = log.shared.lock().plan_read(1, 11).unwrap();
         log.truncate(log_id(1, 1, 4)).await.unwrap();
         log.append_and_wait(blanks(2, 4..=10)).await.unwrap();
