@@ -201,6 +201,12 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         let gate = log_store.durability();
         state_machine = state_machine.behind(gate.clone());
         durable_log = Some(gate);
+    } else {
+        // Without early acks now, but perhaps with them before a crash: entries this node
+        // acknowledged early and lost may be on followers, so it must not lead its old
+        // term again either (`LogStore::leading_as`). The cost: an election after a
+        // leader restarts.
+        log_store.demote_own_leadership(config.id);
     }
     let committed_index = log_store.committed_index.clone();
     // What this node must have applied before its reference-log check (only when its data

@@ -562,8 +562,8 @@ async fn a_former_leader_with_early_acks_comes_back_as_a_candidate_not_the_leade
     led.commit();
     log.save_vote(&led).await.unwrap();
     drop(log);
-    // Without early acknowledgement every acked entry is on disk: openraft may restore
-    // the leadership as it was.
+    // The log alone keeps the vote as it was (the node demotes itself at every start
+    // anyway, `lib.rs`, since it may have run with early acks before).
     let mut plain = LogStore::open(dir.path()).unwrap();
     assert_eq!(plain.read_vote().await.unwrap(), Some(led));
     drop(plain);

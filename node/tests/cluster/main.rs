@@ -122,6 +122,31 @@ async fn leader_kill_elects_a_new_leader_and_the_old_one_catches_up() {
     assert_eq!(status["spent"], 9);
 }
 
+/// A leader that acknowledged its own entries early (the default), killed, and started
+/// again with `--leader-early-ack false`, must not lead its old term again: entries it
+/// acknowledged early and lost could be on followers under the same log ids. It comes
+/// back in a later term, and what it had committed is all there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_restarted_without_early_acks_does_not_lead_its_old_term() {
+    let mut cluster = Cluster::start(1).await;
+    let token = cluster.create_agent(0, "bot", policy(1000)).await;
+    for n in 0..3 {
+        act_until_served(&cluster, 0, "bot", &token, &format!("before-{n}")).await;
+    }
+    cluster.wait_ready(0, Duration::from_secs(10)).await;
+    let term = |metrics: std::collections::BTreeMap<String, f64>| metrics["lineage_raft_term"];
+    let led = term(cluster.metrics(0).await);
+    cluster.kill(0);
+    cluster.extra_args = vec!["--leader-early-ack".into(), "false".into()];
+    cluster.start_node(0);
+    cluster.wait_ready(0, Duration::from_secs(20)).await;
+    let now = term(cluster.metrics(0).await);
+    assert!(now > led, "leads term {now} again after leading term {led}");
+    act_until_served(&cluster, 0, "bot", &token, "after").await;
+    let (_, status) = cluster.get(0, "/v1/agents/bot", &token).await;
+    assert_eq!(status["spent"], 4);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_every_node_and_restarting_keeps_all_state() {
     let cluster = Cluster::start(3).await;

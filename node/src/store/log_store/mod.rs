@@ -300,10 +300,11 @@ impl LogStore {
     }
 
     /// Comes back as a candidate, not as the leader of its old term, when node `id`'s
-    /// committed vote is for itself. A node under repair must (whatever the early-ack
-    /// setting): openraft restores a leader from such a vote regardless of elections
-    /// being off, and leading its old term on a cut log would reuse log ids that
-    /// followers hold for other entries.
+    /// committed vote is for itself. The node does so at every start, whatever its
+    /// early-ack setting (`lib.rs`): it may have run with early acks before a crash, and
+    /// a node under repair must anyway. openraft restores a leader from such a vote
+    /// regardless of elections being off, and leading its old term on a cut log would
+    /// reuse log ids that followers hold for other entries.
     pub fn demote_own_leadership(&self, id: NodeId) {
         let mut index = self.shared.lock();
         if let Some(vote) = index.vote.filter(|vote| is_leader_vote(vote, id)) {
