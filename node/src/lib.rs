@@ -195,18 +195,17 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     )?;
     let mut log_store = log_store.with_append_timer(metrics.log_append_duration.clone());
     let mut state_machine = state_machine.with_spool_reserve(config.disk_reserve_bytes);
+    // Never the leader of its old term after a restart, whatever `--leader-early-ack` is
+    // now: entries it acknowledged early and lost before a crash may be on followers
+    // under the same log ids (`LogStore::leading_as`), and a log under repair is cut.
+    // The cost: an election after a leader restarts.
+    log_store.demote_own_leadership(config.id);
     let mut durable_log = None;
     if config.leader_early_ack {
         log_store = log_store.leading_as(config.id);
         let gate = log_store.durability();
         state_machine = state_machine.behind(gate.clone());
         durable_log = Some(gate);
-    } else {
-        // Without early acks now, but perhaps with them before a crash: entries this node
-        // acknowledged early and lost may be on followers, so it must not lead its old
-        // term again either (`LogStore::leading_as`). The cost: an election after a
-        // leader restarts.
-        log_store.demote_own_leadership(config.id);
     }
     let committed_index = log_store.committed_index.clone();
     // What this node must have applied before its reference-log check (only when its data
@@ -248,8 +247,6 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
                     .display()
             ));
         }
-        // Never the leader of its old term on a cut log (`demote_own_leadership`).
-        log_store.demote_own_leadership(config.id);
     }
     let tls_server = config
         .tls

@@ -87,9 +87,9 @@ impl ReadPlan {
     }
 }
 
-/// Reads `frame` from `file`: an error unless it is, byte for byte by its CRC, the frame
-/// the index holds.
-pub(super) fn read_frame(frame: &Frame, file: &File) -> Result<Entry<TypeConfig>, StorageError> {
+/// Reads `frame` from `file`: an error unless its length, CRC and log id are the ones the
+/// index holds.
+fn read_frame(frame: &Frame, file: &File) -> Result<Entry<TypeConfig>, StorageError> {
     let mut buf = vec![0u8; FRAME_HEADER + frame.len as usize];
     file.read_exact_at(&mut buf, frame.offset)
         .map_err(read_err)?;
