@@ -414,11 +414,12 @@ fn spawn_exit_on_fatal(raft: raft_types::Raft) {
     });
 }
 
-/// How often the records written since the last pass are merged into full runs.
+/// How often the records written since the last pass are packed.
 const RECORD_MERGE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Merges the small record rows the writer's commits leave into full runs
-/// (`StateMachine::merge_record_runs`), so records cost about their own size on disk.
+/// Packs the raw record rows the writer's commits leave into compressed runs
+/// (`StateMachine::merge_record_runs`), so records cost about a third of their lines on
+/// disk.
 fn spawn_record_merges(state_machine: store::state_machine::StateMachine) {
     tokio::spawn(async move {
         loop {

@@ -754,13 +754,21 @@ async fn records_merged_behind_the_applies_read_the_same_and_survive_reopen() {
         .iter()
         .flat_map(|a| a.records.iter().map(|r| r.line().to_string()))
         .collect();
+    // (raw rows, packed runs' bytes each) of the data directory's state file.
     let rows = |dir: &std::path::Path| {
         let db = redb::Database::open(dir.join("node.redb")).unwrap();
         let txn = db.begin_read().unwrap();
-        let table = txn
+        let raw = txn
             .open_table(redb::TableDefinition::<(&str, u64), &str>::new("records"))
             .unwrap();
-        redb::ReadableTableMetadata::len(&table).unwrap()
+        let packed = txn
+            .open_table(lineage_node::store::record_rows::PACKED_RUNS)
+            .unwrap();
+        let packed: Vec<usize> = redb::ReadableTable::iter(&packed)
+            .unwrap()
+            .map(|row| row.unwrap().1.value().len())
+            .collect();
+        (redb::ReadableTableMetadata::len(&raw).unwrap(), packed)
     };
     let before_reopen = {
         let (_log, mut sm) = store::open(dir.path()).unwrap();
@@ -804,21 +812,14 @@ async fn records_merged_behind_the_applies_read_the_same_and_survive_reopen() {
         };
         state
     };
-    // Merged, every row but the last is full (the next line would not fit in it): the
-    // rows a greedy packing of all the lines makes, no more.
-    let limit = lineage_node::store::record_rows::max_run_bytes("bot");
-    let mut packed: u64 = 0; // rows started
-    let mut run = usize::MAX;
-    for line in &expected {
-        run = if run.saturating_add(1 + line.len()) <= limit {
-            run + 1 + line.len()
-        } else {
-            packed += 1;
-            line.len()
-        };
-    }
-    let stored_rows = rows(dir.path());
-    assert_eq!(stored_rows, packed, "rows left unmerged");
+    // Merged, every record is in a packed run of at most a page, in fewer bytes than its
+    // line.
+    let (raw_rows, packed) = rows(dir.path());
+    assert_eq!(raw_rows, 0, "rows left unpacked");
+    let limit = lineage_node::store::record_rows::packed_row_bytes("bot");
+    assert!(packed.iter().all(|&len| len <= limit), "{packed:?}");
+    let text: usize = expected.iter().map(|line| line.len() + 1).sum();
+    assert!(packed.iter().sum::<usize>() < text, "{packed:?} for {text}");
     let (_log, sm) = store::open(dir.path()).unwrap();
     assert_eq!(stored_lines(&sm), expected);
     let data = sm.read_data();

@@ -12,7 +12,10 @@
 //!
 //!   cargo build --release -p lineage-node -p lineage-benches
 //!   target/release/memory_growth [--small 100000] [--large 1000000] [--agents 16]
-//!     [--clients 16] [--input-bytes 200] [--baseline-node PATH]
+//!     [--clients 16] [--input-bytes 200] [--repeated-input 0|1] [--baseline-node PATH]
+//!
+//! Inputs are random lowercase letters and spaces, unless `--repeated-input 1` (one
+//! letter repeated): stored records are compressed, and these two bound how well.
 //!
 //! With `--baseline-node`, another build is measured the same way in the same run (after
 //! ours), and each figure is also printed as a ratio to it.
@@ -195,6 +198,32 @@ struct Load {
     agents: usize,
     clients: usize,
     input_bytes: usize,
+    /// Every input the same letter repeated (`--repeated-input 1`), as before 2026-12-05,
+    /// instead of letters drawn at random: a bound on how well stored records compress,
+    /// where the random letters (about 4.8 bits a byte) are the other.
+    repeated_input: bool,
+}
+
+/// Decision `n`'s input text: `bytes` lowercase letters and spaces drawn from a
+/// generator seeded by `n` (splitmix64), or one letter repeated.
+fn input_text(n: u64, bytes: usize, repeated: bool) -> String {
+    if repeated {
+        return "x".repeat(bytes);
+    }
+    let mut state = n;
+    let mut next = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    (0..bytes)
+        .map(|_| match next() % 27 {
+            26 => ' ',
+            letter => char::from(b'a' + letter as u8),
+        })
+        .collect()
 }
 
 /// Creates the agents (once) and returns their tokens.
@@ -239,7 +268,7 @@ async fn load_to(
         let url = node.url.clone();
         let tokens = tokens.to_vec();
         let next = next.clone();
-        let input = "x".repeat(load.input_bytes);
+        let (input_bytes, repeated) = (load.input_bytes, load.repeated_input);
         let agents = load.agents;
         tasks.push(tokio::spawn(async move {
             loop {
@@ -248,6 +277,7 @@ async fn load_to(
                     return Ok::<(), String>(());
                 }
                 let a = (n as usize + c) % agents;
+                let input = input_text(n, input_bytes, repeated);
                 let reply = http
                     .post(format!("{url}/v1/agents/agent-{a}/actions"))
                     .bearer_auth(&tokens[a])
@@ -465,6 +495,7 @@ async fn real_main() -> Result<(), String> {
         agents: flag("--agents", 16).clamp(1, 10_000) as usize,
         clients: flag("--clients", 16).clamp(1, 256) as usize,
         input_bytes: flag("--input-bytes", 200).min(1 << 20) as usize,
+        repeated_input: flag("--repeated-input", 0) != 0,
     };
     let ours = sibling_binary("lineage-node", "-p lineage-node")?;
     let args: Vec<String> = std::env::args().collect();
@@ -474,8 +505,16 @@ async fn real_main() -> Result<(), String> {
         .and_then(|i| args.get(i + 1))
         .map(PathBuf::from);
     println!(
-        "memory_growth: {} agents, {} clients, inputs of {} bytes, sizes {:?}",
-        load.agents, load.clients, load.input_bytes, sizes
+        "memory_growth: {} agents, {} clients, inputs of {} bytes ({}), sizes {:?}",
+        load.agents,
+        load.clients,
+        load.input_bytes,
+        if load.repeated_input {
+            "one letter repeated"
+        } else {
+            "random letters"
+        },
+        sizes
     );
     eprintln!("this build: {}", ours.display());
     let mine = measure(&ours, &sizes, &load).await?;

@@ -9,6 +9,7 @@ pub mod idempotency_rows;
 pub mod imports;
 mod log_recovery;
 pub mod log_store;
+pub mod packed_run;
 pub mod record_ends;
 pub mod record_rows;
 pub mod repair_floor;

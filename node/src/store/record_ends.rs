@@ -52,7 +52,8 @@ fn decode(row: &[u8]) -> Result<u64, String> {
 /// Returns why the agent's copy cannot be trusted, if it cannot.
 pub fn check(
     ends: &impl ReadableTable<&'static str, &'static [u8]>,
-    records: &impl ReadableTable<(&'static str, u64), &'static str>,
+    records: &impl record_rows::RawRows,
+    packed: &impl record_rows::PackedRows,
     agent: &str,
     replayed_to: Option<u64>,
 ) -> Result<Option<String>, StorageError> {
@@ -61,7 +62,7 @@ pub fn check(
         Some(Err(why)) => return Ok(Some(format!("the stored end of its records: {why}"))),
         Some(Ok(end)) => end,
     };
-    let rows_end = record_rows::rows_end(records, agent)?;
+    let rows_end = record_rows::rows_end(records, packed, agent)?;
     if rows_end != end {
         return Ok(Some(format!(
             "its stored records end before seq {rows_end}, but were committed up to before seq {end}"
@@ -132,11 +133,12 @@ pub fn refill(
     let mut ends = txn.open_table(RECORD_ENDS)?;
     ends.retain(|_, _| false)?;
     let records = txn.open_table(records)?;
+    let packed = txn.open_table(record_rows::PACKED_RUNS)?;
     let index = txn.open_table(index)?;
     let mut stored = 0;
     for item in index.iter()? {
         let (agent, _) = item?;
-        let end = record_rows::rows_end(&records, agent.value())?;
+        let end = record_rows::rows_end(&records, &packed, agent.value())?;
         put(&mut ends, agent.value(), end)?;
         stored += 1;
     }
@@ -153,6 +155,9 @@ mod tests {
     fn db() -> (tempfile::TempDir, redb::Database) {
         let dir = tempfile::tempdir().unwrap();
         let db = redb::Database::create(dir.path().join("t.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(record_rows::PACKED_RUNS).unwrap();
+        txn.commit().unwrap();
         (dir, db)
     }
 
@@ -160,7 +165,8 @@ mod tests {
         let txn = db.begin_read().unwrap();
         let ends = txn.open_table(RECORD_ENDS).unwrap();
         let records = txn.open_table(RECORDS).unwrap();
-        check(&ends, &records, agent, replayed).unwrap()
+        let packed = txn.open_table(record_rows::PACKED_RUNS).unwrap();
+        check(&ends, &records, &packed, agent, replayed).unwrap()
     }
 
     /// Rows and end agree: nothing to say. Each way they can disagree (a line cut from
@@ -238,6 +244,39 @@ mod tests {
         write(&[(0, "r0\nr1\nr2"), (3, "r3\x0br4")], Some(5));
         let joined = check_now(&db, "a", Some(4)).unwrap();
         assert!(joined.contains("end before seq 4"), "{joined}");
+
+        // The newest run packed: its end is read from its header, and a header that says
+        // one line too few, or cannot be read, is reported, never taken for the end.
+        let pack = |lines: u32| crate::store::packed_run::pack("r3\nr4", lines).unwrap();
+        write(&[(0, "r0\nr1\nr2")], Some(5));
+        let put_packed = |row: &[u8]| {
+            let txn = db.begin_write().unwrap();
+            txn.open_table(record_rows::PACKED_RUNS)
+                .unwrap()
+                .insert(("a", 3), row)
+                .unwrap();
+            txn.commit().unwrap();
+        };
+        put_packed(&pack(2));
+        assert_eq!(check_now(&db, "a", Some(5)), None);
+        put_packed(&pack(1));
+        let short = check_now(&db, "a", Some(5)).unwrap();
+        assert!(short.contains("end before seq 4"), "{short}");
+        let mut unknown = pack(2);
+        unknown[0] ^= 0x40;
+        put_packed(&unknown);
+        let txn = db.begin_read().unwrap();
+        let damaged = check(
+            &txn.open_table(RECORD_ENDS).unwrap(),
+            &txn.open_table(RECORDS).unwrap(),
+            &txn.open_table(record_rows::PACKED_RUNS).unwrap(),
+            "a",
+            Some(5),
+        );
+        assert!(
+            matches!(&damaged, Err(StorageError::Corrupted(why)) if why.contains("format")),
+            "{damaged:?}"
+        );
     }
 
     /// A refill takes each indexed agent's end from its rows and drops any other; an end

@@ -1,16 +1,32 @@
-//! How agents' records sit in the state machine's `records` table: runs of consecutive
-//! records, one row per run, keyed by (agent, seq of the run's first record), holding the
-//! run's JSON lines joined by `\n` (a record's line never holds a raw newline).
+//! How agents' records sit in the state machine: runs of consecutive records, one row per
+//! run, keyed by (agent, seq of the run's first record), in two tables.
+//!
+//! - `records` holds raw runs: the run's JSON lines joined by `\n` (a record's line never
+//!   holds a raw newline). Applies write here, one run per agent per commit.
+//! - [`PACKED_RUNS`] holds packed runs (`packed_run`: compressed and checked), about a
+//!   page each. [`merge_tail`] packs an agent's raw rows there once a few have gathered,
+//!   with its last packed run if that is not full, and removes them from `records`.
 //!
 //! Why runs: the writer commits tens of milliseconds of applies at once, and with one row
 //! per record, B-tree inserts and the pages they dirtied were about a seventh of every
 //! node's CPU (perf, 3 nodes, 16 clients). One run per agent per commit is one insert. A row of
 //! one record (every row of older data dirs) is a run of one and reads the same way.
+//! Why packed: stored raw, a record took its line's bytes and more on disk; packed, about
+//! a third (`benches` `memory_growth`).
+//!
 //! Rows do not overlap: after a crash redb is back at its last durable commit, whose
 //! last applied id says where openraft re-applies from, so new runs start where the
-//! stored ones end. Readers still skip a seq they have already seen.
+//! stored ones end, and a merge moves rows between the tables in one transaction.
+//! Readers go through both tables in key order and still skip a seq they have already
+//! seen. A data directory from before packed runs has every row raw; an agent's rows are
+//! packed at its next merges, [`MERGE_LIMIT_BYTES`] at a time.
 
-use redb::{ReadableTable, StorageError, Table};
+use redb::{AccessGuard, ReadableTable, StorageError, Table, TableDefinition};
+
+use super::packed_run;
+
+/// (agent, seq of the run's first record) → a packed run (`packed_run`).
+pub const PACKED_RUNS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("packed_runs");
 
 /// redb's page size (its default; the node does not change it).
 const PAGE_BYTES: usize = 4096;
@@ -33,11 +49,11 @@ const ONE_ROW_LEAF_OVERHEAD: usize = 4 + 4 + 4 + 4 + 8;
 pub fn max_run_bytes(agent: &str) -> usize {
     (4 * PAGE_BYTES).saturating_sub(ONE_ROW_LEAF_OVERHEAD + agent.len())
 }
-/// How many bytes of rows one [`merge_tail`] call rewrites at most.
+/// How many bytes of raw rows one [`merge_tail`] call reads at most.
 pub const MERGE_LIMIT_BYTES: usize = 16 * 1024 * 1024;
-/// Small rows are left to gather until there are this many, or a run's worth of bytes,
-/// so an agent that writes a little at a time does not have its last, unsettled run
-/// rewritten at every merge.
+/// Raw rows are left to gather until there are this many, or a raw run's worth of bytes,
+/// so an agent that writes a little at a time does not have its last, open packed run
+/// repacked at every merge.
 const MERGE_MIN_ROWS: usize = 16;
 
 /// What [`merge_tail`] did.
@@ -111,79 +127,199 @@ impl RunWriter {
     }
 }
 
-/// Rewrites `agent_id`'s newest rows as full runs, back to the last settled row before
-/// `since` (the first seq written since the last merge; `None`: the last settled row),
-/// once there are enough of them to be worth it (or `however_few`). A row is settled when
-/// the line after it would not have fitted in it. A commit leaves an agent's records as
-/// full runs and a remainder (one small row, for tens of milliseconds of records): the
-/// remainders behind a commit's full runs are why the walk goes back to `since`. Merged,
-/// every row but the agent's last is full and the small rows' pages are reused by later
-/// ones. One transaction, so a crash leaves either the old rows or the merged ones; the
-/// records and their seqs are the same either way.
+/// `agent_id`'s newest rows, packed (`packed_run`): the raw rows written since its last
+/// packed run, and that run itself if it is not yet full, become packed runs of about a
+/// page each, the last of them possibly small (it is reopened at the next merge).
+/// Waits (`NotYet`) while there are fewer than `MERGE_MIN_ROWS` raw rows holding less than
+/// a raw run's worth of text, unless `however_few`. At most [`MERGE_LIMIT_BYTES`] of raw
+/// rows are read per call; the rest, which follows them, waits for the next.
+///
+/// One transaction: a crash leaves either the old rows or the packed ones, the same
+/// records under the same seqs. Rows that do not fit together (a gap, an overlap that
+/// differs, a packed run that does not unpack) are left as they are, for the scrub and
+/// start-up's checks to find.
 pub fn merge_tail(
-    table: &mut Table<(&'static str, u64), &'static str>,
+    raw: &mut Table<(&'static str, u64), &'static str>,
+    packed: &mut Table<(&'static str, u64), &'static [u8]>,
     agent_id: &str,
-    since: Option<u64>,
     however_few: bool,
 ) -> Result<Merged, StorageError> {
-    let run_limit = max_run_bytes(agent_id);
-    let full = |row: &str, next_first_line: usize| row.len() + 1 + next_first_line > run_limit;
-    let first_line = |row: &str| row.split('\n').next().map_or(0, str::len);
-    // Newest first.
+    // Where the raw tail starts: after the last packed run, or at that run if it is open.
+    let last_packed = match packed
+        .range((agent_id, 0)..=(agent_id, u64::MAX))?
+        .next_back()
+    {
+        Some(row) => {
+            let (key, row) = row?;
+            Some((key.value().1, row.value().to_vec()))
+        }
+        None => None,
+    };
+    let (from, open) = match &last_packed {
+        Some((first, row)) if row.len() < closed_row_bytes(agent_id) => {
+            match packed_run::unpack(row) {
+                Ok(text) => (*first, Some((*first, text))),
+                Err(_) => return Ok(Merged::Inconsistent),
+            }
+        }
+        Some((first, row)) => match packed_run::stated_lines(row) {
+            Ok(lines) => (first.saturating_add(u64::from(lines)), None),
+            Err(_) => return Ok(Merged::Inconsistent),
+        },
+        None => (0, None),
+    };
     let mut tail: Vec<(u64, String)> = Vec::new();
     let mut bytes = 0;
-    for row in table.range((agent_id, 0)..=(agent_id, u64::MAX))?.rev() {
+    for row in table_range(raw, agent_id, from)? {
         let (key, text) = row?;
-        let (first, text) = (key.value().1, text.value());
-        let settled = tail
-            .last()
-            .is_some_and(|(_, next)| full(text, first_line(next)));
-        if (settled && since.is_none_or(|since| first < since))
-            || bytes + text.len() > MERGE_LIMIT_BYTES
-        {
+        if bytes > 0 && bytes + text.value().len() > MERGE_LIMIT_BYTES {
             break;
         }
-        bytes += text.len();
-        tail.push((first, text.to_string()));
+        bytes += text.value().len();
+        tail.push((key.value().1, text.value().to_string()));
     }
-    // Full rows at the old end of what was read stay as they are.
-    while tail.len() >= 2 && full(&tail[tail.len() - 1].1, first_line(&tail[tail.len() - 2].1)) {
-        if let Some((_, text)) = tail.pop() {
-            bytes -= text.len();
-        }
-    }
-    if tail.len() < 2 {
+    if tail.is_empty() {
         return Ok(Merged::Nothing);
     }
-    if !however_few && tail.len() < MERGE_MIN_ROWS && bytes < run_limit {
+    if !however_few && tail.len() < MERGE_MIN_ROWS && bytes < max_run_bytes(agent_id) {
         return Ok(Merged::NotYet);
     }
-    tail.reverse();
-    let mut lines: Vec<(&str, u64, &str)> = Vec::new();
-    let mut next = tail[0].0;
+    // Every line from the open run (or the first raw row) on, each once, without a gap.
+    let mut lines: Vec<&str> = Vec::new();
+    let start = match &open {
+        Some((first, text)) => {
+            lines.extend(text.split('\n'));
+            *first
+        }
+        None if last_packed.is_some() => from,
+        None => tail[0].0,
+    };
     for (first, text) in &tail {
         for (seq, line) in row_lines(*first, text) {
-            if seq >= next {
-                if seq > next {
-                    // A gap: a row holds fewer lines than the next row's key says (a byte
-                    // changed into or out of a newline, a row lost). Rewriting would make
-                    // the damage permanent and could drop records: leave it for the scrub.
-                    return Ok(Merged::Inconsistent);
-                }
-                lines.push((agent_id, seq, line));
-                next = seq + 1;
-            } else if lines.get((seq - tail[0].0) as usize).map(|l| l.2) != Some(line) {
+            let next = start + lines.len() as u64;
+            if seq > next {
+                // A gap: a row holds fewer lines than the next row's key says (a byte
+                // changed into or out of a newline, a row lost). Rewriting would make
+                // the damage permanent and could drop records: leave it for the scrub.
+                return Ok(Merged::Inconsistent);
+            }
+            if seq == next {
+                lines.push(line);
+            } else if lines.get((seq - start) as usize) != Some(&line) {
                 // An older overlapping row counts once only if it says the same; one that
                 // differs (a row holding more lines than its place allows) is damage.
                 return Ok(Merged::Inconsistent);
             }
         }
     }
-    for (first, _) in &tail {
-        table.remove((agent_id, *first))?;
+    // The ratio the open run was packed at guesses the next runs' (`pack_lines`).
+    let ratio = match (&open, &last_packed) {
+        (Some((_, text)), Some((_, row))) if !text.is_empty() => {
+            row.len() as f64 / text.len() as f64
+        }
+        _ => 0.34,
+    };
+    let runs = pack_lines(agent_id, start, &lines, ratio).map_err(StorageError::Corrupted)?;
+    if let Some((first, _)) = &open {
+        packed.remove((agent_id, *first))?;
     }
-    insert_runs(table, lines)?;
+    for (first, _) in &tail {
+        raw.remove((agent_id, *first))?;
+    }
+    for (first, row) in &runs {
+        packed.insert((agent_id, *first), row.as_slice())?;
+    }
     Ok(Merged::Rewrote(bytes))
+}
+
+/// A packed run takes more lines only while it still fits in a leaf of one page: rows
+/// no bigger share leaves with their neighbours, so the last, small run of an agent
+/// costs its bytes, not a block of pages.
+pub fn packed_row_bytes(agent: &str) -> usize {
+    PAGE_BYTES.saturating_sub(ONE_ROW_LEAF_OVERHEAD + agent.len())
+}
+
+/// A packed run at least this big is closed: it is never reopened to take more lines.
+fn closed_row_bytes(agent: &str) -> usize {
+    packed_row_bytes(agent) * 7 / 8
+}
+
+/// `lines` (seqs from `first`) packed into runs of at most [`packed_row_bytes`] each
+/// (a single line that alone packs bigger is a run of its own), as (first seq, row). Every
+/// run but the last is at least [`closed_row_bytes`] where the lines allow. How many
+/// lines a run takes is guessed from `ratio` (packed to text bytes), then from the run
+/// before's, and corrected from what it packed to (a few tries; the fullest that fits).
+fn pack_lines(
+    agent: &str,
+    first: u64,
+    lines: &[&str],
+    mut ratio: f64,
+) -> Result<Vec<(u64, Vec<u8>)>, String> {
+    const TRIES: usize = 4;
+    let limit = packed_row_bytes(agent);
+    let mut runs = Vec::new();
+    let mut at = 0;
+    while at < lines.len() {
+        let rest = &lines[at..];
+        let mut target = (limit as f64 / ratio * 0.97) as usize;
+        // (lines taken, row, text bytes) of the fullest try that fits.
+        let mut best: Option<(usize, Vec<u8>, usize)> = None;
+        for _ in 0..TRIES {
+            let take = lines_within(rest, target);
+            let text = rest[..take].join("\n");
+            let row = packed_run::pack(&text, take as u32)?;
+            let (text_len, row_len) = (text.len(), row.len());
+            let fits = row_len <= limit || take == 1;
+            let done = fits && (row_len >= closed_row_bytes(agent) || take == rest.len());
+            if fits && best.as_ref().is_none_or(|(taken, _, _)| take > *taken) {
+                best = Some((take, row, text_len));
+            }
+            if done {
+                break;
+            }
+            let scaled = (text_len as f64 * limit as f64 / row_len as f64 * 0.97) as usize;
+            target = if fits {
+                scaled.max(text_len + 1)
+            } else {
+                scaled.min(text_len.saturating_sub(1))
+            };
+        }
+        let (take, row, text_len) = match best {
+            Some(best) => best,
+            None => {
+                let text = rest[0];
+                (1, packed_run::pack(text, 1)?, text.len())
+            }
+        };
+        ratio = (row.len() as f64 / text_len.max(1) as f64).clamp(0.02, 2.0);
+        runs.push((first + at as u64, row));
+        at += take;
+    }
+    Ok(runs)
+}
+
+/// How many of `lines` (at least one) fit in `bytes` of text joined by newlines.
+fn lines_within(lines: &[&str], bytes: usize) -> usize {
+    let mut used = 0;
+    let mut take = 0;
+    for line in lines {
+        let with = used + usize::from(take > 0) + line.len();
+        if take > 0 && with > bytes {
+            break;
+        }
+        used = with;
+        take += 1;
+    }
+    take
+}
+
+/// `agent_id`'s rows of `table` from first seq `from` on.
+fn table_range<'t, V: redb::Value + 'static>(
+    table: &'t impl ReadableTable<(&'static str, u64), V>,
+    agent_id: &str,
+    from: u64,
+) -> Result<redb::Range<'t, (&'static str, u64), V>, StorageError> {
+    table.range((agent_id, from)..=(agent_id, u64::MAX))
 }
 
 /// A row's records as (seq, line): the run starts at `first`.
@@ -191,23 +327,96 @@ fn row_lines(first: u64, text: &str) -> impl Iterator<Item = (u64, &str)> {
     (first..).zip(text.split('\n'))
 }
 
+/// The raw rows of the `records` table.
+pub trait RawRows: ReadableTable<(&'static str, u64), &'static str> {}
+impl<T: ReadableTable<(&'static str, u64), &'static str>> RawRows for T {}
+/// The packed rows of the [`PACKED_RUNS`] table.
+pub trait PackedRows: ReadableTable<(&'static str, u64), &'static [u8]> {}
+impl<T: ReadableTable<(&'static str, u64), &'static [u8]>> PackedRows for T {}
+
+/// A row's text: borrowed from a raw row, or unpacked.
+enum RowText<'a> {
+    Raw(AccessGuard<'a, &'static str>),
+    Packed(String),
+}
+
+impl RowText<'_> {
+    fn as_str(&self) -> &str {
+        match self {
+            RowText::Raw(guard) => guard.value(),
+            RowText::Packed(text) => text,
+        }
+    }
+}
+
+type RowKey<'a> = AccessGuard<'a, (&'static str, u64)>;
+
+/// The rows of both tables in key order: (agent, first seq) and the row's text. A
+/// packed run that does not unpack is a `Corrupted` error naming it.
+struct StoredRows<'a> {
+    raw: std::iter::Peekable<redb::Range<'a, (&'static str, u64), &'static str>>,
+    packed: std::iter::Peekable<redb::Range<'a, (&'static str, u64), &'static [u8]>>,
+}
+
+impl<'a> Iterator for StoredRows<'a> {
+    type Item = Result<(RowKey<'a>, RowText<'a>), StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let raw_first = match (self.raw.peek(), self.packed.peek()) {
+            (None, None) => return None,
+            (Some(_), None) | (Some(Err(_)), _) => true,
+            (None, Some(_)) | (_, Some(Err(_))) => false,
+            (Some(Ok((raw, _))), Some(Ok((packed, _)))) => raw.value() <= packed.value(),
+        };
+        if raw_first {
+            let row = self.raw.next()?;
+            return Some(row.map(|(key, text)| (key, RowText::Raw(text))));
+        }
+        let row = self.packed.next()?;
+        Some(row.and_then(|(key, row)| {
+            let (agent, first) = key.value();
+            let text = packed_run::unpack(row.value()).map_err(|e| {
+                StorageError::Corrupted(format!("{agent}'s packed run from seq {first}: {e}"))
+            })?;
+            Ok((key, RowText::Packed(text)))
+        }))
+    }
+}
+
 /// Calls `visit(seq, line)` for `agent_id`'s records from seq `from` on, in order, each
 /// once, until it returns false.
 pub fn visit_lines(
-    table: &impl ReadableTable<(&'static str, u64), &'static str>,
+    raw: &impl RawRows,
+    packed: &impl PackedRows,
     agent_id: &str,
     from: u64,
     mut visit: impl FnMut(u64, &str) -> bool,
 ) -> Result<(), StorageError> {
-    // The run holding `from` starts at or before it.
-    let start = match table.range((agent_id, 0)..=(agent_id, from))?.next_back() {
-        Some(row) => row?.0.value().1,
-        None => from,
+    // The run holding `from` starts at or before it, in one table or the other.
+    let mut start = None;
+    for first in [
+        raw.range((agent_id, 0)..=(agent_id, from))?
+            .next_back()
+            .map(|row| row.map(|(key, _)| key.value().1)),
+        packed
+            .range((agent_id, 0)..=(agent_id, from))?
+            .next_back()
+            .map(|row| row.map(|(key, _)| key.value().1)),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        start = start.max(Some(first?));
+    }
+    let start = start.unwrap_or(from);
+    let rows = StoredRows {
+        raw: table_range(raw, agent_id, start)?.peekable(),
+        packed: table_range(packed, agent_id, start)?.peekable(),
     };
     let mut next = from;
-    for row in table.range((agent_id, start)..=(agent_id, u64::MAX))? {
+    for row in rows {
         let (key, text) = row?;
-        for (seq, line) in row_lines(key.value().1, text.value()) {
+        for (seq, line) in row_lines(key.value().1, text.as_str()) {
             if seq < next {
                 continue;
             }
@@ -220,32 +429,48 @@ pub fn visit_lines(
     Ok(())
 }
 
-/// The seq after `agent_id`'s last stored record (0 with none), read from its newest row.
+/// The seq after `agent_id`'s last stored record (0 with none), read from its newest row
+/// in either table (a packed run's from its header).
 pub fn rows_end(
-    table: &impl ReadableTable<(&'static str, u64), &'static str>,
+    raw: &impl RawRows,
+    packed: &impl PackedRows,
     agent_id: &str,
 ) -> Result<u64, StorageError> {
-    match table
-        .range((agent_id, 0)..=(agent_id, u64::MAX))?
-        .next_back()
-    {
+    let raw_end = match table_range(raw, agent_id, 0)?.next_back() {
         Some(row) => {
             let (key, text) = row?;
             let lines = text.value().split('\n').count() as u64;
-            Ok(key.value().1.saturating_add(lines))
+            key.value().1.saturating_add(lines)
         }
-        None => Ok(0),
-    }
+        None => 0,
+    };
+    let packed_end = match table_range(packed, agent_id, 0)?.next_back() {
+        Some(row) => {
+            let (key, row) = row?;
+            let first = key.value().1;
+            let lines = packed_run::stated_lines(row.value()).map_err(|e| {
+                StorageError::Corrupted(format!("{agent_id}'s packed run from seq {first}: {e}"))
+            })?;
+            first.saturating_add(u64::from(lines))
+        }
+        None => 0,
+    };
+    Ok(raw_end.max(packed_end))
 }
 
-/// Calls `visit(agent, seq, line)` for every record in the table, in (agent, seq) order,
-/// each once.
+/// Calls `visit(agent, seq, line)` for every record in both tables, in (agent, seq)
+/// order, each once.
 pub fn visit_all(
-    table: &impl ReadableTable<(&'static str, u64), &'static str>,
+    raw: &impl RawRows,
+    packed: &impl PackedRows,
     mut visit: impl FnMut(&str, u64, &str) -> Result<(), String>,
 ) -> Result<(), String> {
+    let rows = StoredRows {
+        raw: raw.iter().map_err(|e| e.to_string())?.peekable(),
+        packed: packed.iter().map_err(|e| e.to_string())?.peekable(),
+    };
     let mut current: Option<(String, u64)> = None;
-    for row in table.iter().map_err(|e| e.to_string())? {
+    for row in rows {
         let (key, text) = row.map_err(|e| e.to_string())?;
         let (agent, first) = key.value();
         if current.as_ref().is_none_or(|(a, _)| a != agent) {
@@ -254,7 +479,7 @@ pub fn visit_all(
         let Some((_, next)) = current.as_mut() else {
             continue;
         };
-        for (seq, line) in row_lines(first, text.value()) {
+        for (seq, line) in row_lines(first, text.as_str()) {
             if seq < *next {
                 continue;
             }
@@ -272,33 +497,124 @@ mod tests {
 
     const RECORDS: TableDefinition<(&str, u64), &str> = TableDefinition::new("records");
 
-    fn lines(db: &Database, agent: &str, from: u64, limit: usize) -> Vec<(u64, String)> {
-        let txn = db.begin_read().unwrap();
-        let table = txn.open_table(RECORDS).unwrap();
-        let mut out = Vec::new();
-        visit_lines(&table, agent, from, |seq, line| {
-            out.push((seq, line.to_string()));
-            out.len() < limit
-        })
-        .unwrap();
-        out
+    fn create() -> (tempfile::TempDir, Database) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::create(dir.path().join("t.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(RECORDS).unwrap();
+        txn.open_table(PACKED_RUNS).unwrap();
+        txn.commit().unwrap();
+        (dir, db)
     }
 
-    /// `merge_tail` for agent "a" in a transaction of its own, committed.
-    fn merge_committed(db: &Database, since: Option<u64>) -> Merged {
+    fn lines(db: &Database, agent: &str, from: u64, limit: usize) -> Vec<(u64, String)> {
+        try_lines(db, agent, from, limit).unwrap()
+    }
+
+    fn try_lines(
+        db: &Database,
+        agent: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, String)>, StorageError> {
+        let txn = db.begin_read().unwrap();
+        let raw = txn.open_table(RECORDS).unwrap();
+        let packed = txn.open_table(PACKED_RUNS).unwrap();
+        let mut out = Vec::new();
+        visit_lines(&raw, &packed, agent, from, |seq, line| {
+            out.push((seq, line.to_string()));
+            out.len() < limit
+        })?;
+        Ok(out)
+    }
+
+    fn all(db: &Database) -> Result<Vec<String>, String> {
+        let txn = db.begin_read().unwrap();
+        let raw = txn.open_table(RECORDS).unwrap();
+        let packed = txn.open_table(PACKED_RUNS).unwrap();
+        let mut every = Vec::new();
+        visit_all(&raw, &packed, |agent, seq, line| {
+            every.push(format!("{agent}{seq}={line}"));
+            Ok(())
+        })?;
+        Ok(every)
+    }
+
+    fn end(db: &Database, agent: &str) -> Result<u64, StorageError> {
+        let txn = db.begin_read().unwrap();
+        let raw = txn.open_table(RECORDS).unwrap();
+        let packed = txn.open_table(PACKED_RUNS).unwrap();
+        rows_end(&raw, &packed, agent)
+    }
+
+    /// `merge_tail` for `agent` in a transaction of its own, committed.
+    fn merge_committed(db: &Database, agent: &str, however_few: bool) -> Merged {
         let txn = db.begin_write().unwrap();
         let merged = {
-            let mut table = txn.open_table(RECORDS).unwrap();
-            merge_tail(&mut table, "a", since, false).unwrap()
+            let mut raw = txn.open_table(RECORDS).unwrap();
+            let mut packed = txn.open_table(PACKED_RUNS).unwrap();
+            merge_tail(&mut raw, &mut packed, agent, however_few).unwrap()
         };
         txn.commit().unwrap();
         merged
     }
 
+    /// Rows as (first seq, row bytes).
+    type Rows = Vec<(u64, Vec<u8>)>;
+
+    /// Each table's rows of `agent`: raw, packed.
+    fn rows(db: &Database, agent: &str) -> (Rows, Rows) {
+        let txn = db.begin_read().unwrap();
+        let raw = txn.open_table(RECORDS).unwrap();
+        let packed = txn.open_table(PACKED_RUNS).unwrap();
+        let raw = table_range(&raw, agent, 0)
+            .unwrap()
+            .map(|row| {
+                let (key, text) = row.unwrap();
+                (key.value().1, text.value().as_bytes().to_vec())
+            })
+            .collect();
+        let packed = table_range(&packed, agent, 0)
+            .unwrap()
+            .map(|row| {
+                let (key, row) = row.unwrap();
+                (key.value().1, row.value().to_vec())
+            })
+            .collect();
+        (raw, packed)
+    }
+
+    /// A line like a record's: JSON keys, a counter, and a hash that differs per line.
+    fn record_line(agent: &str, seq: u64) -> String {
+        let hash: String = (0..8)
+            .map(|i| {
+                format!(
+                    "{:08x}",
+                    (seq + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15 >> i) as u32
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"seq":{seq},"actor":"{agent}","kind":"action_requested","payload":{{"tool":"search","input":{{"n":{}}}}},"hash":"{hash}"}}"#,
+            seq * 7 % 1000
+        )
+    }
+
+    fn write_one_row_each(db: &Database, agent: &str, seqs: std::ops::Range<u64>) {
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(RECORDS).unwrap();
+            for seq in seqs {
+                let text = record_line(agent, seq);
+                insert_runs(&mut table, [(agent, seq, text.as_str())]).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+    }
+
     #[test]
     fn runs_read_back_from_any_seq_and_overlaps_count_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Database::create(dir.path().join("t.redb")).unwrap();
+        let (_dir, db) = create();
         let txn = db.begin_write().unwrap();
         {
             let mut table = txn.open_table(RECORDS).unwrap();
@@ -319,35 +635,27 @@ mod tests {
             insert_runs(&mut table, [("c", 0, "c0"), ("c", 2, "c2")]).unwrap();
         }
         txn.commit().unwrap();
-        let all: Vec<String> = lines(&db, "a", 0, usize::MAX)
+        let every: Vec<String> = lines(&db, "a", 0, usize::MAX)
             .into_iter()
             .map(|(seq, line)| format!("{seq}:{line}"))
             .collect();
-        assert_eq!(all, ["0:a0", "1:a1", "2:a2", "3:a3", "4:a4"]);
+        assert_eq!(every, ["0:a0", "1:a1", "2:a2", "3:a3", "4:a4"]);
         assert_eq!(lines(&db, "a", 1, 2), [(1, "a1".into()), (2, "a2".into())]);
         assert_eq!(lines(&db, "a", 4, 9), [(4, "a4".into())]);
         assert!(lines(&db, "a", 5, 9).is_empty());
         assert_eq!(lines(&db, "b", 0, 9), [(0, "b0".into())]);
         // A gap starts a new run: both records are there, under their own seqs.
         assert_eq!(lines(&db, "c", 0, 9), [(0, "c0".into()), (2, "c2".into())]);
-        let txn = db.begin_read().unwrap();
-        let table = txn.open_table(RECORDS).unwrap();
-        let mut every = Vec::new();
-        visit_all(&table, |agent, seq, line| {
-            every.push(format!("{agent}{seq}={line}"));
-            Ok(())
-        })
-        .unwrap();
         assert_eq!(
-            every,
+            all(&db).unwrap(),
             ["a0=a0", "a1=a1", "a2=a2", "a3=a3", "a4=a4", "b0=b0", "c0=c0", "c2=c2"]
         );
+        assert_eq!(end(&db, "a").unwrap(), 5);
     }
 
     #[test]
     fn runs_stop_growing_at_the_size_limit() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Database::create(dir.path().join("t.redb")).unwrap();
+        let (_dir, db) = create();
         let line = "x".repeat(1000);
         let txn = db.begin_write().unwrap();
         {
@@ -355,13 +663,8 @@ mod tests {
             insert_runs(&mut table, (0..200).map(|seq| ("a", seq, line.as_str()))).unwrap();
         }
         txn.commit().unwrap();
-        let txn = db.begin_read().unwrap();
-        let table = txn.open_table(RECORDS).unwrap();
-        let rows: Vec<usize> = table
-            .iter()
-            .unwrap()
-            .map(|row| row.unwrap().1.value().len())
-            .collect();
+        let (raw, _) = rows(&db, "a");
+        let rows: Vec<usize> = raw.iter().map(|(_, text)| text.len()).collect();
         // As many 1000-byte lines as fit in one run, and a row per that many.
         let per_run = (max_run_bytes("a") + 1) / (line.len() + 1);
         assert_eq!(per_run, 16);
@@ -370,207 +673,219 @@ mod tests {
             rows.iter().all(|&len| len <= max_run_bytes("a")),
             "{rows:?}"
         );
-        drop(table);
-        drop(txn);
         assert_eq!(lines(&db, "a", 0, usize::MAX).len(), 200);
         assert_eq!(lines(&db, "a", 150, 1), [(150, line.clone())]);
     }
 
     /// Rows of one record each (one commit each), plus an older row overlapping them,
-    /// merge into full runs that read back the same; a second merge changes nothing, and
-    /// the rows written after a merge merge with its last, unsettled run.
+    /// pack into runs of at most a page that read back the same, from any seq, in both
+    /// tables' order with the raw rows written after; a second merge changes nothing; rows
+    /// written later wait for a few more, then go into the last, open run and new ones,
+    /// and the closed runs are not rewritten.
     #[test]
-    fn small_rows_merge_into_full_runs_that_read_the_same() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Database::create(dir.path().join("t.redb")).unwrap();
-        let line = |seq: u64| format!("{seq:03}:{}", "y".repeat(300));
-        // Lines of one length: a full run holds this many.
-        let per_run = (max_run_bytes("a") + 1) / (line(0).len() + 1);
-        let full_run = per_run * (line(0).len() + 1) - 1;
-        let write = |range: std::ops::Range<u64>| {
-            let txn = db.begin_write().unwrap();
-            {
-                let mut table = txn.open_table(RECORDS).unwrap();
-                for seq in range {
-                    let text = line(seq);
-                    insert_runs(&mut table, [("a", seq, text.as_str())]).unwrap();
-                }
-                insert_runs(&mut table, [("b", 0, "b0")]).unwrap();
-            }
-            txn.commit().unwrap();
-        };
-        let rows = |db: &Database| -> Vec<(u64, usize)> {
-            let txn = db.begin_read().unwrap();
-            let table = txn.open_table(RECORDS).unwrap();
-            let rows = table
-                .range(("a", 0)..=("a", u64::MAX))
-                .unwrap()
-                .map(|row| {
-                    let (key, text) = row.unwrap();
-                    (key.value().1, text.value().len())
-                })
-                .collect();
-            rows
-        };
-        let merge = |db: &Database| merge_committed(db, None);
-        write(0..500);
+    fn raw_rows_pack_into_page_sized_runs_that_read_the_same() {
+        let (_dir, db) = create();
+        write_one_row_each(&db, "a", 0..500);
+        write_one_row_each(&db, "b", 0..3);
         let txn = db.begin_write().unwrap();
         {
             let mut table = txn.open_table(RECORDS).unwrap();
-            let pair = format!("{}\n{}", line(40), line(41));
+            let pair = format!("{}\n{}", record_line("a", 40), record_line("a", 41));
             table.insert(("a", 40), pair.as_str()).unwrap();
         }
         txn.commit().unwrap();
-        let expected: Vec<(u64, String)> = (0..500).map(|seq| (seq, line(seq))).collect();
-        assert_eq!(lines(&db, "a", 0, usize::MAX), expected);
+        let expected = |n: u64| -> Vec<(u64, String)> {
+            (0..n).map(|seq| (seq, record_line("a", seq))).collect()
+        };
+        assert_eq!(lines(&db, "a", 0, usize::MAX), expected(500));
+        let text_bytes: usize = expected(500).iter().map(|(_, l)| l.len() + 1).sum();
 
-        assert!(matches!(merge(&db), Merged::Rewrote(_)));
-        let merged = rows(&db);
-        assert_eq!(merged.len(), 500usize.div_ceil(per_run), "{merged:?}");
-        let (last, settled) = merged.split_last().unwrap();
+        assert!(matches!(
+            merge_committed(&db, "a", false),
+            Merged::Rewrote(_)
+        ));
+        let (raw, packed) = rows(&db, "a");
+        assert!(raw.is_empty(), "{} raw rows left", raw.len());
+        let packed_bytes: usize = packed.iter().map(|(_, row)| row.len()).sum();
         assert!(
-            settled.iter().all(|&(_, len)| len == full_run),
-            "{merged:?}"
+            packed_bytes * 2 < text_bytes,
+            "{packed_bytes} packed of {text_bytes}"
         );
-        assert_eq!(last.0, (settled.len() * per_run) as u64);
-        assert_eq!(lines(&db, "a", 0, usize::MAX), expected);
-        assert_eq!(lines(&db, "a", 300, 1), [(300, line(300))]);
-        assert_eq!(lines(&db, "b", 0, 9), [(0, "b0".into())]);
-        assert_eq!(merge(&db), Merged::Nothing);
-        assert_eq!(rows(&db), merged, "a second merge rewrote rows");
+        let (last, closed) = packed.split_last().unwrap();
+        assert!(
+            closed
+                .iter()
+                .all(|(_, row)| row.len() <= packed_row_bytes("a")
+                    && row.len() >= closed_row_bytes("a")),
+            "{:?}",
+            packed.iter().map(|(_, r)| r.len()).collect::<Vec<_>>()
+        );
+        assert!(last.1.len() <= packed_row_bytes("a"));
+        assert_eq!(lines(&db, "a", 0, usize::MAX), expected(500));
+        assert_eq!(lines(&db, "a", 300, 1), [(300, record_line("a", 300))]);
+        assert_eq!(end(&db, "a").unwrap(), 500);
+        assert_eq!(merge_committed(&db, "a", false), Merged::Nothing);
+        assert_eq!(rows(&db, "a").1, packed, "a second merge rewrote rows");
+        let b: Vec<String> = (0..3)
+            .map(|s| format!("b{s}={}", record_line("b", s)))
+            .collect();
+        let every = all(&db).unwrap();
+        assert_eq!(every.len(), 503);
+        assert_eq!(every[500..], b);
 
-        // A few small rows wait for more; enough of them merge with the unsettled run.
-        write(500..505);
-        assert_eq!(merge(&db), Merged::NotYet);
-        assert_eq!(rows(&db).len(), merged.len() + 5);
-        write(505..520);
-        assert!(matches!(merge(&db), Merged::Rewrote(_)));
-        let after = rows(&db);
+        // A few rows wait for more; enough of them repack the open run with them.
+        write_one_row_each(&db, "a", 500..505);
+        assert_eq!(merge_committed(&db, "a", false), Merged::NotYet);
+        assert_eq!(rows(&db, "a").0.len(), 5);
+        assert_eq!(lines(&db, "a", 0, usize::MAX), expected(505));
+        assert_eq!(lines(&db, "a", 498, 4).len(), 4);
+        assert_eq!(end(&db, "a").unwrap(), 505);
+        write_one_row_each(&db, "a", 505..520);
+        assert!(matches!(
+            merge_committed(&db, "a", false),
+            Merged::Rewrote(_)
+        ));
+        let (raw, after) = rows(&db, "a");
+        assert!(raw.is_empty());
+        let reopened = usize::from(last.1.len() < closed_row_bytes("a"));
         assert_eq!(
-            after[..settled.len()],
-            *settled,
-            "settled runs were rewritten"
+            after[..packed.len() - reopened],
+            packed[..packed.len() - reopened],
+            "closed runs were rewritten"
         );
-        assert_eq!(after.len(), 520usize.div_ceil(per_run), "{after:?}");
-        let expected: Vec<(u64, String)> = (0..520).map(|seq| (seq, line(seq))).collect();
-        assert_eq!(lines(&db, "a", 0, usize::MAX), expected);
+        assert_eq!(lines(&db, "a", 0, usize::MAX), expected(520));
+        assert_eq!(end(&db, "a").unwrap(), 520);
+        // At a snapshot even one raw row is packed.
+        write_one_row_each(&db, "a", 520..521);
+        assert_eq!(merge_committed(&db, "a", false), Merged::NotYet);
+        assert!(matches!(
+            merge_committed(&db, "a", true),
+            Merged::Rewrote(_)
+        ));
+        assert!(rows(&db, "a").0.is_empty());
+        assert_eq!(lines(&db, "a", 0, usize::MAX), expected(521));
     }
 
-    /// A commit of more than a run's worth leaves full runs and a remainder: the
-    /// remainders behind later commits' full runs are merged when the merge is told where
-    /// the new rows start, and only then; after it every row but the last is full.
+    /// Commits of more than a raw run's worth (full raw runs and a remainder each), and a
+    /// line that alone is bigger than a packed run, pack in seq order.
     #[test]
-    fn remainders_behind_full_runs_merge_from_the_first_new_seq() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Database::create(dir.path().join("t.redb")).unwrap();
-        let line = |seq: u64| format!("{seq:03}:{}", "w".repeat(300));
-        let per_run = (max_run_bytes("a") + 1) / (line(0).len() + 1);
-        let commit = |seqs: std::ops::Range<u64>| {
-            let texts: Vec<(u64, String)> = seqs.map(|seq| (seq, line(seq))).collect();
+    fn full_raw_runs_and_a_huge_line_pack_in_order() {
+        let (_dir, db) = create();
+        let huge = "q".repeat(3 * PAGE_BYTES) + &record_line("a", 999);
+        let line = |seq: u64| {
+            if seq == 70 {
+                huge.clone()
+            } else {
+                record_line("a", seq)
+            }
+        };
+        for chunk in 0..4u64 {
+            let texts: Vec<(u64, String)> = (chunk * 40..(chunk + 1) * 40)
+                .map(|s| (s, line(s)))
+                .collect();
             let txn = db.begin_write().unwrap();
             {
                 let mut table = txn.open_table(RECORDS).unwrap();
                 insert_runs(&mut table, texts.iter().map(|(s, l)| ("a", *s, l.as_str()))).unwrap();
             }
             txn.commit().unwrap();
-        };
-        let merge = |since: Option<u64>| merge_committed(&db, since);
-        let row_lines = || -> Vec<usize> {
-            let txn = db.begin_read().unwrap();
-            let table = txn.open_table(RECORDS).unwrap();
-            let rows = table
-                .iter()
-                .unwrap()
-                .map(|row| row.unwrap().1.value().split('\n').count())
-                .collect();
-            rows
-        };
-        let commit_size = per_run as u64 + 7;
-        for n in 0..3 {
-            commit(n * commit_size..(n + 1) * commit_size);
         }
-        assert_eq!(row_lines().len(), 6, "{:?}", row_lines());
-        // Told nothing, the walk stops at the newest commit's full run.
-        assert_eq!(merge(None), Merged::Nothing);
-        assert!(matches!(merge(Some(0)), Merged::Rewrote(_)));
-        let rows = row_lines();
-        assert!(
-            rows[..rows.len() - 1].iter().all(|&n| n == per_run),
-            "{rows:?}"
-        );
-        assert_eq!(rows.iter().sum::<usize>() as u64, 3 * commit_size);
-
-        for n in 3..5 {
-            commit(n * commit_size..(n + 1) * commit_size);
-        }
-        assert!(matches!(merge(Some(3 * commit_size)), Merged::Rewrote(_)));
-        let rows = row_lines();
-        assert!(
-            rows[..rows.len() - 1].iter().all(|&n| n == per_run),
-            "{rows:?}"
-        );
-        let expected: Vec<(u64, String)> = (0..5 * commit_size).map(|s| (s, line(s))).collect();
+        assert!(matches!(
+            merge_committed(&db, "a", false),
+            Merged::Rewrote(_)
+        ));
+        let expected: Vec<(u64, String)> = (0..160).map(|s| (s, line(s))).collect();
         assert_eq!(lines(&db, "a", 0, usize::MAX), expected);
+        assert_eq!(lines(&db, "a", 70, 1), [(70, huge.clone())]);
+        assert!(rows(&db, "a").0.is_empty());
+        assert_eq!(end(&db, "a").unwrap(), 160);
     }
 
     /// Rows that do not fit together are never rewritten: a flipped byte that became a
-    /// newline (a row with one line too many, overlapping the next row with other text)
-    /// or a row with a line too few (a gap before the next row) leaves every row as it was.
+    /// newline (a row with one line too many, overlapping the next row with other text),
+    /// a row with a line too few (a gap before the next row), or an open packed run that
+    /// does not unpack leaves every row as it was.
     #[test]
     fn damaged_rows_are_not_merged() {
-        let line = |seq: u64| format!("{seq}:{}", "z".repeat(200));
-        for damage in ["newline", "cut"] {
-            let dir = tempfile::tempdir().unwrap();
-            let db = Database::create(dir.path().join("t.redb")).unwrap();
+        for damage in ["newline", "cut", "packed"] {
+            let (_dir, db) = create();
+            write_one_row_each(&db, "a", 0..3);
+            assert!(matches!(
+                merge_committed(&db, "a", true),
+                Merged::Rewrote(_)
+            ));
+            write_one_row_each(&db, "a", 3..40);
             let txn = db.begin_write().unwrap();
             {
                 let mut table = txn.open_table(RECORDS).unwrap();
-                for seq in 0..40 {
-                    let text = line(seq);
-                    insert_runs(&mut table, [("a", seq, text.as_str())]).unwrap();
-                }
-                let damaged = match damage {
-                    "newline" => line(5).replacen('z', "\n", 1),
-                    _ => String::new(),
-                };
-                if damage == "newline" {
-                    table.insert(("a", 5), damaged.as_str()).unwrap();
-                } else {
-                    table.remove(("a", 5)).unwrap();
+                match damage {
+                    "newline" => {
+                        let damaged = record_line("a", 5).replacen('s', "\n", 1);
+                        table.insert(("a", 5), damaged.as_str()).unwrap();
+                    }
+                    "cut" => {
+                        table.remove(("a", 5)).unwrap();
+                    }
+                    _ => {
+                        let mut packed = txn.open_table(PACKED_RUNS).unwrap();
+                        let mut row = packed.get(("a", 0)).unwrap().unwrap().value().to_vec();
+                        let at = row.len() - 6;
+                        row[at] ^= 0x10;
+                        packed.insert(("a", 0), row.as_slice()).unwrap();
+                    }
                 }
             }
             txn.commit().unwrap();
-            let before: Vec<(u64, String)> = {
-                let txn = db.begin_read().unwrap();
-                let table = txn.open_table(RECORDS).unwrap();
-                let rows = table
-                    .iter()
-                    .unwrap()
-                    .map(|r| {
-                        let (k, v) = r.unwrap();
-                        (k.value().1, v.value().to_string())
-                    })
-                    .collect();
-                rows
-            };
+            let before = rows(&db, "a");
+            assert_eq!(
+                merge_committed(&db, "a", true),
+                Merged::Inconsistent,
+                "{damage}"
+            );
+            assert_eq!(rows(&db, "a"), before, "{damage}: rows were rewritten");
+        }
+    }
+
+    /// A packed run flipped, zeroed or cut is an error for every read over it (never its
+    /// lines missing or others in their place); the lines before it still read.
+    #[test]
+    fn a_damaged_packed_run_is_an_error_never_fewer_lines() {
+        let (_dir, db) = create();
+        write_one_row_each(&db, "a", 0..600);
+        assert!(matches!(
+            merge_committed(&db, "a", true),
+            Merged::Rewrote(_)
+        ));
+        let (_, packed) = rows(&db, "a");
+        assert!(packed.len() >= 3, "{} packed runs", packed.len());
+        let (first, row) = packed[1].clone();
+        let damaged_rows = [
+            {
+                let mut r = row.clone();
+                r[row.len() / 2] ^= 0x01;
+                r
+            },
+            vec![0; row.len()],
+            row[..row.len() - 1].to_vec(),
+            row[..3].to_vec(),
+        ];
+        for damaged in damaged_rows {
             let txn = db.begin_write().unwrap();
-            let merged = {
-                let mut table = txn.open_table(RECORDS).unwrap();
-                merge_tail(&mut table, "a", None, true).unwrap()
-            };
-            txn.commit().unwrap();
-            assert_eq!(merged, Merged::Inconsistent, "{damage}");
-            let txn = db.begin_read().unwrap();
-            let table = txn.open_table(RECORDS).unwrap();
-            let after: Vec<(u64, String)> = table
-                .iter()
+            txn.open_table(PACKED_RUNS)
                 .unwrap()
-                .map(|r| {
-                    let (k, v) = r.unwrap();
-                    (k.value().1, v.value().to_string())
-                })
-                .collect();
-            assert_eq!(after, before, "{damage}: rows were rewritten");
+                .insert(("a", first), damaged.as_slice())
+                .unwrap();
+            txn.commit().unwrap();
+            for from in [0, first, first + 1] {
+                let read = try_lines(&db, "a", from, usize::MAX);
+                assert!(
+                    matches!(&read, Err(StorageError::Corrupted(_))),
+                    "from {from}: {:?}",
+                    read.map(|l| l.len())
+                );
+            }
+            assert!(all(&db).is_err());
+            assert_eq!(lines(&db, "a", 0, first as usize).len(), first as usize);
         }
     }
 }

@@ -13,7 +13,7 @@
 //! Every `fsync_interval` a commit is durable. A failed commit leaves the writer refusing
 //! all later work (fail-stop): the next apply fails and openraft stops the node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -59,11 +59,11 @@ struct WriterState {
     /// When redb last committed with an fsync.
     last_durable: Mutex<Instant>,
     fsync_interval_ms: AtomicU64,
-    /// Agents with record rows committed since the merge last took this, and the first
-    /// seq committed since (`StateMachine::merge_record_runs` reaches back to it). Kept
-    /// here, at the commit, not at the apply: a merge sees only committed rows, and a
-    /// seq it took before its rows were committed would be lost to it.
-    committed_since: Mutex<BTreeMap<String, u64>>,
+    /// Agents with record rows committed since the merge last took this
+    /// (`StateMachine::merge_record_runs` packs theirs). Kept here, at the commit, not at
+    /// the apply: a merge sees only committed rows, and an agent it took before its rows
+    /// were committed would wait for its next write.
+    committed_agents: Mutex<BTreeSet<String>>,
 }
 
 impl WriterState {
@@ -121,7 +121,7 @@ impl SmWriter {
             failed: Mutex::new(None),
             last_durable: Mutex::new(Instant::now()),
             fsync_interval_ms: AtomicU64::new(fsync_interval.as_millis() as u64),
-            committed_since: Mutex::new(BTreeMap::new()),
+            committed_agents: Mutex::new(BTreeSet::new()),
         });
         let for_thread = state.clone();
         let thread = std::thread::Builder::new()
@@ -160,27 +160,24 @@ impl SmWriter {
         self.state.check()
     }
 
-    /// The agents with record rows committed since the last call, each with the first
-    /// seq committed since.
-    pub fn take_committed_since(&self) -> BTreeMap<String, u64> {
+    /// The agents with record rows committed since the last call.
+    pub fn take_committed(&self) -> BTreeSet<String> {
         std::mem::take(
             &mut *self
                 .state
-                .committed_since
+                .committed_agents
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
         )
     }
 
-    /// Hands an agent back for the next [`take_committed_since`](Self::take_committed_since),
-    /// keeping the older seq if rows were committed meanwhile.
-    pub fn put_back_since(&self, agent_id: String, since: u64) {
-        let mut map = self
-            .state
-            .committed_since
+    /// Hands an agent back for the next [`take_committed`](Self::take_committed).
+    pub fn put_back(&self, agent_id: String) {
+        self.state
+            .committed_agents
             .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        keep_older_since(&mut map, agent_id, since);
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(agent_id);
     }
 
     /// Whether a commit now should be durable (then the turn is taken).
@@ -272,14 +269,11 @@ fn commit(state: &WriterState, db: &Database, tables: Tables, rows: Vec<RowBatch
     let durable = state.take_durable_turn();
     match write_rows(db, tables, durable, &rows) {
         Ok(spans) => {
-            let mut since = state
-                .committed_since
+            state
+                .committed_agents
                 .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            for (agent, (first, _)) in spans {
-                keep_older_since(&mut since, agent.to_string(), first);
-            }
-            drop(since);
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(spans.into_keys().map(str::to_string));
             state.flushed_through.store(last_seq, Ordering::Release)
         }
         Err(e) => {
@@ -291,11 +285,6 @@ fn commit(state: &WriterState, db: &Database, tables: Tables, rows: Vec<RowBatch
 
 /// Records `since` as the agent's first seq committed since the last merge, unless an
 /// older one is there.
-fn keep_older_since(map: &mut BTreeMap<String, u64>, agent_id: String, since: u64) {
-    let kept = map.entry(agent_id).or_insert(since);
-    *kept = (*kept).min(since);
-}
-
 /// Each agent's records in a commit: its first seq, and the seq after its last.
 type Spans<'a> = BTreeMap<&'a str, (u64, u64)>;
 

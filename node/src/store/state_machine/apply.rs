@@ -478,6 +478,12 @@ fn remove_lines(txn: &redb::WriteTransaction, agent_id: &str) -> Result<(), Stor
     records
         .retain_in((agent_id, 0)..=(agent_id, u64::MAX), |_, _| false)
         .map_err(sm_write_err)?;
+    let mut packed = txn
+        .open_table(super::super::record_rows::PACKED_RUNS)
+        .map_err(sm_write_err)?;
+    packed
+        .retain_in((agent_id, 0)..=(agent_id, u64::MAX), |_, _| false)
+        .map_err(sm_write_err)?;
     let mut ends = txn
         .open_table(record_ends::RECORD_ENDS)
         .map_err(sm_write_err)?;

@@ -159,6 +159,8 @@ impl StateMachine {
             let txn = db.begin_write().map_err(sm_write_err)?;
             refill_stale_ends(&txn).map_err(sm_write_err)?;
             txn.open_table(RECORDS).map_err(sm_write_err)?;
+            txn.open_table(record_rows::PACKED_RUNS)
+                .map_err(sm_write_err)?;
             txn.open_table(record_ends::RECORD_ENDS)
                 .map_err(sm_write_err)?;
             txn.open_table(IDEMPOTENCY).map_err(sm_write_err)?;
@@ -249,6 +251,9 @@ impl StateMachine {
             data.membership = checked_row::unseal_json(v.value()).map_err(sm_err)?;
         }
         let records = txn.open_table(RECORDS).map_err(sm_read_err)?;
+        let packed = txn
+            .open_table(record_rows::PACKED_RUNS)
+            .map_err(sm_read_err)?;
         let index = txn.open_table(AGENT_INDEX).map_err(sm_read_err)?;
         let checkpoints = txn.open_table(AGENT_CHECKPOINTS).map_err(sm_read_err)?;
         let ends = txn
@@ -276,36 +281,18 @@ impl StateMachine {
                 AgentState::new()
             };
             let mut slot = AgentSlot::Active(Box::new(start));
-            let from = match &slot {
-                AgentSlot::Active(state) => state.next_seq(),
-                AgentSlot::Quarantined(_) => 0,
-            };
-            let mut replayed = 0;
-            record_rows::visit_lines(&records, agent_id, from, |_, line| {
-                replayed += 1;
-                let outcome = match Record::from_line(line) {
-                    Ok(record) => fold_into(&mut slot, agent_id, std::slice::from_ref(&record)),
-                    Err(e) => ApplyOutcome::Rejected(format!("malformed stored record: {e}")),
-                };
-                match outcome {
-                    ApplyOutcome::Rejected(reason) => {
-                        if !matches!(slot, AgentSlot::Quarantined(_)) {
-                            slot = AgentSlot::Quarantined(reason);
-                        }
-                        false
-                    }
-                    ApplyOutcome::Applied => true,
-                }
-            })
-            .map_err(sm_read_err)?;
-            data.records_replayed_at_open += replayed;
+            data.records_replayed_at_open +=
+                replay_stored(&records, &packed, agent_id, &mut slot).map_err(sm_read_err)?;
             // Lines that all chain can still be a log cut short: its end was committed
             // with its rows.
             if let AgentSlot::Active(state) = &slot {
                 let replayed_to = Some(state.next_seq());
-                if let Some(reason) = record_ends::check(&ends, &records, agent_id, replayed_to)
-                    .map_err(sm_read_err)?
-                {
+                let checked =
+                    match record_ends::check(&ends, &records, &packed, agent_id, replayed_to) {
+                        Err(redb::StorageError::Corrupted(why)) => Ok(Some(why)),
+                        checked => checked,
+                    };
+                if let Some(reason) = checked.map_err(sm_read_err)? {
                     tracing::error!(
                         agent_id,
                         reason,
@@ -403,8 +390,11 @@ impl StateMachine {
             .collect();
         let txn = self.db.begin_read().map_err(|e| e.to_string())?;
         let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+        let packed = txn
+            .open_table(record_rows::PACKED_RUNS)
+            .map_err(|e| e.to_string())?;
         let mut taken = 0;
-        record_rows::visit_lines(&table, agent_id, from, |seq, line| {
+        record_rows::visit_lines(&table, &packed, agent_id, from, |seq, line| {
             lines.entry(seq).or_insert_with(|| line.to_string());
             taken += 1;
             taken < limit
@@ -518,29 +508,21 @@ impl StateMachine {
 }
 
 impl StateMachine {
-    /// Merges the newest small record rows of the agents with rows committed since the last
-    /// call into full runs, back to the first seq committed since
-    /// (`record_rows::merge_tail`, `SmWriter::take_committed_since`), at most four times
+    /// Packs the raw record rows of the agents with rows committed since the last call
+    /// (`record_rows::merge_tail`, `SmWriter::take_committed`), at most four times
     /// [`record_rows::MERGE_LIMIT_BYTES`] of rows per call (the rest waits for the next).
-    /// An agent whose few small rows are not worth a rewrite yet waits for its next
-    /// write; `all` (at a snapshot) merges every agent's rows however few. Runs beside
+    /// An agent whose few raw rows are not worth a repack yet waits for its next
+    /// write; `all` (at a snapshot) packs every agent's rows however few. Runs beside
     /// applies: only rows already committed are rewritten, in one write transaction the
     /// writer's commits wait for, committed without an fsync (the writer's next durable
     /// commit carries it; a crash leaves the old rows or the merged ones, the same
     /// records). Returns the bytes of rows rewritten.
     pub fn merge_record_runs(&self, all: bool) -> Result<usize, StorageError> {
-        let unmerged = self.writer.take_committed_since();
-        let agents: Vec<(String, Option<u64>)> = if all {
-            self.read_data()
-                .agents
-                .keys()
-                .map(|agent| (agent.clone(), unmerged.get(agent).copied()))
-                .collect()
+        let agents: Vec<String> = if all {
+            self.writer.take_committed();
+            self.read_data().agents.keys().cloned().collect()
         } else {
-            unmerged
-                .into_iter()
-                .map(|(agent, since)| (agent, Some(since)))
-                .collect()
+            self.writer.take_committed().into_iter().collect()
         };
         if agents.is_empty() {
             return Ok(0);
@@ -551,14 +533,15 @@ impl StateMachine {
         txn.set_durability(redb::Durability::None);
         {
             let mut table = txn.open_table(RECORDS).map_err(sm_write_err)?;
-            for (agent_id, since) in agents {
+            let mut packed = txn
+                .open_table(record_rows::PACKED_RUNS)
+                .map_err(sm_write_err)?;
+            for agent_id in agents {
                 if rewritten >= 4 * record_rows::MERGE_LIMIT_BYTES {
-                    // For the next pass. Without a seq written since, the whole tail is
-                    // looked at: the same walk as `None`.
-                    later.push((agent_id, since.unwrap_or(u64::MAX)));
+                    later.push(agent_id); // for the next pass
                     continue;
                 }
-                let merged = record_rows::merge_tail(&mut table, &agent_id, since, all)
+                let merged = record_rows::merge_tail(&mut table, &mut packed, &agent_id, all)
                     .map_err(sm_write_err)?;
                 match merged {
                     record_rows::Merged::Rewrote(bytes) => rewritten += bytes,
@@ -575,8 +558,8 @@ impl StateMachine {
         } else {
             txn.commit().map_err(sm_write_err)?;
         }
-        for (agent_id, since) in later {
-            self.writer.put_back_since(agent_id, since);
+        for agent_id in later {
+            self.writer.put_back(agent_id);
         }
         Ok(rewritten)
     }
@@ -586,6 +569,50 @@ impl StateMachine {
     fn make_durable(&self) -> Result<(), StorageError> {
         let txn = self.db.begin_write().map_err(sm_write_err)?;
         txn.commit().map_err(sm_write_err)
+    }
+}
+
+/// Replays `agent_id`'s stored records onto `slot` from where its state is (all of
+/// them for a quarantined one), stopping at the first that does not apply, which
+/// quarantines it. Returns how many records were read.
+fn replay_stored(
+    records: &impl record_rows::RawRows,
+    packed: &impl record_rows::PackedRows,
+    agent_id: &str,
+    slot: &mut AgentSlot,
+) -> Result<u64, redb::StorageError> {
+    let from = match &*slot {
+        AgentSlot::Active(state) => state.next_seq(),
+        AgentSlot::Quarantined(_) => 0,
+    };
+    let mut replayed = 0;
+    let read = record_rows::visit_lines(records, packed, agent_id, from, |_, line| {
+        replayed += 1;
+        let outcome = match Record::from_line(line) {
+            Ok(record) => fold_into(slot, agent_id, std::slice::from_ref(&record)),
+            Err(e) => ApplyOutcome::Rejected(format!("malformed stored record: {e}")),
+        };
+        match outcome {
+            ApplyOutcome::Rejected(reason) => {
+                if !matches!(slot, AgentSlot::Quarantined(_)) {
+                    *slot = AgentSlot::Quarantined(reason);
+                }
+                false
+            }
+            ApplyOutcome::Applied => true,
+        }
+    });
+    match read {
+        Ok(()) => Ok(replayed),
+        // A damaged row (a packed run that does not unpack) is this agent's copy gone
+        // bad, like a line that does not parse: the agent is quarantined, the node starts.
+        Err(redb::StorageError::Corrupted(why)) => {
+            let reason = format!("stored records damaged: {why}");
+            tracing::error!(agent_id, reason, "agent quarantined on this node");
+            *slot = AgentSlot::Quarantined(reason);
+            Ok(replayed)
+        }
+        Err(e) => Err(e),
     }
 }
 

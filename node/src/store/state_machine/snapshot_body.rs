@@ -33,11 +33,14 @@ fn json(out: &mut impl Write, value: &impl Serialize) -> Result<(), String> {
 pub(super) fn write_body(txn: &redb::ReadTransaction, out: &mut impl Write) -> Result<(), String> {
     let io = |e: std::io::Error| e.to_string();
     let records = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+    let packed = txn
+        .open_table(record_rows::PACKED_RUNS)
+        .map_err(|e| e.to_string())?;
     out.write_all(b"{\"records\":{").map_err(io)?;
     let mut current: Option<(String, u64)> = None;
     // Where each agent's lines sent end, held to the stored ends (`record_ends`).
     let mut sent = std::collections::BTreeMap::new();
-    record_rows::visit_all(&records, |agent, seq, line| {
+    record_rows::visit_all(&records, &packed, |agent, seq, line| {
         match &mut current {
             Some((name, next)) if name == agent => {
                 // Snapshots carry each agent's records from seq 0 without a gap.
@@ -153,6 +156,11 @@ pub(super) fn install_body(txn: &redb::WriteTransaction, reader: impl Read) -> R
         .retain(|_, _| false)
         .map_err(|e| e.to_string())?;
     drop(checkpoints);
+    // The body's records are written raw (`RunWriter`); packed at the agents' next merges.
+    txn.open_table(record_rows::PACKED_RUNS)
+        .map_err(|e| e.to_string())?
+        .retain(|_, _| false)
+        .map_err(|e| e.to_string())?;
     let mut tables = Tables {
         records: txn.open_table(RECORDS).map_err(|e| e.to_string())?,
         ends: txn
