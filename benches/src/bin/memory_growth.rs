@@ -57,6 +57,18 @@ impl Node {
     }
 
     fn spawn(&mut self) -> Result<(), String> {
+        // For a look at what the node did (its start-up's phases, say): its log, appended
+        // to the file `LINEAGE_BENCH_NODE_LOG` names.
+        let log = match std::env::var_os("LINEAGE_BENCH_NODE_LOG") {
+            Some(path) => Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .map_err(|e| format!("{}: {e}", PathBuf::from(&path).display()))?,
+            ),
+            None => None,
+        };
         let child = Command::new(&self.binary)
             .args(["run", "--id", "1", "--listen", &self.addr])
             .arg("--data-dir")
@@ -65,9 +77,9 @@ impl Node {
             .arg(self.dir.path().join("keys"))
             .arg("--peers")
             .arg(format!("1={}", self.addr))
-            .env("LINEAGE_LOG", "warn")
+            .env("LINEAGE_LOG", if log.is_some() { "info" } else { "warn" })
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log.map_or_else(Stdio::null, Stdio::from))
             .spawn()
             .map_err(|e| e.to_string())?;
         self.child = Some(child);

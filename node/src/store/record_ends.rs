@@ -138,7 +138,20 @@ pub fn refill(
     let mut stored = 0;
     for item in index.iter()? {
         let (agent, _) = item?;
-        let end = record_rows::rows_end(&records, &packed, agent.value())?;
+        let end = match record_rows::rows_end(&records, &packed, agent.value()) {
+            Ok(end) => end,
+            // A packed run whose header cannot be read: no end is stored, so start-up
+            // quarantines the agent ("no stored end") instead of failing to open.
+            Err(StorageError::Corrupted(why)) => {
+                tracing::error!(
+                    agent = agent.value(),
+                    why,
+                    "cannot tell where its records end"
+                );
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         put(&mut ends, agent.value(), end)?;
         stored += 1;
     }
@@ -296,7 +309,14 @@ mod tests {
             let mut ends = txn.open_table(RECORD_ENDS).unwrap();
             put(&mut ends, "a", 9).unwrap();
             put(&mut ends, "gone", 4).unwrap();
+            // "c": its newest run packed, with a header that cannot be read.
+            index.insert("c", ()).unwrap();
+            let mut packed = txn.open_table(record_rows::PACKED_RUNS).unwrap();
+            let mut row = crate::store::packed_run::pack("r0\nr1", 2).unwrap();
+            row[0] ^= 0x40;
+            packed.insert(("c", 0), row.as_slice()).unwrap();
         }
+        // "c" gets no end (start-up then quarantines it), rather than a failed open.
         assert_eq!(refill(&txn, RECORDS, INDEX).unwrap(), 2);
         txn.commit().unwrap();
         assert_eq!(check_now(&db, "a", Some(3)), None);
@@ -304,6 +324,7 @@ mod tests {
         assert!(check_now(&db, "gone", None)
             .unwrap()
             .contains("no stored end"));
+        assert!(check_now(&db, "c", None).unwrap().contains("no stored end"));
 
         let txn = db.begin_write().unwrap();
         txn.open_table(INDEX).unwrap().remove("a").unwrap();

@@ -63,8 +63,11 @@ pub enum Merged {
     Nothing,
     /// Small rows wait for more (`MERGE_MIN_ROWS`).
     NotYet,
-    /// Rows holding this many bytes were rewritten as full runs.
+    /// Raw rows holding this many bytes were packed.
     Rewrote(usize),
+    /// Raw rows holding this many bytes were packed, and more wait beyond
+    /// [`MERGE_LIMIT_BYTES`]: the agent wants another pass.
+    Partly(usize),
     /// The rows do not agree (a gap, or an overlap that differs): left as they are, for
     /// the scrub and start-up's chain checks to find.
     Inconsistent,
@@ -170,9 +173,11 @@ pub fn merge_tail(
     };
     let mut tail: Vec<(u64, String)> = Vec::new();
     let mut bytes = 0;
+    let mut more = false;
     for row in table_range(raw, agent_id, from)? {
         let (key, text) = row?;
         if bytes > 0 && bytes + text.value().len() > MERGE_LIMIT_BYTES {
+            more = true;
             break;
         }
         bytes += text.value().len();
@@ -229,7 +234,11 @@ pub fn merge_tail(
     for (first, row) in &runs {
         packed.insert((agent_id, *first), row.as_slice())?;
     }
-    Ok(Merged::Rewrote(bytes))
+    Ok(if more {
+        Merged::Partly(bytes)
+    } else {
+        Merged::Rewrote(bytes)
+    })
 }
 
 /// A packed run takes more lines only while it still fits in a leaf of one page: rows
@@ -392,26 +401,20 @@ pub fn visit_lines(
     from: u64,
     mut visit: impl FnMut(u64, &str) -> bool,
 ) -> Result<(), StorageError> {
-    // The run holding `from` starts at or before it, in one table or the other.
-    let mut start = None;
-    for first in [
-        raw.range((agent_id, 0)..=(agent_id, from))?
-            .next_back()
-            .map(|row| row.map(|(key, _)| key.value().1)),
-        packed
-            .range((agent_id, 0)..=(agent_id, from))?
-            .next_back()
-            .map(|row| row.map(|(key, _)| key.value().1)),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        start = start.max(Some(first?));
-    }
-    let start = start.unwrap_or(from);
+    // The run holding `from` starts at or before it, in one table or the other: each
+    // table is read from its own last row at or before `from` (an older overlapping row
+    // in one must not hide the other's run that holds `from`).
+    let raw_start = match raw.range((agent_id, 0)..=(agent_id, from))?.next_back() {
+        Some(row) => row?.0.value().1,
+        None => from,
+    };
+    let packed_start = match packed.range((agent_id, 0)..=(agent_id, from))?.next_back() {
+        Some(row) => row?.0.value().1,
+        None => from,
+    };
     let rows = StoredRows {
-        raw: table_range(raw, agent_id, start)?.peekable(),
-        packed: table_range(packed, agent_id, start)?.peekable(),
+        raw: table_range(raw, agent_id, raw_start)?.peekable(),
+        packed: table_range(packed, agent_id, packed_start)?.peekable(),
     };
     let mut next = from;
     for row in rows {
@@ -764,6 +767,30 @@ mod tests {
         ));
         assert!(rows(&db, "a").0.is_empty());
         assert_eq!(lines(&db, "a", 0, usize::MAX), expected(521));
+    }
+
+    /// An older raw row overlapping a packed run (the same lines twice) hides none of the
+    /// run's lines from a read that starts inside both.
+    #[test]
+    fn an_overlapping_raw_row_hides_no_packed_line() {
+        let (_dir, db) = create();
+        let text: Vec<String> = (30..43).map(|seq| record_line("a", seq)).collect();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut packed = txn.open_table(PACKED_RUNS).unwrap();
+            let row = packed_run::pack(&text.join("\n"), 13).unwrap();
+            packed.insert(("a", 30), row.as_slice()).unwrap();
+            let mut raw = txn.open_table(RECORDS).unwrap();
+            raw.insert(("a", 41), text[11].as_str()).unwrap();
+        }
+        txn.commit().unwrap();
+        for from in [30, 40, 41, 42] {
+            let expected: Vec<(u64, String)> = (from..43)
+                .map(|seq| (seq, text[(seq - 30) as usize].clone()))
+                .collect();
+            assert_eq!(lines(&db, "a", from, usize::MAX), expected, "from {from}");
+        }
+        assert_eq!(end(&db, "a").unwrap(), 43);
     }
 
     /// Commits of more than a raw run's worth (full raw runs and a remainder each), and a

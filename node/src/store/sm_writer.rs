@@ -283,8 +283,6 @@ fn commit(state: &WriterState, db: &Database, tables: Tables, rows: Vec<RowBatch
     }
 }
 
-/// Records `since` as the agent's first seq committed since the last merge, unless an
-/// older one is there.
 /// Each agent's records in a commit: its first seq, and the seq after its last.
 type Spans<'a> = BTreeMap<&'a str, (u64, u64)>;
 

@@ -545,6 +545,10 @@ impl StateMachine {
                     .map_err(sm_write_err)?;
                 match merged {
                     record_rows::Merged::Rewrote(bytes) => rewritten += bytes,
+                    record_rows::Merged::Partly(bytes) => {
+                        rewritten += bytes;
+                        later.push(agent_id); // the rest of its rows
+                    }
                     record_rows::Merged::Inconsistent => tracing::error!(
                         agent_id = %agent_id,
                         "stored record rows do not fit together: not merged (the scrub checks them)"
