@@ -514,9 +514,8 @@ impl StateMachine {
     /// An agent whose few raw rows are not worth a repack yet waits for its next
     /// write; `all` (at a snapshot) packs every agent's rows however few. Runs beside
     /// applies: only rows already committed are rewritten, in one write transaction the
-    /// writer's commits wait for, committed without an fsync (the writer's next durable
-    /// commit carries it; a crash leaves the old rows or the merged ones, the same
-    /// records). Returns the bytes of rows rewritten.
+    /// writer's commits wait for, committed durably (a crash leaves the old rows or the
+    /// packed ones, the same records). Returns the bytes of rows rewritten.
     pub fn merge_record_runs(&self, all: bool) -> Result<usize, StorageError> {
         let agents: Vec<String> = if all {
             self.writer.take_committed();
@@ -529,8 +528,12 @@ impl StateMachine {
         }
         let mut later = Vec::new();
         let mut rewritten = 0;
-        let mut txn = self.db.begin_write().map_err(sm_write_err)?;
-        txn.set_durability(redb::Durability::None);
+        // Durable (an fsync a pass): redb reuses the pages a commit frees only after a
+        // durable commit, and the writer's come every few seconds; with this pass's
+        // commits made without one, the raw rows it frees and the pages it rewrites were
+        // fresh pages each time, and the file grew to twice what a durable pass left it
+        // at (10,000 agents, 1M records: 1.93 GB before a restart, against 0.96 GB).
+        let txn = self.db.begin_write().map_err(sm_write_err)?;
         {
             let mut table = txn.open_table(RECORDS).map_err(sm_write_err)?;
             let mut packed = txn
