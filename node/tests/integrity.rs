@@ -368,3 +368,130 @@ async fn a_bit_flipped_in_a_packed_run_is_caught() {
     node.start().await;
     assert_only_victim_quarantined(&node).await;
 }
+
+/// One client's actions for "worker", sequential, until `stop` or the node stops
+/// answering; returns the answers it got.
+async fn pay_until_stopped(
+    http: Client,
+    base: String,
+    client: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<Value> {
+    let mut acknowledged = Vec::new();
+    for n in 0..5_000 {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
+        let input = json!({"to": format!("payee-{client}-{n}"), "memo": "m".repeat(200)});
+        let reply = http
+            .post(format!("{base}/v1/agents/worker/actions"))
+            .bearer_auth(ADMIN)
+            .json(&json!({"tool": "pay", "input": input}))
+            .send()
+            .await;
+        let Ok(reply) = reply else { break };
+        if reply.status() != StatusCode::OK {
+            break;
+        }
+        let Ok(answer) = reply.json::<Value>().await else {
+            break;
+        };
+        assert_eq!(answer["decision"], "allowed", "{answer}");
+        acknowledged.push(answer);
+    }
+    acknowledged
+}
+
+/// How many packed runs `agent` has in a stopped node's state file.
+fn packed_runs_of(data: &Path, agent: &str) -> usize {
+    use lineage_node::store::record_rows::PACKED_RUNS;
+    let db = redb::Database::open(data.join("node/node.redb")).unwrap();
+    let txn = db.begin_read().unwrap();
+    let table = txn.open_table(PACKED_RUNS).unwrap();
+    table.range((agent, 0)..=(agent, u64::MAX)).unwrap().count()
+}
+
+/// kill -9 while the node packs records (clients writing, merges every second): after the
+/// restart every acknowledged action is there as it was answered, nothing acknowledged is
+/// refunded, and the whole log verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_while_packing_loses_no_acknowledged_action() {
+    let mut node = Node::new();
+    node.start().await;
+    let policy = json!({"budget": 1u64 << 40, "scar_limit": 10, "tools": {"pay": {"cost": 3}},
+        "limits": {"max_requests_per_minute": 100000}});
+    let (status, body) = node
+        .call(
+            reqwest::Method::POST,
+            "/v1/agents",
+            ADMIN,
+            Some(json!({"agent_id": "worker", "policy": policy})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Three clients for about three merge passes; then kill -9 with requests in flight.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..3)
+        .map(|client| {
+            let (http, base) = (node.http.clone(), node.base.clone());
+            tokio::spawn(pay_until_stopped(http, base, client, stop.clone()))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
+    node.kill();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acknowledged = Vec::new();
+    for client in clients {
+        acknowledged.extend(client.await.unwrap());
+    }
+    assert!(
+        acknowledged.len() > 50,
+        "{} acknowledged",
+        acknowledged.len()
+    );
+    assert!(
+        packed_runs_of(node.data.path(), "worker") > 0,
+        "nothing was packed before the kill"
+    );
+
+    node.start().await;
+    for answer in &acknowledged {
+        let id = answer["action_id"].as_str().unwrap();
+        let (status, action) = node
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/agents/worker/actions/{id}"),
+                ADMIN,
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{id}: {action}");
+        assert_eq!(action["status"], "allowed", "{id}: {action}");
+    }
+    let lowest_remaining = acknowledged
+        .iter()
+        .map(|a| a["remaining"].as_u64().unwrap())
+        .min()
+        .unwrap();
+    let (_, status) = node
+        .call(reqwest::Method::GET, "/v1/agents/worker", ADMIN, None)
+        .await;
+    assert!(
+        status["remaining"].as_u64().unwrap() <= lowest_remaining,
+        "refunded: {status} after an answer with {lowest_remaining} remaining"
+    );
+    assert!(status["actions_allowed"].as_u64().unwrap() >= acknowledged.len() as u64);
+    let (_, verified) = node
+        .call(
+            reqwest::Method::GET,
+            "/v1/agents/worker/verify",
+            ADMIN,
+            None,
+        )
+        .await;
+    assert_eq!(verified["ok"], true, "{verified}");
+    assert_eq!(
+        verified["records"],
+        status["head"]["seq"].as_u64().unwrap() + 1
+    );
+}

@@ -18,8 +18,9 @@
 //! last applied id says where openraft re-applies from, so new runs start where the
 //! stored ones end, and a merge moves rows between the tables in one transaction.
 //! Readers go through both tables in key order and still skip a seq they have already
-//! seen. A data directory from before packed runs has every row raw; an agent's rows are
-//! packed at its next merges, [`MERGE_LIMIT_BYTES`] at a time.
+//! seen, each table from its own last row at or before the seq asked for. A data
+//! directory from before packed runs has every row raw; an agent's rows are packed from
+//! its first after its next write (or at a snapshot), [`MERGE_LIMIT_BYTES`] a pass.
 
 use redb::{AccessGuard, ReadableTable, StorageError, Table, TableDefinition};
 
