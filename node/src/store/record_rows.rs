@@ -36,8 +36,9 @@ const PAGE_BYTES: usize = 4096;
 /// length, the agent's bytes and 8 bytes of seq (redb's tuple encoding).
 const ONE_ROW_LEAF_OVERHEAD: usize = 4 + 4 + 4 + 4 + 8;
 
-/// A run of `agent`'s takes another line only while the row still fits in a leaf of
-/// four pages (16 KiB).
+/// A raw run of `agent`'s takes another line only while the row still fits in a leaf of
+/// four pages (16 KiB). (Raw runs last until the merge packs them; before packing they
+/// were the records' lasting form, which is what the figures below measured.)
 ///
 /// Why four: redb gives a leaf bigger than a page a block of a power-of-two number of
 /// contiguous pages, and frees it as one when the row is rewritten. The pages merges free

@@ -280,7 +280,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         // Fresh checkpoints, so a restart replays only what follows.
         self.checkpoint_agents()?;
-        // Small record rows of every agent into full runs, once per snapshot.
+        // Every agent's raw record rows packed, however few, once per snapshot.
         self.merge_record_runs(true)?;
         let (meta, txn) = self.fixed_view()?;
         drop(txn);
