@@ -8,8 +8,8 @@
 //! Any failure is damage, reported as such, never fewer or other lines.
 //!
 //! Why: a record's line is mostly JSON keys repeated in every record, a `prev_hash` equal
-//! to the line before's `hash`, and hex; level 3 stores a run in about a third of its
-//! text (`benches` `memory_growth` prints the disk per record).
+//! to the line before's `hash`, and hex; level 3 stores a run in 0.4 of its text with
+//! 200-byte inputs of random letters (`benches` `memory_growth`, `redb_tables`).
 
 use std::cell::RefCell;
 
