@@ -333,6 +333,23 @@ fn table_range<'t, V: redb::Value + 'static>(
     table.range((agent_id, from)..=(agent_id, u64::MAX))
 }
 
+/// The first seq of `agent_id`'s last row in `table` at or before `seq` (`seq` with none).
+fn run_start<V: redb::Value + 'static>(
+    table: &impl ReadableTable<(&'static str, u64), V>,
+    agent_id: &str,
+    seq: u64,
+) -> Result<u64, StorageError> {
+    match table.range((agent_id, 0)..=(agent_id, seq))?.next_back() {
+        Some(row) => Ok(row?.0.value().1),
+        None => Ok(seq),
+    }
+}
+
+/// A packed run that does not unpack, or whose header does not read, named.
+fn damaged_run(agent_id: &str, first: u64, why: String) -> StorageError {
+    StorageError::Corrupted(format!("{agent_id}'s packed run from seq {first}: {why}"))
+}
+
 /// A row's records as (seq, line): the run starts at `first`.
 fn row_lines(first: u64, text: &str) -> impl Iterator<Item = (u64, &str)> {
     (first..).zip(text.split('\n'))
@@ -386,9 +403,7 @@ impl<'a> Iterator for StoredRows<'a> {
         let row = self.packed.next()?;
         Some(row.and_then(|(key, row)| {
             let (agent, first) = key.value();
-            let text = packed_run::unpack(row.value()).map_err(|e| {
-                StorageError::Corrupted(format!("{agent}'s packed run from seq {first}: {e}"))
-            })?;
+            let text = packed_run::unpack(row.value()).map_err(|e| damaged_run(agent, first, e))?;
             Ok((key, RowText::Packed(text)))
         }))
     }
@@ -406,17 +421,9 @@ pub fn visit_lines(
     // The run holding `from` starts at or before it, in one table or the other: each
     // table is read from its own last row at or before `from` (an older overlapping row
     // in one must not hide the other's run that holds `from`).
-    let raw_start = match raw.range((agent_id, 0)..=(agent_id, from))?.next_back() {
-        Some(row) => row?.0.value().1,
-        None => from,
-    };
-    let packed_start = match packed.range((agent_id, 0)..=(agent_id, from))?.next_back() {
-        Some(row) => row?.0.value().1,
-        None => from,
-    };
     let rows = StoredRows {
-        raw: table_range(raw, agent_id, raw_start)?.peekable(),
-        packed: table_range(packed, agent_id, packed_start)?.peekable(),
+        raw: table_range(raw, agent_id, run_start(raw, agent_id, from)?)?.peekable(),
+        packed: table_range(packed, agent_id, run_start(packed, agent_id, from)?)?.peekable(),
     };
     let mut next = from;
     for row in rows {
@@ -453,9 +460,8 @@ pub fn rows_end(
         Some(row) => {
             let (key, row) = row?;
             let first = key.value().1;
-            let lines = packed_run::stated_lines(row.value()).map_err(|e| {
-                StorageError::Corrupted(format!("{agent_id}'s packed run from seq {first}: {e}"))
-            })?;
+            let lines = packed_run::stated_lines(row.value())
+                .map_err(|e| damaged_run(agent_id, first, e))?;
             first.saturating_add(u64::from(lines))
         }
         None => 0,

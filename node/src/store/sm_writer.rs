@@ -268,12 +268,12 @@ fn commit(state: &WriterState, db: &Database, tables: Tables, rows: Vec<RowBatch
     }
     let durable = state.take_durable_turn();
     match write_rows(db, tables, durable, &rows) {
-        Ok(spans) => {
+        Ok(ends) => {
             state
                 .committed_agents
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .extend(spans.into_keys().map(str::to_string));
+                .extend(ends.into_keys().map(str::to_string));
             state.flushed_through.store(last_seq, Ordering::Release)
         }
         Err(e) => {
@@ -283,22 +283,22 @@ fn commit(state: &WriterState, db: &Database, tables: Tables, rows: Vec<RowBatch
     }
 }
 
-/// Each agent's records in a commit: its first seq, and the seq after its last.
-type Spans<'a> = BTreeMap<&'a str, (u64, u64)>;
+/// Each agent with records in a commit, and the seq after its last one there.
+type Ends<'a> = BTreeMap<&'a str, u64>;
 
-/// Commits `rows` in one transaction; returns each agent's span of records in it.
+/// Commits `rows` in one transaction; returns where each agent's records in it end.
 fn write_rows<'a>(
     db: &Database,
     tables: Tables,
     durable: bool,
     rows: &'a [RowBatch],
-) -> Result<Spans<'a>, String> {
+) -> Result<Ends<'a>, String> {
     let text = |e: redb::Error| e.to_string();
     let mut txn = db.begin_write().map_err(|e| text(e.into()))?;
     if !durable {
         txn.set_durability(redb::Durability::None);
     }
-    let spans = {
+    let ends = {
         let mut records = txn.open_table(tables.records).map_err(|e| text(e.into()))?;
         let mut idempotency = txn
             .open_table(tables.idempotency)
@@ -324,11 +324,11 @@ fn write_rows<'a>(
                     .map_err(|e| text(e.into()))?;
             }
         }
-        // Each agent's records here, in seq order: the first starts its span, the last
-        // ends it. The end is stored with the rows, checked at start-up (`record_ends`).
-        let mut spans: Spans<'a> = BTreeMap::new();
+        // Each agent's records here, in seq order: the last one's end is stored with the
+        // rows, checked at start-up (`record_ends`).
+        let mut ends: Ends<'a> = BTreeMap::new();
         for &(agent, seq) in sorted_records.keys() {
-            spans.entry(agent).or_insert((seq, seq)).1 = seq.saturating_add(1);
+            ends.insert(agent, seq.saturating_add(1));
         }
         super::record_rows::insert_runs(
             &mut records,
@@ -337,11 +337,11 @@ fn write_rows<'a>(
                 .map(|((agent, seq), line)| (agent, seq, line)),
         )
         .map_err(|e| text(e.into()))?;
-        let mut ends = txn
+        let mut stored_ends = txn
             .open_table(super::record_ends::RECORD_ENDS)
             .map_err(|e| text(e.into()))?;
-        for (agent, &(_, end)) in &spans {
-            super::record_ends::put(&mut ends, agent, end).map_err(|e| text(e.into()))?;
+        for (agent, &end) in &ends {
+            super::record_ends::put(&mut stored_ends, agent, end).map_err(|e| text(e.into()))?;
         }
         if let Some(last) = rows.last() {
             meta.insert(tables.applied_key, last.applied.as_slice())
@@ -351,10 +351,10 @@ fn write_rows<'a>(
             meta.insert(tables.membership_key, last.membership.as_slice())
                 .map_err(|e| text(e.into()))?;
         }
-        spans
+        ends
     };
     txn.commit().map_err(|e| text(e.into()))?;
-    Ok(spans)
+    Ok(ends)
 }
 
 #[cfg(test)]
