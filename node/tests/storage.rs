@@ -1275,30 +1275,33 @@ async fn a_damaged_system_or_import_row_rebuilds_the_state_machine() {
     }
 }
 
-/// A state machine file whose heads log holds `n` sealed leaves (agent `a`, sizes 1..=n)
-/// and their stored nodes, as rounds leave them.
+/// A state machine file whose heads log holds `n` leaves (agent `a`, sizes 1..=n), in
+/// runs, and their stored nodes, as rounds leave them.
 fn with_heads_rows(dir: &std::path::Path, n: u64) {
-    use lineage_node::store::heads::{HEADS_LEAVES, HEADS_META};
-    use lineage_node::store::heads_tree::{seal_leaf, HeadsTree, HEADS_NODES};
+    use lineage_node::store::heads::HEADS_META;
+    use lineage_node::store::heads_leaves::{self, HEADS_LEAF_RUNS};
+    use lineage_node::store::heads_tree::{HeadsTree, HEADS_NODES};
     use redb::ReadableTable;
+    use sha2::Digest;
     drop(store::open(dir).unwrap());
     let db = redb::Database::create(dir.join("node.redb")).unwrap();
     let txn = db.begin_write().unwrap();
     {
-        let mut leaves = txn.open_table(HEADS_LEAVES).unwrap();
         let mut nodes = txn.open_table(HEADS_NODES).unwrap();
         let mut tree = HeadsTree::default();
+        let mut leaves = Vec::new();
         for i in 0..n {
             let leaf = lineage_core::heads::HeadStatement {
                 agent_id: "a".into(),
                 size: i + 1,
-                root: hex::encode([i as u8; 32]),
-                head_hash: hex::encode([7u8; 32]),
+                root: hex::encode(sha2::Sha256::digest(i.to_le_bytes())),
+                head_hash: hex::encode(sha2::Sha256::digest((i + 1).to_le_bytes())),
             }
             .to_leaf();
-            leaves.insert(i, seal_leaf(&leaf).as_str()).unwrap();
             tree.push(&leaf, &mut nodes).unwrap();
+            leaves.push(leaf);
         }
+        heads_leaves::append(&mut txn.open_table(HEADS_LEAF_RUNS).unwrap(), 0, &leaves).unwrap();
         let mut meta = txn.open_table(HEADS_META).unwrap();
         meta.insert("indexed", n.to_string().as_str()).unwrap();
         assert!(
@@ -1307,6 +1310,15 @@ fn with_heads_rows(dir: &std::path::Path, n: u64) {
         );
     }
     txn.commit().unwrap();
+}
+
+/// The first leaf of the stored run that holds leaf `index`, and the run.
+fn heads_run_holding(txn: &redb::WriteTransaction, index: u64) -> (u64, Vec<u8>) {
+    use lineage_node::store::heads_leaves::HEADS_LEAF_RUNS;
+    use redb::ReadableTable;
+    let runs = txn.open_table(HEADS_LEAF_RUNS).unwrap();
+    let (first, row) = runs.range(..=index).unwrap().next_back().unwrap().unwrap();
+    (first.value(), row.value().to_vec())
 }
 
 /// The last round names the checkpoint a node serves and signs by default: a round
@@ -1348,12 +1360,13 @@ async fn a_round_beyond_the_heads_tree_is_damage() {
 }
 
 /// The heads tree's right edge (the unfinished chunk's leaves and the nodes waiting for a
-/// sibling) is what every later root is computed from: a row of it flipped, zeroed or cut
-/// makes the file count as damaged at open (moved aside, rebuilt), never a root signed
-/// from it. A leaf behind the edge is checked when it is read: an error, not the leaf.
+/// sibling) is what every later root is computed from: a run of leaves or a node row of it
+/// flipped, zeroed or cut makes the file count as damaged at open (moved aside, rebuilt),
+/// never a root signed from it. A run behind the edge is checked when it is read: an
+/// error, not its leaves, and a run lost is an error, never a shorter range.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_heads_row_is_never_read_as_a_leaf_or_a_root() {
-    use lineage_node::store::heads::HEADS_LEAVES;
+    use lineage_node::store::heads_leaves::HEADS_LEAF_RUNS;
     use lineage_node::store::heads_tree::HEADS_NODES;
     use redb::ReadableTable;
     const N: u64 = 300;
@@ -1375,17 +1388,10 @@ async fn a_damaged_heads_row_is_never_read_as_a_leaf_or_a_root() {
             let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
             let txn = db.begin_write().unwrap();
             if what == "leaf 299" {
-                let mut leaves = txn.open_table(HEADS_LEAVES).unwrap();
-                let mut row = leaves
-                    .get(299)
-                    .unwrap()
-                    .unwrap()
-                    .value()
-                    .as_bytes()
-                    .to_vec();
+                let (first, mut row) = heads_run_holding(&txn, 299);
                 damage.apply(&mut row);
-                let row = String::from_utf8(row).unwrap();
-                leaves.insert(299, row.as_str()).unwrap();
+                let mut runs = txn.open_table(HEADS_LEAF_RUNS).unwrap();
+                runs.insert(first, row.as_slice()).unwrap();
             } else {
                 let mut nodes = txn.open_table(HEADS_NODES).unwrap();
                 let mut row = nodes.get((8, 0)).unwrap().unwrap().value().to_vec();
@@ -1402,45 +1408,64 @@ async fn a_damaged_heads_row_is_never_read_as_a_leaf_or_a_root() {
         assert_eq!(sm.read_data().heads.tree.size(), 0, "{what} {damage:?}");
     }
 
-    // Control, and a leaf behind the edge.
+    // Control, and a run behind the edge.
     let dir = tempfile::tempdir().unwrap();
     with_heads_rows(dir.path(), N);
     {
         let (_log, sm) = store::open(dir.path()).unwrap();
         assert!(!moved_aside(dir.path()), "an intact file is kept");
         assert_eq!(sm.read_data().heads.tree.size(), N);
-        assert_eq!(sm.heads_leaves(0, 20).unwrap().len(), 20);
+        assert_eq!(sm.heads_leaves(0, 100).unwrap().len(), 100);
     }
-    {
+    let (damaged, next) = {
         let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
         let txn = db.begin_write().unwrap();
-        {
-            let mut leaves = txn.open_table(HEADS_LEAVES).unwrap();
-            let mut row = leaves.get(10).unwrap().unwrap().value().as_bytes().to_vec();
-            Damage::Flip.apply(&mut row);
-            let row = String::from_utf8(row).unwrap();
-            leaves.insert(10, row.as_str()).unwrap();
-        }
+        let (first, mut row) = heads_run_holding(&txn, 50);
+        let next = {
+            let runs = txn.open_table(HEADS_LEAF_RUNS).unwrap();
+            let next = runs.range(first + 1..).unwrap().next().unwrap().unwrap().0;
+            next.value()
+        };
+        Damage::Flip.apply(&mut row);
+        txn.open_table(HEADS_LEAF_RUNS)
+            .unwrap()
+            .insert(first, row.as_slice())
+            .unwrap();
         txn.commit().unwrap();
-    }
+        (first, next)
+    };
     {
         let (_log, sm) = store::open(dir.path()).unwrap();
         assert_eq!(sm.read_data().heads.tree.size(), N);
-        let error = sm.heads_leaves(0, 20).unwrap_err();
-        assert!(error.contains("heads leaf 10"), "{error}");
-        assert_eq!(sm.heads_leaves(11, 20).unwrap().len(), 9);
+        for start in [0, damaged, 50] {
+            let error = sm.heads_leaves(start, N).unwrap_err();
+            assert!(
+                error.contains(&format!("heads leaves from {damaged}")),
+                "{error}"
+            );
+        }
+        assert_eq!(sm.heads_leaves(next, N).unwrap().len() as u64, N - next);
     }
 
-    // A leaf row lost behind the edge: an error, never a shorter range.
+    // A run lost behind the edge: an error, never a shorter range.
     {
         let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
         let txn = db.begin_write().unwrap();
-        txn.open_table(HEADS_LEAVES).unwrap().remove(12).unwrap();
+        txn.open_table(HEADS_LEAF_RUNS)
+            .unwrap()
+            .remove(damaged)
+            .unwrap();
         txn.commit().unwrap();
     }
     let (_log, sm) = store::open(dir.path()).unwrap();
-    let error = sm.heads_leaves(11, 20).unwrap_err();
-    assert!(error.contains("heads leaf 12 is not stored"), "{error}");
+    for start in [0, damaged, next - 1] {
+        let error = sm.heads_leaves(start, N).unwrap_err();
+        assert!(
+            error.contains(&format!("heads leaf {damaged} is not stored")),
+            "{error}"
+        );
+    }
+    assert_eq!(sm.heads_leaves(next, N).unwrap().len() as u64, N - next);
 }
 
 /// A stored record line flipped, zeroed, cut short or split by a new newline is a

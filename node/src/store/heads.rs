@@ -12,12 +12,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use lineage_core::heads::HeadStatement;
 use lineage_core::transparency::{self, Hash};
-use redb::{ReadableTable, TableDefinition};
+use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use super::agent_slot::AgentSlot;
+use super::heads_leaves::{self, LeafLookup, HEADS_LEAF_RUNS};
 use super::heads_tree::{self, HeadsTree, StoredTree, HEADS_BY_AGENT, HEADS_NODES};
 
-/// Leaf index → head statement (canonical JSON), sealed (`heads_tree::seal_leaf`).
+/// Leaf index → head statement (canonical JSON), sealed (`heads_tree::seal_leaf`): how
+/// leaves were stored before runs (`heads_leaves`). Rows found here are moved into runs
+/// at open ([`pack_old_leaves`]); nothing else reads them.
 pub const HEADS_LEAVES: TableDefinition<u64, &str> = TableDefinition::new("heads_leaves");
 /// Tree sizes at which a round ended: the checkpoints this log ever had.
 pub const HEADS_ROUNDS: TableDefinition<u64, ()> = TableDefinition::new("heads_rounds");
@@ -61,18 +64,28 @@ impl HeadsLog {
         let meta = txn.open_table(HEADS_META)?;
         heads.origin = meta.get(ORIGIN_KEY)?.map(|v| v.value().to_string());
         heads.witnessed = meta.get(WITNESSED_KEY)?.map(|v| v.value().to_string());
-        let leaves = txn.open_table(HEADS_LEAVES)?;
-        let size = leaf_count(&leaves)?;
+        let leaves = txn.open_table(HEADS_LEAF_RUNS)?;
+        let size = heads_leaves::count(&leaves)?;
         heads.tree = HeadsTree::load(size, &txn.open_table(HEADS_NODES)?, &leaves)?;
         heads.last_round = txn
             .open_table(HEADS_ROUNDS)?
             .last()?
             .map(|(size, _)| size.value());
         let by_agent = txn.open_table(HEADS_BY_AGENT)?;
-        for (agent_id, slot) in agents {
-            if let Some(size) = heads_tree::last_stated_size(&by_agent, &leaves, agent_id)? {
-                heads.stated.insert(agent_id.clone(), size);
+        // Each agent's last statement, read in leaf order so each run is unpacked once.
+        let mut last_statements = Vec::new();
+        for agent_id in agents.keys() {
+            if let Some(index) = heads_tree::statement_below(&by_agent, agent_id, u64::MAX)? {
+                last_statements.push((index, agent_id));
             }
+        }
+        last_statements.sort_unstable();
+        let mut lookup = LeafLookup::new(&leaves);
+        for (index, agent_id) in last_statements {
+            let size = heads_tree::stated_size(&mut lookup, index, agent_id)?;
+            heads.stated.insert(agent_id.clone(), size);
+        }
+        for (agent_id, slot) in agents {
             heads.mark_if_grown(agent_id, slot);
         }
         Ok(heads)
@@ -95,10 +108,10 @@ impl HeadsLog {
         agents: &BTreeMap<String, AgentSlot>,
         txn: &redb::WriteTransaction,
     ) -> StorageResult<usize> {
-        let mut leaves = txn.open_table(HEADS_LEAVES)?;
+        let size_before = self.tree.size();
         let mut nodes = txn.open_table(HEADS_NODES)?;
         let mut by_agent = txn.open_table(HEADS_BY_AGENT)?;
-        let mut appended = 0;
+        let mut leaves = Vec::new();
         for agent_id in std::mem::take(&mut self.pending) {
             let Some(AgentSlot::Active(state)) = agents.get(&agent_id) else {
                 continue;
@@ -117,13 +130,14 @@ impl HeadsLog {
             };
             let index = self.tree.size();
             let leaf = statement.to_leaf();
-            leaves.insert(index, heads_tree::seal_leaf(&leaf).as_str())?;
             self.tree.push(&leaf, &mut nodes)?;
             by_agent.insert((agent_id.as_str(), index), ())?;
             self.stated.insert(agent_id, statement.size);
-            appended += 1;
+            leaves.push(leaf);
         }
+        let appended = leaves.len();
         if appended > 0 {
+            heads_leaves::append(&mut txn.open_table(HEADS_LEAF_RUNS)?, size_before, &leaves)?;
             let mut meta = txn.open_table(HEADS_META)?;
             // The first round fixes the origin; a node configured with another name
             // later does not change what every replica already signs under.
@@ -149,7 +163,7 @@ impl HeadsLog {
             return Ok(false);
         }
         let nodes = txn.open_table(HEADS_NODES)?;
-        let leaves = txn.open_table(HEADS_LEAVES)?;
+        let leaves = txn.open_table(HEADS_LEAF_RUNS)?;
         let tree = StoredTree {
             size: self.tree.size(),
             nodes: &nodes,
@@ -227,33 +241,17 @@ impl HeadsLog {
         Ok(format!("{text}\n{}\n", lines.join("\n")))
     }
 
-    /// The leaves `start..end`, as stored, each checked; a row missing inside the range
-    /// is an error, never a shorter list (a snapshot sent from one would shift every
-    /// later leaf on the follower).
+    /// The leaves `start..end`, each checked; a run missing inside the range is an error,
+    /// never a shorter list (a snapshot sent from one would shift every later leaf on the
+    /// follower).
     pub fn leaves(txn: &redb::ReadTransaction, start: u64, end: u64) -> StorageResult<Vec<String>> {
-        let table = txn.open_table(HEADS_LEAVES)?;
-        let mut out = Vec::new();
-        for item in table.range(start..end)? {
-            let (index, row) = item?;
-            let expected = start + out.len() as u64;
-            if index.value() != expected {
-                return Err(redb::Error::Corrupted(format!(
-                    "heads leaf {expected} is not stored (the next is {})",
-                    index.value()
-                )));
-            }
-            out.push(heads_tree::leaf_text(row.value(), index.value())?.to_string());
-        }
-        Ok(out)
+        heads_leaves::read(&txn.open_table(HEADS_LEAF_RUNS)?, start, end)
     }
 
     /// Replaces the tables' content (snapshot install).
     pub fn install(txn: &redb::WriteTransaction, body: &HeadsSnapshot) -> StorageResult<()> {
-        let mut leaves = txn.open_table(HEADS_LEAVES)?;
-        leaves.retain(|_, _| false)?;
-        for (index, leaf) in body.leaves.iter().enumerate() {
-            leaves.insert(index as u64, heads_tree::seal_leaf(leaf).as_str())?;
-        }
+        txn.open_table(HEADS_LEAVES)?.retain(|_, _| false)?;
+        heads_leaves::replace(&mut txn.open_table(HEADS_LEAF_RUNS)?, &body.leaves)?;
         let mut nodes = txn.open_table(HEADS_NODES)?;
         nodes.retain(|_, _| false)?;
         let mut by_agent = txn.open_table(HEADS_BY_AGENT)?;
@@ -318,13 +316,13 @@ pub fn check_right_edge(txn: &redb::ReadTransaction) -> Result<(), String> {
         }
     }
     let (Some(leaves), Some(nodes), Some(meta)) = (
-        optional(txn.open_table(HEADS_LEAVES))?,
+        optional(txn.open_table(HEADS_LEAF_RUNS))?,
         optional(txn.open_table(HEADS_NODES))?,
         optional(txn.open_table(HEADS_META))?,
     ) else {
         return Ok(());
     };
-    let size = leaf_count(&leaves).map_err(|e| fail(&e))?;
+    let size = heads_leaves::count(&leaves).map_err(|e| fail(&e))?;
     let indexed = meta.get(INDEXED_KEY).map_err(|e| fail(&e))?;
     if indexed.and_then(|v| v.value().parse::<u64>().ok()) != Some(size)
         || !heads_tree::rows_sealed(&meta).map_err(|e| fail(&e))?
@@ -346,11 +344,6 @@ pub fn check_right_edge(txn: &redb::ReadTransaction) -> Result<(), String> {
     Ok(())
 }
 
-/// How many leaves the heads log holds (they are keyed 0, 1, 2, …).
-fn leaf_count(leaves: &impl ReadableTable<u64, &'static str>) -> StorageResult<u64> {
-    Ok(leaves.last()?.map_or(0, |(index, _)| index.value() + 1))
-}
-
 /// Adds leaf `index` to the tree and the by-agent index.
 fn index_leaf(
     tree: &mut HeadsTree,
@@ -366,13 +359,65 @@ fn index_leaf(
     Ok(())
 }
 
+/// Moves leaves stored one per row (`HEADS_LEAVES`, before runs) into runs
+/// (`heads_leaves`), each checked against its seal: once, at open, after
+/// `heads_tree::seal_if_needed` and before [`index_if_needed`]. One transaction: a crash
+/// leaves the rows where they were, for the next open to move.
+pub fn pack_old_leaves(db: &redb::Database) -> StorageResult<()> {
+    /// Leaves packed at a time, so memory holds a batch, not the whole log.
+    const BATCH: usize = 4096;
+    let txn = db.begin_write()?;
+    let moved = {
+        let mut old = txn.open_table(HEADS_LEAVES)?;
+        let mut runs = txn.open_table(HEADS_LEAF_RUNS)?;
+        if old.is_empty()? {
+            0
+        } else {
+            if !runs.is_empty()? {
+                return Err(redb::Error::Corrupted(
+                    "heads leaves are stored both in runs and one per row".into(),
+                ));
+            }
+            let mut size = 0;
+            let mut batch = Vec::with_capacity(BATCH);
+            for item in old.iter()? {
+                let (index, row) = item?;
+                let expected = size + batch.len() as u64;
+                if index.value() != expected {
+                    return Err(redb::Error::Corrupted(format!(
+                        "heads leaf {expected} is not stored (the next is {})",
+                        index.value()
+                    )));
+                }
+                batch.push(heads_tree::leaf_text(row.value(), index.value())?.to_string());
+                if batch.len() == BATCH {
+                    heads_leaves::append(&mut runs, size, &batch)?;
+                    size += batch.len() as u64;
+                    batch.clear();
+                }
+            }
+            heads_leaves::append(&mut runs, size, &batch)?;
+            size += batch.len() as u64;
+            old.retain(|_, _| false)?;
+            size
+        }
+    };
+    if moved == 0 {
+        txn.abort()?;
+    } else {
+        txn.commit()?;
+        tracing::info!(leaves = moved, "heads log leaves packed into runs");
+    }
+    Ok(())
+}
+
 /// Builds `heads_nodes` and `heads_by_agent` from the leaves when they do not cover them
 /// all (a data directory written before those tables existed): once, at open.
 pub fn index_if_needed(db: &redb::Database) -> StorageResult<()> {
     let txn = db.begin_write()?;
     let indexed = {
-        let leaves = txn.open_table(HEADS_LEAVES)?;
-        let size = leaf_count(&leaves)?;
+        let leaves = txn.open_table(HEADS_LEAF_RUNS)?;
+        let size = heads_leaves::count(&leaves)?;
         let mut meta = txn.open_table(HEADS_META)?;
         let indexed = meta
             .get(INDEXED_KEY)?
@@ -385,18 +430,9 @@ pub fn index_if_needed(db: &redb::Database) -> StorageResult<()> {
             let mut by_agent = txn.open_table(HEADS_BY_AGENT)?;
             by_agent.retain(|_, _| false)?;
             let mut tree = HeadsTree::default();
-            for item in leaves.iter()? {
-                let (index, leaf) = item?;
-                if index.value() != tree.size() {
-                    return Err(redb::Error::Corrupted(format!(
-                        "heads leaf {} follows {} leaves",
-                        index.value(),
-                        tree.size()
-                    )));
-                }
-                let leaf = heads_tree::leaf_text(leaf.value(), index.value())?;
-                index_leaf(&mut tree, index.value(), leaf, &mut nodes, &mut by_agent)?;
-            }
+            heads_leaves::visit(&leaves, 0, size, |index, leaf| {
+                index_leaf(&mut tree, index, leaf, &mut nodes, &mut by_agent)
+            })?;
             meta.insert(INDEXED_KEY, size.to_string().as_str())?;
             Some(size)
         }

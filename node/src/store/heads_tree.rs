@@ -19,6 +19,7 @@ use lineage_core::transparency::{
 use redb::{ReadableTable, TableDefinition};
 
 use super::checked_row;
+use super::heads_leaves::{self, LeafLookup};
 
 /// (level, index) → the hash of the perfect subtree of 2^level leaves at
 /// `index * 2^level`, for levels from `CHUNK_LEVEL` (8) up, sealed.
@@ -176,18 +177,17 @@ impl HeadsTree {
     pub fn load(
         size: u64,
         nodes: &impl ReadableTable<(u8, u64), &'static [u8]>,
-        leaves: &impl ReadableTable<u64, &'static str>,
+        leaves: &impl ReadableTable<u64, &'static [u8]>,
     ) -> StorageResult<HeadsTree> {
         let mut tree = HeadsTree {
             size,
             ..HeadsTree::default()
         };
         let chunk_start = size - size % CHUNK;
-        for item in leaves.range(chunk_start..size)? {
-            let (index, row) = item?;
-            let leaf = leaf_text(row.value(), index.value())?;
+        heads_leaves::visit(leaves, chunk_start, size, |_, leaf| {
             tree.chunk.push(leaf_hash_of(leaf.as_bytes()));
-        }
+            Ok(())
+        })?;
         if tree.chunk.len() as u64 != size - chunk_start {
             return Err(corrupted(format!(
                 "heads leaves {chunk_start}..{size} are not all stored"
@@ -239,7 +239,7 @@ pub struct StoredTree<'a, N, L> {
 impl<N, L> SubtreeSource for StoredTree<'_, N, L>
 where
     N: ReadableTable<(u8, u64), &'static [u8]>,
-    L: ReadableTable<u64, &'static str>,
+    L: ReadableTable<u64, &'static [u8]>,
 {
     fn size(&self) -> u64 {
         self.size
@@ -257,14 +257,12 @@ where
     }
 
     fn leaf_hashes(&self, start: u64, end: u64) -> Result<Vec<Hash>, TransparencyError> {
-        let failed = |e: redb::StorageError| TransparencyError(format!("heads leaves: {e}"));
         let mut hashes = Vec::new();
-        for item in self.leaves.range(start..end).map_err(failed)? {
-            let (index, row) = item.map_err(failed)?;
-            let leaf = leaf_text(row.value(), index.value())
-                .map_err(|e| TransparencyError(e.to_string()))?;
+        heads_leaves::visit(self.leaves, start, end, |_, leaf| {
             hashes.push(leaf_hash_of(leaf.as_bytes()));
-        }
+            Ok(())
+        })
+        .map_err(|e| TransparencyError(format!("heads leaves: {e}")))?;
         Ok(hashes)
     }
 }
@@ -285,21 +283,18 @@ pub fn statement_below(
     Ok(last.map(|(key, _)| key.value().1))
 }
 
-/// The size the agent's latest statement gives its log, read from the leaf itself (the
-/// index only points at it): a leaf that does not parse canonically, or names another
-/// agent, is an error, never "not stated".
-pub fn last_stated_size(
-    by_agent: &impl ReadableTable<(&'static str, u64), ()>,
-    leaves: &impl ReadableTable<u64, &'static str>,
+/// The size statement `index`, the agent's latest, gives its log, read from the leaf
+/// itself (the by-agent index only points at it): a leaf not stored, not canonical, or
+/// naming another agent is an error, never "not stated".
+pub fn stated_size<T: ReadableTable<u64, &'static [u8]>>(
+    leaves: &mut LeafLookup<'_, T>,
+    index: u64,
     agent_id: &str,
-) -> StorageResult<Option<u64>> {
-    let Some(index) = statement_below(by_agent, agent_id, u64::MAX)? else {
-        return Ok(None);
-    };
+) -> StorageResult<u64> {
     let leaf = leaves
         .get(index)?
         .ok_or_else(|| corrupted(format!("heads leaf {index} ({agent_id}'s) is not stored")))?;
-    let statement = lineage_core::heads::HeadStatement::from_leaf(leaf_text(leaf.value(), index)?)
+    let statement = lineage_core::heads::HeadStatement::from_leaf(leaf)
         .map_err(|e| corrupted(format!("heads leaf {index}: {e}")))?;
     if statement.agent_id != agent_id {
         return Err(corrupted(format!(
@@ -307,7 +302,7 @@ pub fn last_stated_size(
             statement.agent_id
         )));
     }
-    Ok(Some(statement.size))
+    Ok(statement.size)
 }
 
 #[cfg(test)]
@@ -317,23 +312,36 @@ mod tests {
         consistency_proof_at, inclusion_proof_at, root_at, MerkleLevels,
     };
 
-    use super::super::heads::{index_if_needed, HEADS_LEAVES};
+    use super::super::heads::{index_if_needed, pack_old_leaves, HEADS_LEAVES};
+    use super::super::heads_leaves::HEADS_LEAF_RUNS;
     use super::*;
+    use redb::ReadableTableMetadata;
+    use sha2::Digest;
 
     fn leaf(i: u64) -> String {
         HeadStatement {
             agent_id: format!("agent-{}", i % 7),
             size: i + 1,
-            root: hex::encode([i as u8; 32]),
-            head_hash: hex::encode([(i * 3) as u8; 32]),
+            // Hashes as real statements hold: hex that packs to about half, so a run
+            // holds some 35 leaves.
+            root: hex::encode(sha2::Sha256::digest(i.to_le_bytes())),
+            head_hash: hex::encode(sha2::Sha256::digest((i * 3).to_le_bytes())),
         }
         .to_leaf()
     }
 
+    /// What open does to a data directory's heads tables before anything reads them.
+    fn upgrade(db: &redb::Database) {
+        seal_if_needed(db).unwrap();
+        pack_old_leaves(db).unwrap();
+        index_if_needed(db).unwrap();
+    }
+
     /// Roots and proofs from the stored tree equal the whole in-memory tree's at sizes
     /// around chunk and level boundaries, for a tree grown leaf by leaf and for one
-    /// indexed from its leaves alone (a data directory from before the tables); the
-    /// right edge read back equals the one grown; statements are found per agent.
+    /// indexed from its leaves alone (a data directory from before the tables, with a
+    /// sealed row per leaf, packed into runs at open); the right edge read back equals
+    /// the one grown; statements are found per agent.
     #[test]
     fn the_stored_tree_proves_what_the_whole_tree_proves() {
         const N: u64 = 1_100;
@@ -344,12 +352,12 @@ mod tests {
         let mut edges = Vec::new();
         let txn = grown.begin_write().unwrap();
         {
-            let mut leaves = txn.open_table(HEADS_LEAVES).unwrap();
+            let mut leaves = txn.open_table(HEADS_LEAF_RUNS).unwrap();
             let mut nodes = txn.open_table(HEADS_NODES).unwrap();
             let mut tree = HeadsTree::default();
             for i in 0..N {
                 edges.push(tree.clone());
-                leaves.insert(i, seal_leaf(&leaf(i)).as_str()).unwrap();
+                heads_leaves::append(&mut leaves, i, &[leaf(i)]).unwrap();
                 tree.push(&leaf(i), &mut nodes).unwrap();
                 whole.push_leaf_hash(leaf_hash_of(leaf(i).as_bytes()));
             }
@@ -364,7 +372,10 @@ mod tests {
             }
         }
         txn.commit().unwrap();
-        index_if_needed(&indexed).unwrap();
+        upgrade(&indexed);
+        let txn = indexed.begin_read().unwrap();
+        assert!(txn.open_table(HEADS_LEAVES).unwrap().is_empty().unwrap());
+        drop(txn);
 
         let sizes = [
             0, 1, 2, 3, 255, 256, 257, 300, 511, 512, 513, 767, 768, 1023, 1024, 1025, N,
@@ -372,7 +383,7 @@ mod tests {
         for db in [&grown, &indexed] {
             let txn = db.begin_read().unwrap();
             let nodes = txn.open_table(HEADS_NODES).unwrap();
-            let leaves = txn.open_table(HEADS_LEAVES).unwrap();
+            let leaves = txn.open_table(HEADS_LEAF_RUNS).unwrap();
             let stored = StoredTree {
                 size: N,
                 nodes: &nodes,
@@ -442,24 +453,28 @@ mod tests {
         txn.commit().unwrap();
     }
 
-    /// Flips one bit of leaf `index`'s stored row (near its end: inside the leaf).
-    fn flip_leaf(db: &redb::Database, index: u64) {
+    /// Flips one bit of the stored run holding leaf `index` (near its end: inside the
+    /// frame); returns the run's first leaf.
+    fn flip_leaf(db: &redb::Database, index: u64) -> u64 {
         let txn = db.begin_write().unwrap();
-        {
-            let mut leaves = txn.open_table(HEADS_LEAVES).unwrap();
-            let mut row = leaves
-                .get(index)
-                .unwrap()
-                .unwrap()
-                .value()
-                .as_bytes()
-                .to_vec();
+        let first = {
+            let mut leaves = txn.open_table(HEADS_LEAF_RUNS).unwrap();
+            let (first, mut row) = {
+                let (first, row) = leaves
+                    .range(..=index)
+                    .unwrap()
+                    .next_back()
+                    .unwrap()
+                    .unwrap();
+                (first.value(), row.value().to_vec())
+            };
             let at = row.len() - 5;
             row[at] ^= 1;
-            let row = String::from_utf8(row).unwrap();
-            leaves.insert(index, row.as_str()).unwrap();
-        }
+            leaves.insert(first, row.as_slice()).unwrap();
+            first
+        };
         txn.commit().unwrap();
+        first
     }
 
     /// Flips one bit of a stored node's row (inside the hash).
@@ -495,11 +510,63 @@ mod tests {
         );
     }
 
+    /// Sealed leaf rows from before runs are moved into runs only if every one checks out
+    /// and none is missing: otherwise open fails and the rows stay where they were.
+    #[test]
+    fn old_leaf_rows_are_packed_only_if_all_check_out() {
+        const N: u64 = 100;
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("heads.redb")).unwrap();
+        let write_old = |damage: Option<u64>, lost: Option<u64>| {
+            let txn = db.begin_write().unwrap();
+            {
+                let mut old = txn.open_table(HEADS_LEAVES).unwrap();
+                for i in 0..N {
+                    let mut row = seal_leaf(&leaf(i));
+                    if damage == Some(i) {
+                        row = row.replacen("agent-", "agent_", 1);
+                    }
+                    if lost != Some(i) {
+                        old.insert(i, row.as_str()).unwrap();
+                    }
+                }
+            }
+            txn.commit().unwrap();
+        };
+        let old_rows = |db: &redb::Database| {
+            let txn = db.begin_read().unwrap();
+            let rows = txn.open_table(HEADS_LEAVES).unwrap().len().unwrap();
+            let runs = match txn.open_table(HEADS_LEAF_RUNS) {
+                Ok(runs) => heads_leaves::count(&runs).unwrap(),
+                Err(_) => 0,
+            };
+            (rows, runs)
+        };
+        write_old(Some(40), None);
+        let error = pack_old_leaves(&db).unwrap_err().to_string();
+        assert!(error.contains("heads leaf 40"), "{error}");
+        assert_eq!(old_rows(&db), (N, 0));
+        let txn = db.begin_write().unwrap();
+        txn.delete_table(HEADS_LEAVES).unwrap();
+        txn.commit().unwrap();
+        write_old(None, Some(40));
+        let error = pack_old_leaves(&db).unwrap_err().to_string();
+        assert!(error.contains("heads leaf 40 is not stored"), "{error}");
+        assert_eq!(old_rows(&db), (N - 1, 0));
+        write_old(None, None);
+        upgrade(&db);
+        assert_eq!(old_rows(&db), (0, N));
+        let txn = db.begin_read().unwrap();
+        let runs = txn.open_table(HEADS_LEAF_RUNS).unwrap();
+        let expected: Vec<String> = (0..N).map(leaf).collect();
+        assert_eq!(heads_leaves::read(&runs, 0, N).unwrap(), expected);
+    }
+
     /// Rows from before the seals (plain leaves, 32-byte nodes) are migrated once at open:
-    /// leaves checked and sealed, nodes rebuilt (an old wrong node is not kept), giving
-    /// the whole tree's roots. Then a
-    /// flipped bit in a leaf or node row is an error wherever it is read (the right edge at
-    /// open, a root), never another root.
+    /// leaves checked, sealed and packed into runs, nodes rebuilt (an old wrong node is
+    /// not kept), giving the whole tree's roots. Then a flipped bit in a run or a node row
+    /// is an error wherever it is read (the right edge at open, a root), never another
+    /// root.
     #[test]
     fn rows_are_sealed_once_and_a_flipped_bit_is_an_error_not_another_root() {
         const N: u64 = 600;
@@ -511,7 +578,7 @@ mod tests {
             let txn = db.begin_read().unwrap();
             let (nodes, leaves) = (
                 txn.open_table(HEADS_NODES).unwrap(),
-                txn.open_table(HEADS_LEAVES).unwrap(),
+                txn.open_table(HEADS_LEAF_RUNS).unwrap(),
             );
             let stored = StoredTree {
                 size: N,
@@ -525,10 +592,11 @@ mod tests {
             whole.push_leaf_hash(leaf_hash_of(leaf(i).as_bytes()));
         }
         let before: Vec<_> = sizes.iter().map(|&size| whole.root_at(size)).collect();
-        assert!(
-            roots(&db).iter().all(Result::is_err),
-            "unsealed rows are never read as sealed ones"
-        );
+        {
+            // Old rows are read only by the upgrade: no run holds them yet.
+            let txn = db.begin_read().unwrap();
+            assert!(txn.open_table(HEADS_LEAF_RUNS).is_err());
+        }
 
         // An old node that was already wrong is not sealed as it is: nodes are rebuilt.
         {
@@ -539,25 +607,20 @@ mod tests {
                 .unwrap();
             txn.commit().unwrap();
         }
-        seal_if_needed(&db).unwrap();
-        index_if_needed(&db).unwrap();
+        upgrade(&db);
         assert_eq!(roots(&db), before);
         {
             let txn = db.begin_read().unwrap();
-            let leaves = txn.open_table(HEADS_LEAVES).unwrap();
-            for item in leaves.iter().unwrap() {
-                assert!(
-                    !item.unwrap().1.value().starts_with('{'),
-                    "a plain leaf is left"
-                );
-            }
+            let old = txn.open_table(HEADS_LEAVES).unwrap();
+            assert!(old.is_empty().unwrap(), "a leaf row is left");
+            let runs = txn.open_table(HEADS_LEAF_RUNS).unwrap();
+            assert_eq!(heads_leaves::count(&runs).unwrap(), N);
             let nodes = txn.open_table(HEADS_NODES).unwrap();
             for item in nodes.iter().unwrap() {
                 assert_eq!(item.unwrap().1.value().len(), 64, "a plain node is left");
             }
         }
-        seal_if_needed(&db).unwrap();
-        index_if_needed(&db).unwrap();
+        upgrade(&db);
         assert_eq!(roots(&db), before, "sealing twice changes nothing");
         // The marker lost (the meta table is not sealed): the rows are found sealed and
         // checked, nothing is resealed or rebuilt.
@@ -569,22 +632,25 @@ mod tests {
                 .unwrap();
             txn.commit().unwrap();
         }
-        seal_if_needed(&db).unwrap();
-        index_if_needed(&db).unwrap();
+        upgrade(&db);
         assert_eq!(roots(&db), before, "a lost marker changes nothing");
 
         // A leaf of the unfinished chunk: the right edge at open and the root fail.
-        flip_leaf(&db, 550);
+        let first = flip_leaf(&db, 550);
         {
             let txn = db.begin_read().unwrap();
             let (nodes, leaves) = (
                 txn.open_table(HEADS_NODES).unwrap(),
-                txn.open_table(HEADS_LEAVES).unwrap(),
+                txn.open_table(HEADS_LEAF_RUNS).unwrap(),
             );
             let error = HeadsTree::load(N, &nodes, &leaves).unwrap_err().to_string();
-            assert!(error.contains("heads leaf 550"), "{error}");
+            assert!(
+                error.contains(&format!("heads leaves from {first}")),
+                "{error}"
+            );
         }
         let after = roots(&db);
+        assert!(first > 300, "the run holding 550 starts at {first}");
         assert_eq!(after[..5], before[..5], "sizes that do not read leaf 550");
         assert!(after[5].is_err(), "{:?}", after[5]);
         flip_leaf(&db, 550);
@@ -610,16 +676,22 @@ mod tests {
         assert_eq!(statement_below(&by_agent, "agent-3", 4).unwrap(), Some(3));
         assert_eq!(statement_below(&by_agent, "agent-3", 10).unwrap(), Some(3));
         assert_eq!(statement_below(&by_agent, "agent-3", 11).unwrap(), Some(10));
-        let leaves = txn.open_table(HEADS_LEAVES).unwrap();
+        let leaves = txn.open_table(HEADS_LEAF_RUNS).unwrap();
+        let mut lookup = LeafLookup::new(&leaves);
+        let last = statement_below(&by_agent, "agent-0", u64::MAX).unwrap();
+        assert_eq!(last, Some(1_099));
         assert_eq!(
-            last_stated_size(&by_agent, &leaves, "agent-0").unwrap(),
-            Some(1_099 + 1)
+            stated_size(&mut lookup, 1_099, "agent-0").unwrap(),
+            1_099 + 1
         );
         assert_eq!(
-            last_stated_size(&by_agent, &leaves, "nobody").unwrap(),
+            statement_below(&by_agent, "nobody", u64::MAX).unwrap(),
             None
         );
+        let error = stated_size(&mut lookup, 5_000, "agent-0").unwrap_err();
+        assert!(error.to_string().contains("is not stored"), "{error}");
         // An index entry pointing at another agent's leaf is an error, not "not stated".
+        drop(lookup);
         drop((by_agent, leaves, txn));
         let txn = indexed.begin_write().unwrap();
         txn.open_table(HEADS_BY_AGENT)
@@ -629,8 +701,11 @@ mod tests {
         txn.commit().unwrap();
         let txn = indexed.begin_read().unwrap();
         let by_agent = txn.open_table(HEADS_BY_AGENT).unwrap();
-        let leaves = txn.open_table(HEADS_LEAVES).unwrap();
-        let error = last_stated_size(&by_agent, &leaves, "agent-3").unwrap_err();
+        let leaves = txn.open_table(HEADS_LEAF_RUNS).unwrap();
+        let last = statement_below(&by_agent, "agent-3", u64::MAX)
+            .unwrap()
+            .unwrap();
+        let error = stated_size(&mut LeafLookup::new(&leaves), last, "agent-3").unwrap_err();
         assert!(error.to_string().contains("agent-0's"), "{error}");
     }
 }

@@ -1,5 +1,6 @@
-//! One settled run of an agent's records, compressed: how a row of the `packed_runs`
-//! table (`record_rows`) is encoded and checked.
+//! A run of consecutive lines, compressed: how a row of the `packed_runs` table (an
+//! agent's records, `record_rows`) and of `heads_leaf_runs` (the heads log's statements,
+//! `heads_leaves`) is encoded, checked, and sized to a page.
 //!
 //! A row is a format byte, the run's line count (u32, little-endian) and one zstd frame
 //! of the run's text (its lines joined by `\n`) that declares its size and carries
@@ -9,10 +10,14 @@
 //!
 //! Why: a record's line is mostly JSON keys repeated in every record, a `prev_hash` equal
 //! to the line before's `hash`, and hex; level 3 stores a run in 0.4 of its text with
-//! 200-byte inputs of random letters (`benches` `memory_growth`, `redb_tables`).
+//! 200-byte inputs of random letters (`benches` `memory_growth`, `redb_tables`). A head
+//! statement is JSON keys and hex: it packs to about half.
 
 use std::cell::RefCell;
 
+/// redb's page size (its default; the node does not change it). Runs are sized to fit
+/// in one page's leaf, so a small run shares a page with its neighbours.
+pub const PAGE_BYTES: usize = 4096;
 /// The only format so far.
 const FORMAT_ZSTD: u8 = 1;
 /// The format byte and the line count.
@@ -88,6 +93,76 @@ pub fn unpack(row: &[u8]) -> Result<String, String> {
         ));
     }
     Ok(text)
+}
+
+/// `lines` (numbered from `first`) packed into runs of at most `limit` bytes each (a
+/// single line that alone packs bigger is a run of its own), as (first number, row).
+/// Every run but the last is at least `closed` bytes where the lines allow: a run smaller
+/// than that is left open, for its owner to reopen with more lines. How many lines a run
+/// takes is guessed from `ratio` (packed to text bytes), then from the run before's, and
+/// corrected from what it packed to (a few tries; the fullest that fits).
+pub fn pack_runs(
+    first: u64,
+    lines: &[&str],
+    mut ratio: f64,
+    limit: usize,
+    closed: usize,
+) -> Result<Vec<(u64, Vec<u8>)>, String> {
+    const TRIES: usize = 4;
+    let mut runs = Vec::new();
+    let mut at = 0;
+    while at < lines.len() {
+        let rest = &lines[at..];
+        let mut target = (limit as f64 / ratio * 0.97) as usize;
+        // (lines taken, row, text bytes) of the fullest try that fits.
+        let mut best: Option<(usize, Vec<u8>, usize)> = None;
+        for _ in 0..TRIES {
+            let take = lines_within(rest, target);
+            let text = rest[..take].join("\n");
+            let row = pack(&text, take as u32)?;
+            let (text_len, row_len) = (text.len(), row.len());
+            let fits = row_len <= limit || take == 1;
+            let done = fits && (row_len >= closed || take == rest.len());
+            if fits && best.as_ref().is_none_or(|(taken, _, _)| take > *taken) {
+                best = Some((take, row, text_len));
+            }
+            if done {
+                break;
+            }
+            let scaled = (text_len as f64 * limit as f64 / row_len as f64 * 0.97) as usize;
+            target = if fits {
+                scaled.max(text_len + 1)
+            } else {
+                scaled.min(text_len.saturating_sub(1))
+            };
+        }
+        let (take, row, text_len) = match best {
+            Some(best) => best,
+            None => {
+                let text = rest[0];
+                (1, pack(text, 1)?, text.len())
+            }
+        };
+        ratio = (row.len() as f64 / text_len.max(1) as f64).clamp(0.02, 2.0);
+        runs.push((first + at as u64, row));
+        at += take;
+    }
+    Ok(runs)
+}
+
+/// How many of `lines` (at least one) fit in `bytes` of text joined by newlines.
+fn lines_within(lines: &[&str], bytes: usize) -> usize {
+    let mut used = 0;
+    let mut take = 0;
+    for line in lines {
+        let with = used + usize::from(take > 0) + line.len();
+        if take > 0 && with > bytes {
+            break;
+        }
+        used = with;
+        take += 1;
+    }
+    take
 }
 
 #[cfg(test)]

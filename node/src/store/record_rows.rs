@@ -24,13 +24,11 @@
 
 use redb::{AccessGuard, ReadableTable, StorageError, Table, TableDefinition};
 
-use super::packed_run;
+use super::packed_run::{self, PAGE_BYTES};
 
 /// (agent, seq of the run's first record) → a packed run (`packed_run`).
 pub const PACKED_RUNS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("packed_runs");
 
-/// redb's page size (its default; the node does not change it).
-const PAGE_BYTES: usize = 4096;
 /// What a leaf holding one row spends besides the row's text: the leaf's 4-byte header,
 /// 4-byte end offsets for the key and the value, and the key (agent, seq) itself, a 4-byte
 /// length, the agent's bytes and 8 bytes of seq (redb's tuple encoding).
@@ -219,14 +217,21 @@ pub fn merge_tail(
             }
         }
     }
-    // The ratio the open run was packed at guesses the next runs' (`pack_lines`).
+    // The ratio the open run was packed at guesses the next runs' (`pack_runs`).
     let ratio = match (&open, &last_packed) {
         (Some((_, text)), Some((_, row))) if !text.is_empty() => {
             row.len() as f64 / text.len() as f64
         }
         _ => 0.34,
     };
-    let runs = pack_lines(agent_id, start, &lines, ratio).map_err(StorageError::Corrupted)?;
+    let runs = packed_run::pack_runs(
+        start,
+        &lines,
+        ratio,
+        packed_row_bytes(agent_id),
+        closed_row_bytes(agent_id),
+    )
+    .map_err(StorageError::Corrupted)?;
     if let Some((first, _)) = &open {
         packed.remove((agent_id, *first))?;
     }
@@ -253,75 +258,6 @@ pub fn packed_row_bytes(agent: &str) -> usize {
 /// A packed run at least this big is closed: it is never reopened to take more lines.
 fn closed_row_bytes(agent: &str) -> usize {
     packed_row_bytes(agent) * 7 / 8
-}
-
-/// `lines` (seqs from `first`) packed into runs of at most [`packed_row_bytes`] each
-/// (a single line that alone packs bigger is a run of its own), as (first seq, row). Every
-/// run but the last is at least [`closed_row_bytes`] where the lines allow. How many
-/// lines a run takes is guessed from `ratio` (packed to text bytes), then from the run
-/// before's, and corrected from what it packed to (a few tries; the fullest that fits).
-fn pack_lines(
-    agent: &str,
-    first: u64,
-    lines: &[&str],
-    mut ratio: f64,
-) -> Result<Vec<(u64, Vec<u8>)>, String> {
-    const TRIES: usize = 4;
-    let limit = packed_row_bytes(agent);
-    let mut runs = Vec::new();
-    let mut at = 0;
-    while at < lines.len() {
-        let rest = &lines[at..];
-        let mut target = (limit as f64 / ratio * 0.97) as usize;
-        // (lines taken, row, text bytes) of the fullest try that fits.
-        let mut best: Option<(usize, Vec<u8>, usize)> = None;
-        for _ in 0..TRIES {
-            let take = lines_within(rest, target);
-            let text = rest[..take].join("\n");
-            let row = packed_run::pack(&text, take as u32)?;
-            let (text_len, row_len) = (text.len(), row.len());
-            let fits = row_len <= limit || take == 1;
-            let done = fits && (row_len >= closed_row_bytes(agent) || take == rest.len());
-            if fits && best.as_ref().is_none_or(|(taken, _, _)| take > *taken) {
-                best = Some((take, row, text_len));
-            }
-            if done {
-                break;
-            }
-            let scaled = (text_len as f64 * limit as f64 / row_len as f64 * 0.97) as usize;
-            target = if fits {
-                scaled.max(text_len + 1)
-            } else {
-                scaled.min(text_len.saturating_sub(1))
-            };
-        }
-        let (take, row, text_len) = match best {
-            Some(best) => best,
-            None => {
-                let text = rest[0];
-                (1, packed_run::pack(text, 1)?, text.len())
-            }
-        };
-        ratio = (row.len() as f64 / text_len.max(1) as f64).clamp(0.02, 2.0);
-        runs.push((first + at as u64, row));
-        at += take;
-    }
-    Ok(runs)
-}
-
-/// How many of `lines` (at least one) fit in `bytes` of text joined by newlines.
-fn lines_within(lines: &[&str], bytes: usize) -> usize {
-    let mut used = 0;
-    let mut take = 0;
-    for line in lines {
-        let with = used + usize::from(take > 0) + line.len();
-        if take > 0 && with > bytes {
-            break;
-        }
-        used = with;
-        take += 1;
-    }
-    take
 }
 
 /// `agent_id`'s rows of `table` from first seq `from` on.

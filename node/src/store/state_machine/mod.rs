@@ -31,6 +31,7 @@ use overlay::Unflushed;
 use super::agent_slot::AgentSlot;
 use super::checked_row;
 use super::heads::{self, HeadsLog};
+use super::heads_leaves;
 use super::heads_tree::{self, StoredTree};
 use super::idempotency_rows;
 use super::log_store::DurableLog;
@@ -134,7 +135,7 @@ fn idempotency_key(agent_id: &str, key: &str) -> String {
 pub type ReadOnlyHeadsTree<'a> = StoredTree<
     'a,
     redb::ReadOnlyTable<(u8, u64), &'static [u8]>,
-    redb::ReadOnlyTable<u64, &'static str>,
+    redb::ReadOnlyTable<u64, &'static [u8]>,
 >;
 
 /// The heads tree and its by-agent index inside one read transaction
@@ -168,6 +169,8 @@ impl StateMachine {
             txn.open_table(AGENT_INDEX).map_err(sm_write_err)?;
             txn.open_table(AGENT_CHECKPOINTS).map_err(sm_write_err)?;
             txn.open_table(heads::HEADS_LEAVES).map_err(sm_write_err)?;
+            txn.open_table(heads_leaves::HEADS_LEAF_RUNS)
+                .map_err(sm_write_err)?;
             txn.open_table(heads::HEADS_ROUNDS).map_err(sm_write_err)?;
             txn.open_table(heads::HEADS_META).map_err(sm_write_err)?;
             txn.open_table(heads_tree::HEADS_NODES)
@@ -185,6 +188,7 @@ impl StateMachine {
             txn.commit().map_err(sm_write_err)?;
         }
         heads_tree::seal_if_needed(&db).map_err(sm_write_err)?;
+        heads::pack_old_leaves(&db).map_err(sm_write_err)?;
         heads::index_if_needed(&db).map_err(sm_write_err)?;
         let writer = SmWriter::spawn(
             db.clone(),
@@ -425,7 +429,9 @@ impl StateMachine {
         };
         let open = |e: redb::TableError| format!("heads tables: {e}");
         let nodes = txn.open_table(heads_tree::HEADS_NODES).map_err(open)?;
-        let leaves = txn.open_table(heads::HEADS_LEAVES).map_err(open)?;
+        let leaves = txn
+            .open_table(heads_leaves::HEADS_LEAF_RUNS)
+            .map_err(open)?;
         let by_agent = txn.open_table(heads_tree::HEADS_BY_AGENT).map_err(open)?;
         Ok(read(&HeadsTreeView {
             tree: StoredTree {
