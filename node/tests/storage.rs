@@ -1265,14 +1265,19 @@ async fn a_damaged_system_or_import_row_rebuilds_the_state_machine() {
                 "{table} {damage:?}: the damaged file was used"
             );
             assert!(data.operators.get("bob").is_none() && data.imports.is_empty());
-            let aside = std::fs::read_dir(dir.path()).unwrap().flatten().any(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .starts_with("node.redb.damaged-")
-            });
+            let aside = state_file_moved_aside(dir.path());
             assert!(aside, "{table} {damage:?}: the damaged file is kept aside");
         }
     }
+}
+
+/// Whether open moved a damaged state file aside (kept for inspection) in `dir`.
+fn state_file_moved_aside(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir).unwrap().flatten().any(|e| {
+        e.file_name()
+            .to_string_lossy()
+            .starts_with("node.redb.damaged-")
+    })
 }
 
 /// A state machine file whose heads log holds `n` leaves (agent `a`, sizes 1..=n), in
@@ -1351,12 +1356,40 @@ async fn a_round_beyond_the_heads_tree_is_damage() {
         None,
         "the damaged file was used"
     );
-    let aside = std::fs::read_dir(dir.path()).unwrap().flatten().any(|e| {
-        e.file_name()
-            .to_string_lossy()
-            .starts_with("node.redb.damaged-")
-    });
+    let aside = state_file_moved_aside(dir.path());
     assert!(aside, "the damaged file is kept aside");
+}
+
+/// The heads log's size is where its last run ends: that run lost whole (or the last
+/// few) makes the file count as damaged at open, never a shorter tree this node would
+/// append to and sign.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heads_logs_last_run_lost_is_damage() {
+    use lineage_node::store::heads_leaves::HEADS_LEAF_RUNS;
+    for lost in [1, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        with_heads_rows(dir.path(), 300);
+        {
+            let (_log, sm) = store::open(dir.path()).unwrap();
+            assert_eq!(sm.read_data().heads.tree.size(), 300, "control");
+        }
+        {
+            let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            for _ in 0..lost {
+                let (first, _) = heads_run_holding(&txn, u64::MAX);
+                txn.open_table(HEADS_LEAF_RUNS)
+                    .unwrap()
+                    .remove(first)
+                    .unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let (_log, sm) = store::open(dir.path()).unwrap();
+        assert_eq!(sm.read_data().heads.tree.size(), 0, "{lost} lost: rebuilt");
+        let aside = state_file_moved_aside(dir.path());
+        assert!(aside, "{lost} lost: the damaged file is kept aside");
+    }
 }
 
 /// The heads tree's right edge (the unfinished chunk's leaves and the nodes waiting for a
@@ -1370,13 +1403,6 @@ async fn a_damaged_heads_row_is_never_read_as_a_leaf_or_a_root() {
     use lineage_node::store::heads_tree::HEADS_NODES;
     use redb::ReadableTable;
     const N: u64 = 300;
-    let moved_aside = |dir: &std::path::Path| {
-        std::fs::read_dir(dir).unwrap().flatten().any(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with("node.redb.damaged-")
-        })
-    };
     // Leaf 299 is in the unfinished chunk (256..300); node 8/0 waits for its sibling.
     for (what, damage) in [Damage::Flip, Damage::Zero, Damage::Cut]
         .into_iter()
@@ -1402,7 +1428,7 @@ async fn a_damaged_heads_row_is_never_read_as_a_leaf_or_a_root() {
         }
         let (_log, sm) = store::open(dir.path()).unwrap();
         assert!(
-            moved_aside(dir.path()),
+            state_file_moved_aside(dir.path()),
             "{what} {damage:?}: the damaged file was used"
         );
         assert_eq!(sm.read_data().heads.tree.size(), 0, "{what} {damage:?}");
@@ -1413,7 +1439,10 @@ async fn a_damaged_heads_row_is_never_read_as_a_leaf_or_a_root() {
     with_heads_rows(dir.path(), N);
     {
         let (_log, sm) = store::open(dir.path()).unwrap();
-        assert!(!moved_aside(dir.path()), "an intact file is kept");
+        assert!(
+            !state_file_moved_aside(dir.path()),
+            "an intact file is kept"
+        );
         assert_eq!(sm.read_data().heads.tree.size(), N);
         assert_eq!(sm.heads_leaves(0, 100).unwrap().len(), 100);
     }
@@ -1699,11 +1728,7 @@ async fn ends_an_older_build_left_behind_are_refilled_and_nothing_else_is() {
             txn.commit().unwrap();
         }
         let (_log, sm) = store::open(dir.path()).unwrap();
-        let moved_aside = std::fs::read_dir(dir.path()).unwrap().flatten().any(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with("node.redb.damaged-")
-        });
+        let moved_aside = state_file_moved_aside(dir.path());
         match (marker, sm.read_data().agents.get("bot")) {
             (Marker::Older, Some(AgentSlot::Active(state))) => {
                 assert_eq!(state.next_seq(), head_before)
