@@ -205,6 +205,7 @@ async fn start_up_replays_only_the_records_after_the_last_checkpoint() {
 /// budget) is not used: start-up replays every record and gets the true state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_changed_on_disk_is_not_trusted() {
+    use lineage_node::store::packed_run;
     use redb::ReadableTable;
     const CHECKPOINTS: redb::TableDefinition<&str, &[u8]> =
         redb::TableDefinition::new("agent_checkpoints");
@@ -233,11 +234,16 @@ async fn a_checkpoint_changed_on_disk_is_not_trusted() {
                 .expect("checkpoint")
                 .value()
                 .to_vec();
-            let text = String::from_utf8_lossy(&row[32..]).to_string();
+            // The row is a seal, then the state's JSON packed: unpacked, edited and packed
+            // again behind the old seal.
+            let mut text = packed_run::unpack(&row[32..]).expect("a packed checkpoint");
             let spent = format!("\"spent\":{}", expected.status().spent);
-            let at = text.find(&spent).expect("spent in the checkpoint") + 32;
-            // The first digit of `spent` becomes 0: a refund, if it were believed.
-            row[at + "\"spent\":".len()] = b'0';
+            let at = text.find(&spent).expect("spent in the checkpoint");
+            // One less spent: a refund, if it were believed.
+            let less = format!("\"spent\":{}", expected.status().spent - 1);
+            text.replace_range(at..at + spent.len(), &less);
+            row.truncate(32);
+            row.extend(packed_run::pack(&text, 1).unwrap());
             table.insert("bot", row.as_slice()).unwrap();
         }
         txn.commit().unwrap();

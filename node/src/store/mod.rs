@@ -1,6 +1,7 @@
 //! Durable storage: the Raft log and vote in append-only segment files (`log_store`), the
 //! replicated state machine on redb (`state_machine`). The engines stay behind this module.
 
+pub mod agent_checkpoint;
 pub mod agent_slot;
 pub mod checked_row;
 pub mod heads;

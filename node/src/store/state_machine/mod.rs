@@ -28,6 +28,7 @@ pub use apply::check_extends;
 use apply::fold_into;
 use overlay::Unflushed;
 
+use super::agent_checkpoint;
 use super::agent_slot::AgentSlot;
 use super::checked_row;
 use super::heads::{self, HeadsLog};
@@ -269,12 +270,10 @@ impl StateMachine {
             // A checkpoint that fails its checksum or does not parse is not used: the
             // records are the truth, replay them all (a changed `spent` would refund).
             let start: AgentState = match checkpoints.get(agent_id).map_err(sm_read_err)? {
-                Some(row) => checked_row::unseal(row.value())
-                    .and_then(|json| serde_json::from_slice(json).map_err(|e| e.to_string()))
-                    .unwrap_or_else(|e| {
-                        tracing::warn!(agent_id, error = %e, "agent checkpoint unusable; replaying all its records");
-                        AgentState::new()
-                    }),
+                Some(row) => agent_checkpoint::decode(row.value()).unwrap_or_else(|e| {
+                    tracing::warn!(agent_id, error = %e, "agent checkpoint unusable; replaying all its records");
+                    AgentState::new()
+                }),
                 None => AgentState::new(),
             };
             // A checkpoint whose Merkle frontier does not cover exactly its records
@@ -500,8 +499,7 @@ impl StateMachine {
             let mut table = txn.open_table(AGENT_CHECKPOINTS).map_err(sm_write_err)?;
             for agent_id in &dirty {
                 if let Some(AgentSlot::Active(state)) = data.agents.get(agent_id) {
-                    let json = serde_json::to_vec(state.as_ref()).map_err(sm_write_err)?;
-                    let row = checked_row::seal(&json);
+                    let row = agent_checkpoint::encode(state).map_err(sm_err)?;
                     table
                         .insert(agent_id.as_str(), row.as_slice())
                         .map_err(sm_write_err)?;
