@@ -1366,6 +1366,98 @@ async fn a_round_beyond_the_heads_tree_is_damage() {
     assert!(aside, "the damaged file is kept aside");
 }
 
+/// A state machine file as the version before runs left it: `n` leaves one sealed row
+/// each (`heads_leaves`), their nodes, `indexed` at `n`, and no runs table. `keep` says
+/// which rows are stored, `damaged` which one has a byte changed.
+fn with_old_heads_rows(
+    dir: &std::path::Path,
+    n: u64,
+    keep: impl Fn(u64) -> bool,
+    damaged: Option<u64>,
+) -> Vec<String> {
+    use lineage_node::store::heads::{HEADS_LEAVES, HEADS_META};
+    use lineage_node::store::heads_leaves::HEADS_LEAF_RUNS;
+    use lineage_node::store::heads_tree::{seal_leaf, HeadsTree, HEADS_NODES};
+    use sha2::Digest;
+    drop(store::open(dir).unwrap());
+    let db = redb::Database::create(dir.join("node.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    let mut all = Vec::new();
+    {
+        txn.delete_table(HEADS_LEAF_RUNS).unwrap();
+        let mut old = txn.open_table(HEADS_LEAVES).unwrap();
+        let mut nodes = txn.open_table(HEADS_NODES).unwrap();
+        let mut tree = HeadsTree::default();
+        for i in 0..n {
+            let leaf = lineage_core::heads::HeadStatement {
+                agent_id: format!("a{}", i % 5),
+                size: i + 1,
+                root: hex::encode(sha2::Sha256::digest(i.to_le_bytes())),
+                head_hash: hex::encode(sha2::Sha256::digest((i + 1).to_le_bytes())),
+            }
+            .to_leaf();
+            tree.push(&leaf, &mut nodes).unwrap();
+            let mut row = seal_leaf(&leaf);
+            if damaged == Some(i) {
+                row = row.replacen("\"size\":", "\"sizf\":", 1);
+            }
+            if keep(i) {
+                old.insert(i, row.as_str()).unwrap();
+            }
+            all.push(leaf);
+        }
+        let mut meta = txn.open_table(HEADS_META).unwrap();
+        meta.insert("indexed", n.to_string().as_str()).unwrap();
+    }
+    txn.commit().unwrap();
+    all
+}
+
+/// A data directory from before runs has its leaves packed into runs at open, each
+/// checked; old rows lost at the end, or one changed, make the file count as damaged
+/// (moved aside and rebuilt), never a shorter tree nor a node that cannot start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_heads_leaf_rows_are_packed_at_open_or_the_file_is_damaged() {
+    use lineage_node::store::heads::HEADS_LEAVES;
+    use redb::ReadableTableMetadata;
+    const N: u64 = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let leaves = with_old_heads_rows(dir.path(), N, |_| true, None);
+    {
+        let (_log, sm) = store::open(dir.path()).unwrap();
+        assert!(
+            !state_file_moved_aside(dir.path()),
+            "an intact file is kept"
+        );
+        assert_eq!(sm.read_data().heads.tree.size(), N);
+        assert_eq!(sm.heads_leaves(0, N).unwrap(), leaves);
+        let root = sm
+            .read_heads_tree(|view| lineage_core::transparency::root_at(&view.tree, N))
+            .unwrap()
+            .unwrap();
+        assert_eq!(root, lineage_core::transparency::root(&leaves));
+    }
+    let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
+    let txn = db.begin_read().unwrap();
+    assert!(txn.open_table(HEADS_LEAVES).unwrap().is_empty().unwrap());
+    drop((txn, db));
+
+    for (what, keep, damaged) in [
+        ("the last row lost", N - 1, None),
+        ("the last two rows lost", N - 2, None),
+        ("row 100 changed", N, Some(100)),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        with_old_heads_rows(dir.path(), N, |i| i < keep, damaged);
+        let (_log, sm) = store::open(dir.path()).unwrap();
+        assert!(
+            state_file_moved_aside(dir.path()),
+            "{what}: the damaged file was used"
+        );
+        assert_eq!(sm.read_data().heads.tree.size(), 0, "{what}: rebuilt");
+    }
+}
+
 /// The heads log's size is where its last run ends: that run lost whole (or the last
 /// few) makes the file count as damaged at open, never a shorter tree this node would
 /// append to and sign.

@@ -15,6 +15,11 @@ use lineage_core::guard::AgentState;
 
 use super::{checked_row, packed_run};
 
+/// The most text a checkpoint may declare. A state's JSON grows with what it keeps per
+/// action, far beyond a run of records; the seal is checked before this is read, so the
+/// bound is against a runaway size, not damage.
+const MAX_JSON_BYTES: usize = u32::MAX as usize;
+
 /// The row stored for `state`.
 pub fn encode(state: &AgentState) -> Result<Vec<u8>, String> {
     let json = serde_json::to_string(state).map_err(|e| format!("agent checkpoint: {e}"))?;
@@ -29,7 +34,7 @@ pub fn decode(row: &[u8]) -> Result<AgentState, String> {
     let parsed = if content.first() == Some(&b'{') {
         serde_json::from_slice(content)
     } else {
-        serde_json::from_str(&packed_run::unpack(content)?)
+        serde_json::from_str(&packed_run::unpack_within(content, MAX_JSON_BYTES)?)
     };
     parsed.map_err(|e| format!("agent checkpoint: {e}"))
 }

@@ -287,11 +287,22 @@ impl HeadsLog {
         Ok(rounds)
     }
 
-    /// The tables' content for a snapshot.
+    /// The tables' content for a snapshot. Every leaf indexed must be there: a body with
+    /// fewer would have the follower append its next rounds at other indices.
     pub fn snapshot(txn: &redb::ReadTransaction) -> StorageResult<HeadsSnapshot> {
         let meta = txn.open_table(HEADS_META)?;
+        let leaves = Self::leaves(txn, 0, u64::MAX)?;
+        let indexed = meta
+            .get(INDEXED_KEY)?
+            .and_then(|v| v.value().parse::<u64>().ok());
+        if let Some(indexed) = indexed.filter(|indexed| *indexed != leaves.len() as u64) {
+            return Err(redb::Error::Corrupted(format!(
+                "heads log: {} leaves are stored where {indexed} were indexed",
+                leaves.len()
+            )));
+        }
         Ok(HeadsSnapshot {
-            leaves: Self::leaves(txn, 0, u64::MAX)?,
+            leaves,
             rounds: Self::rounds(txn)?,
             origin: meta.get(ORIGIN_KEY)?.map(|v| v.value().to_string()),
             witnessed: meta.get(WITNESSED_KEY)?.map(|v| v.value().to_string()),
@@ -302,7 +313,8 @@ impl HeadsLog {
 /// Checks the rows the tree's right edge is read from (the leaves of the unfinished
 /// chunk, one node per level), for the state machine's integrity check at open: every
 /// later root is computed from them. Skipped where the rows are not sealed or the nodes
-/// not indexed yet (`seal_if_needed` and `index_if_needed` do both at open).
+/// not indexed yet ([`upgrade`] does both at open); fewer leaves than were indexed is
+/// damage in any case.
 pub fn check_right_edge(txn: &redb::ReadTransaction) -> Result<(), String> {
     fn fail(e: &dyn std::fmt::Display) -> String {
         format!("heads log: {e}")
@@ -315,31 +327,36 @@ pub fn check_right_edge(txn: &redb::ReadTransaction) -> Result<(), String> {
             Err(other) => Err(fail(&other)),
         }
     }
-    let (Some(leaves), Some(nodes), Some(meta)) = (
-        optional(txn.open_table(HEADS_LEAF_RUNS))?,
+    let (Some(nodes), Some(meta)) = (
         optional(txn.open_table(HEADS_NODES))?,
         optional(txn.open_table(HEADS_META))?,
     ) else {
         return Ok(());
     };
-    // Leaves still stored one per row wait for `pack_old_leaves`, which checks them.
-    if let Some(old) = optional(txn.open_table(HEADS_LEAVES))? {
-        if !old.is_empty().map_err(|e| fail(&e))? {
-            return Ok(());
-        }
-    }
-    let size = heads_leaves::count(&leaves).map_err(|e| fail(&e))?;
     let indexed = meta
         .get(INDEXED_KEY)
         .map_err(|e| fail(&e))?
         .and_then(|v| v.value().parse::<u64>().ok());
     // Every round records the size it indexed to, in the same commit as its leaves: fewer
-    // leaves than that is the last runs lost (indexing them again would shrink the tree).
-    if let Some(indexed) = indexed.filter(|indexed| *indexed > size) {
-        return Err(fail(&format!(
+    // leaves than that is the last ones lost (indexing them again would shrink the tree).
+    let fewer_than_indexed = |size: u64| match indexed {
+        Some(indexed) if indexed > size => Err(fail(&format!(
             "{size} leaves are stored where {indexed} were indexed"
-        )));
+        ))),
+        _ => Ok(()),
+    };
+    // Leaves still stored one per row (before runs) are checked one by one when
+    // `pack_old_leaves` moves them; here, only that none is missing at the end.
+    if let Some(old) = optional(txn.open_table(HEADS_LEAVES))? {
+        if let Some((last, _)) = old.last().map_err(|e| fail(&e))? {
+            return fewer_than_indexed(last.value().saturating_add(1));
+        }
     }
+    let Some(leaves) = optional(txn.open_table(HEADS_LEAF_RUNS))? else {
+        return fewer_than_indexed(0);
+    };
+    let size = heads_leaves::count(&leaves).map_err(|e| fail(&e))?;
+    fewer_than_indexed(size)?;
     if indexed != Some(size) || !heads_tree::rows_sealed(&meta).map_err(|e| fail(&e))? {
         return Ok(());
     }
@@ -373,10 +390,19 @@ fn index_leaf(
     Ok(())
 }
 
+/// The heads tables' one-time upgrades, at open, before anything reads them: leaves from
+/// before seals sealed ([`heads_tree::seal_if_needed`]), leaves stored one per row packed
+/// into runs ([`pack_old_leaves`]), and the nodes and by-agent index built where they do
+/// not cover every leaf ([`index_if_needed`]). A `Corrupted` error is damage in the file.
+pub fn upgrade(db: &redb::Database) -> StorageResult<()> {
+    heads_tree::seal_if_needed(db)?;
+    pack_old_leaves(db)?;
+    index_if_needed(db)
+}
+
 /// Moves leaves stored one per row (`HEADS_LEAVES`, before runs) into runs
-/// (`heads_leaves`), each checked against its seal: once, at open, after
-/// `heads_tree::seal_if_needed` and before [`index_if_needed`]. One transaction: a crash
-/// leaves the rows where they were, for the next open to move.
+/// (`heads_leaves`), each checked against its seal: once, at open ([`upgrade`]). One
+/// transaction: a crash leaves the rows where they were, for the next open to move.
 pub fn pack_old_leaves(db: &redb::Database) -> StorageResult<()> {
     /// Leaves packed at a time, so memory holds a batch, not the whole log.
     const BATCH: usize = 4096;

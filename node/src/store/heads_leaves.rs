@@ -48,23 +48,34 @@ fn unsealed(first: u64, row: &[u8]) -> StorageResult<&[u8]> {
     checked_row::unseal(row).map_err(|e| damaged(first, e))
 }
 
-/// How many leaves a stored run holds (its seal checked; the frame is not unpacked).
-fn run_len(first: u64, row: &[u8]) -> StorageResult<u64> {
-    packed_run::stated_lines(unsealed(first, row)?)
-        .map(u64::from)
-        .map_err(|e| damaged(first, e))
+/// Where a run starting at `first` ends, from its unsealed header. A key near the end of
+/// the index space (a flipped high bit: keys are not sealed) is damage, never an end
+/// that wraps.
+fn end_of(first: u64, packed: &[u8]) -> StorageResult<u64> {
+    let len = packed_run::stated_lines(packed).map_err(|e| damaged(first, e))?;
+    first
+        .checked_add(u64::from(len))
+        .ok_or_else(|| damaged(first, "ends beyond the index space"))
 }
 
-/// A stored run's text, checked: the seal, the frame, and its count of leaves.
-fn run_text(first: u64, row: &[u8]) -> StorageResult<String> {
-    packed_run::unpack(unsealed(first, row)?).map_err(|e| damaged(first, e))
+/// Where a stored run ends (its seal checked; the frame is not unpacked).
+fn run_end(first: u64, row: &[u8]) -> StorageResult<u64> {
+    end_of(first, unsealed(first, row)?)
+}
+
+/// A stored run's end and its text, checked: the seal, the frame, and its count of
+/// leaves.
+fn run_text(first: u64, row: &[u8]) -> StorageResult<(u64, String)> {
+    let packed = unsealed(first, row)?;
+    let text = packed_run::unpack(packed).map_err(|e| damaged(first, e))?;
+    Ok((end_of(first, packed)?, text))
 }
 
 /// How many leaves the heads log holds: where its last run ends.
 pub fn count(runs: &impl ReadableTable<u64, &'static [u8]>) -> StorageResult<u64> {
     match runs.last()? {
         None => Ok(0),
-        Some((first, row)) => Ok(first.value() + run_len(first.value(), row.value())?),
+        Some((first, row)) => run_end(first.value(), row.value()),
     }
 }
 
@@ -94,16 +105,16 @@ pub fn visit(
                 "heads leaf {expected} is not stored (the next run starts at {first})"
             )));
         }
-        let text = run_text(first, row.value())?;
-        for (index, leaf) in (first..).zip(text.split('\n')) {
+        let (run_end, text) = run_text(first, row.value())?;
+        for (index, leaf) in (first..run_end).zip(text.split('\n')) {
             if index >= end {
                 return Ok(());
             }
             if index >= start {
                 visit(index, leaf)?;
             }
-            expected = index + 1;
         }
+        expected = run_end;
     }
     Ok(())
 }
@@ -126,8 +137,8 @@ pub fn read(
 /// unpack each run once.
 pub struct LeafLookup<'t, T> {
     runs: &'t T,
-    /// The last run unpacked: its first index and its leaves.
-    cached: Option<(u64, Vec<String>)>,
+    /// The last run unpacked: its first index, its end and its leaves.
+    cached: Option<(u64, u64, Vec<String>)>,
 }
 
 impl<'t, T: ReadableTable<u64, &'static [u8]>> LeafLookup<'t, T> {
@@ -137,21 +148,22 @@ impl<'t, T: ReadableTable<u64, &'static [u8]>> LeafLookup<'t, T> {
 
     /// Leaf `index`, checked; `None` when no stored run holds it.
     pub fn get(&mut self, index: u64) -> StorageResult<Option<&str>> {
-        let cached = |c: &Option<(u64, Vec<String>)>| matches!(c, Some((first, leaves)) if (*first..*first + leaves.len() as u64).contains(&index));
-        if !cached(&self.cached) {
+        let holds = |(first, end, _): &(u64, u64, Vec<String>)| (*first..*end).contains(&index);
+        if !self.cached.as_ref().is_some_and(holds) {
             self.cached = None;
             let Some(item) = self.runs.range(..=index)?.next_back() else {
                 return Ok(None);
             };
             let (first, row) = item?;
             let first = first.value();
-            let text = run_text(first, row.value())?;
-            self.cached = Some((first, text.split('\n').map(str::to_string).collect()));
+            let (end, text) = run_text(first, row.value())?;
+            self.cached = Some((first, end, text.split('\n').map(str::to_string).collect()));
         }
         Ok(self
             .cached
             .as_ref()
-            .and_then(|(first, leaves)| leaves.get((index - first) as usize))
+            .filter(|run| holds(run))
+            .and_then(|(first, _, leaves)| leaves.get((index - first) as usize))
             .map(String::as_str))
     }
 }
@@ -176,7 +188,7 @@ pub fn append(
         .last()?
         .map(|(first, row)| (first.value(), row.value().to_vec()));
     let ends = match &last {
-        Some((first, row)) => first + run_len(*first, row)?,
+        Some((first, row)) => run_end(*first, row)?,
         None => 0,
     };
     if ends != size {
@@ -186,7 +198,7 @@ pub fn append(
     }
     let open = match &last {
         Some((first, row)) if row.len() < CLOSED_BYTES + SEAL_BYTES => {
-            Some((*first, run_text(*first, row)?, row.len()))
+            Some((*first, run_text(*first, row)?.1, row.len()))
         }
         _ => None,
     };
@@ -324,9 +336,18 @@ mod tests {
             }
             let error = append(&mut runs, 10, &["{\n}".to_string()]).unwrap_err();
             assert!(error.to_string().contains("newline"), "{error}");
+            // Inside the transaction, before anything could discard a write.
+            let now: Vec<(u64, Vec<u8>)> = runs
+                .iter()
+                .unwrap()
+                .map(|item| {
+                    let (k, v) = item.unwrap();
+                    (k.value(), v.value().to_vec())
+                })
+                .collect();
+            assert_eq!(now, before);
         }
         txn.abort().unwrap();
-        assert_eq!(stored_runs(&db), before);
     }
 
     /// Any flipped bit, a zeroed or cut run, or a run lost in the middle is an error

@@ -141,6 +141,11 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
         .and_then(|db| match state_machine::meta_intact(&db) {
             Ok(()) => Ok(db),
             Err(why) => Err(Damaged(why)),
+        })
+        .and_then(|db| match heads::upgrade(&db) {
+            Ok(()) => Ok(db),
+            Err(redb::Error::Corrupted(why)) => Err(Damaged(format!("heads log: {why}"))),
+            Err(other) => Err(Failed(other.to_string())),
         });
     match opened {
         Ok(db) => Ok(db),
@@ -157,7 +162,10 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
                 reason = %why,
                 "state machine file corrupted: moved aside, rebuilding from the raft log or a snapshot"
             );
-            create_state_db(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))
+            let db = create_state_db(&path)
+                .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+            heads::upgrade(&db).map_err(|e| format!("cannot set up {}: {e}", path.display()))?;
+            Ok(db)
         }
         Err(Failed(e)) => Err(format!("cannot open {}: {e}", path.display())),
     }

@@ -67,13 +67,18 @@ pub fn stated_lines(row: &[u8]) -> Result<u32, String> {
     }
 }
 
-/// A row's text, checked: the format, its declared size, zstd's checksum, and its line
-/// count.
+/// A row's text, checked: the format, its declared size (at most [`MAX_TEXT_BYTES`]),
+/// zstd's checksum, and its line count.
 pub fn unpack(row: &[u8]) -> Result<String, String> {
+    unpack_within(row, MAX_TEXT_BYTES)
+}
+
+/// [`unpack`], with the declared size bounded by `max_text` instead.
+pub fn unpack_within(row: &[u8], max_text: usize) -> Result<String, String> {
     let lines = stated_lines(row)?;
     let frame = &row[HEADER_BYTES..];
     let size = match zstd::zstd_safe::get_frame_content_size(frame) {
-        Ok(Some(size)) if size <= MAX_TEXT_BYTES as u64 => size as usize,
+        Ok(Some(size)) if size <= max_text as u64 => size as usize,
         Ok(Some(size)) => return Err(format!("a packed run declares {size} bytes of text")),
         Ok(None) | Err(_) => return Err("a packed run's frame declares no size".into()),
     };

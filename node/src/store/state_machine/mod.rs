@@ -188,9 +188,7 @@ impl StateMachine {
                 .map_err(sm_write_err)?;
             txn.commit().map_err(sm_write_err)?;
         }
-        heads_tree::seal_if_needed(&db).map_err(sm_write_err)?;
-        heads::pack_old_leaves(&db).map_err(sm_write_err)?;
-        heads::index_if_needed(&db).map_err(sm_write_err)?;
+        // The heads tables were upgraded when the file was opened (`store::open_state_db`).
         let writer = SmWriter::spawn(
             db.clone(),
             WRITER_TABLES,
@@ -448,9 +446,23 @@ impl StateMachine {
         HeadsLog::rounds(&txn).map_err(|e| e.to_string())
     }
 
+    /// The heads log's leaves `start..end` (up to its size), each checked: all of them,
+    /// or an error, never fewer.
     pub fn heads_leaves(&self, start: u64, end: u64) -> Result<Vec<String>, String> {
-        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
-        HeadsLog::leaves(&txn, start, end.max(start)).map_err(|e| e.to_string())
+        let (txn, size) = {
+            let data = self.read_data();
+            let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+            (txn, data.heads.tree.size())
+        };
+        let end = end.min(size).max(start);
+        let leaves = HeadsLog::leaves(&txn, start, end).map_err(|e| e.to_string())?;
+        if (leaves.len() as u64) < end - start {
+            return Err(format!(
+                "heads leaves {start}..{end}: only {} are stored",
+                leaves.len()
+            ));
+        }
+        Ok(leaves)
     }
 
     /// Marks an agent's copy on this node as untrustworthy: nothing is served or applied
