@@ -20,11 +20,16 @@ use super::{checked_row, packed_run};
 /// bound is against a runaway size, not damage.
 const MAX_JSON_BYTES: usize = u32::MAX as usize;
 
-/// The row stored for `state`.
-pub fn encode(state: &AgentState) -> Result<Vec<u8>, String> {
-    let json = serde_json::to_string(state).map_err(|e| format!("agent checkpoint: {e}"))?;
+/// The JSON of `state`, as a checkpoint stores it: the part that reads the state (done
+/// under the data lock), apart from [`row`], the slow part (done after it).
+pub fn json(state: &AgentState) -> Result<String, String> {
+    serde_json::to_string(state).map_err(|e| format!("agent checkpoint: {e}"))
+}
+
+/// The row stored for a state's [`json`].
+pub fn row(json: &str) -> Result<Vec<u8>, String> {
     // Compact JSON escapes every line break, so the text is one line.
-    let packed = packed_run::pack(&json, 1)?;
+    let packed = packed_run::pack(json, 1)?;
     Ok(checked_row::seal(&packed))
 }
 
@@ -54,7 +59,7 @@ mod tests {
     #[test]
     fn a_checkpoint_reads_back_as_written_and_an_older_unpacked_one_too() {
         let state = state();
-        let row = encode(&state).unwrap();
+        let row = row(&json(&state).unwrap()).unwrap();
         assert_eq!(decode(&row).unwrap(), state);
         let json = serde_json::to_vec(&state).unwrap();
         assert!(
@@ -70,7 +75,7 @@ mod tests {
     /// Every flipped bit, a zeroed row and every cut is an error: the caller replays.
     #[test]
     fn a_damaged_checkpoint_is_an_error_never_another_state() {
-        let row = encode(&state()).unwrap();
+        let row = row(&json(&state()).unwrap()).unwrap();
         for byte in 0..row.len() {
             for bit in 0..8 {
                 let mut damaged = row.clone();
