@@ -1458,12 +1458,24 @@ async fn old_heads_leaf_rows_are_packed_at_open_or_the_file_is_damaged() {
     }
 }
 
+/// Removes the stored run holding leaf `index` from the state file in `dir`.
+fn remove_heads_run(dir: &std::path::Path, index: u64) {
+    use lineage_node::store::heads_leaves::HEADS_LEAF_RUNS;
+    let db = redb::Database::create(dir.join("node.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    let (first, _) = heads_run_holding(&txn, index);
+    txn.open_table(HEADS_LEAF_RUNS)
+        .unwrap()
+        .remove(first)
+        .unwrap();
+    txn.commit().unwrap();
+}
+
 /// The heads log's size is where its last run ends: that run lost whole (or the last
 /// few) makes the file count as damaged at open, never a shorter tree this node would
 /// append to and sign.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_heads_logs_last_run_lost_is_damage() {
-    use lineage_node::store::heads_leaves::HEADS_LEAF_RUNS;
     for lost in [1, 2] {
         let dir = tempfile::tempdir().unwrap();
         with_heads_rows(dir.path(), 300);
@@ -1471,22 +1483,15 @@ async fn the_heads_logs_last_run_lost_is_damage() {
             let (_log, sm) = store::open(dir.path()).unwrap();
             assert_eq!(sm.read_data().heads.tree.size(), 300, "control");
         }
-        {
-            let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
-            let txn = db.begin_write().unwrap();
-            for _ in 0..lost {
-                let (first, _) = heads_run_holding(&txn, u64::MAX);
-                txn.open_table(HEADS_LEAF_RUNS)
-                    .unwrap()
-                    .remove(first)
-                    .unwrap();
-            }
-            txn.commit().unwrap();
+        for _ in 0..lost {
+            remove_heads_run(dir.path(), u64::MAX);
         }
         let (_log, sm) = store::open(dir.path()).unwrap();
         assert_eq!(sm.read_data().heads.tree.size(), 0, "{lost} lost: rebuilt");
-        let aside = state_file_moved_aside(dir.path());
-        assert!(aside, "{lost} lost: the damaged file is kept aside");
+        assert!(
+            state_file_moved_aside(dir.path()),
+            "{lost} lost: the damaged file is kept aside"
+        );
     }
 }
 
@@ -1575,15 +1580,7 @@ async fn a_damaged_heads_row_is_never_read_as_a_leaf_or_a_root() {
     }
 
     // A run lost behind the edge: an error, never a shorter range.
-    {
-        let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
-        let txn = db.begin_write().unwrap();
-        txn.open_table(HEADS_LEAF_RUNS)
-            .unwrap()
-            .remove(damaged)
-            .unwrap();
-        txn.commit().unwrap();
-    }
+    remove_heads_run(dir.path(), damaged);
     let (_log, sm) = store::open(dir.path()).unwrap();
     for start in [0, damaged, next - 1] {
         let error = sm.heads_leaves(start, N).unwrap_err();

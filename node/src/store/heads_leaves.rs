@@ -263,9 +263,7 @@ mod tests {
         }
     }
 
-    fn stored_runs(db: &redb::Database) -> Vec<(u64, Vec<u8>)> {
-        let txn = db.begin_read().unwrap();
-        let runs = txn.open_table(HEADS_LEAF_RUNS).unwrap();
+    fn rows_of(runs: &impl ReadableTable<u64, &'static [u8]>) -> Vec<(u64, Vec<u8>)> {
         runs.iter()
             .unwrap()
             .map(|item| {
@@ -273,6 +271,11 @@ mod tests {
                 (k.value(), v.value().to_vec())
             })
             .collect()
+    }
+
+    fn stored_runs(db: &redb::Database) -> Vec<(u64, Vec<u8>)> {
+        let txn = db.begin_read().unwrap();
+        rows_of(&txn.open_table(HEADS_LEAF_RUNS).unwrap())
     }
 
     fn read_back(db: &redb::Database, start: u64, end: u64) -> StorageResult<Vec<String>> {
@@ -337,15 +340,7 @@ mod tests {
             let error = append(&mut runs, 10, &["{\n}".to_string()]).unwrap_err();
             assert!(error.to_string().contains("newline"), "{error}");
             // Inside the transaction, before anything could discard a write.
-            let now: Vec<(u64, Vec<u8>)> = runs
-                .iter()
-                .unwrap()
-                .map(|item| {
-                    let (k, v) = item.unwrap();
-                    (k.value(), v.value().to_vec())
-                })
-                .collect();
-            assert_eq!(now, before);
+            assert_eq!(rows_of(&runs), before);
         }
         txn.abort().unwrap();
     }
