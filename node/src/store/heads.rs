@@ -32,6 +32,17 @@ const WITNESSED_KEY: &str = "witnessed";
 /// leaves (a data directory from before those tables), they are rebuilt at open.
 pub(super) const INDEXED_KEY: &str = "indexed";
 
+/// How many leaves `meta` says are indexed; `None` where it says nothing readable (a data
+/// directory from before the index, or a value that does not parse: read as "index them
+/// again", which rebuilds from the sealed leaves).
+fn indexed_size(
+    meta: &impl ReadableTable<&'static str, &'static str>,
+) -> StorageResult<Option<u64>> {
+    Ok(meta
+        .get(INDEXED_KEY)?
+        .and_then(|v| v.value().parse::<u64>().ok()))
+}
+
 /// Largest cosigned note accepted (a checkpoint with many cosignatures is ~2 KiB).
 pub const MAX_WITNESSED_NOTE: usize = 64 * 1024;
 
@@ -292,10 +303,7 @@ impl HeadsLog {
     pub fn snapshot(txn: &redb::ReadTransaction) -> StorageResult<HeadsSnapshot> {
         let meta = txn.open_table(HEADS_META)?;
         let leaves = Self::leaves(txn, 0, u64::MAX)?;
-        let indexed = meta
-            .get(INDEXED_KEY)?
-            .and_then(|v| v.value().parse::<u64>().ok());
-        if let Some(indexed) = indexed.filter(|indexed| *indexed != leaves.len() as u64) {
+        if let Some(indexed) = indexed_size(&meta)?.filter(|i| *i != leaves.len() as u64) {
             return Err(redb::Error::Corrupted(format!(
                 "heads log: {} leaves are stored where {indexed} were indexed",
                 leaves.len()
@@ -333,10 +341,7 @@ pub fn check_right_edge(txn: &redb::ReadTransaction) -> Result<(), String> {
     ) else {
         return Ok(());
     };
-    let indexed = meta
-        .get(INDEXED_KEY)
-        .map_err(|e| fail(&e))?
-        .and_then(|v| v.value().parse::<u64>().ok());
+    let indexed = indexed_size(&meta).map_err(|e| fail(&e))?;
     // Every round records the size it indexed to, in the same commit as its leaves: fewer
     // leaves than that is the last ones lost (indexing them again would shrink the tree).
     let fewer_than_indexed = |size: u64| match indexed {
@@ -459,9 +464,7 @@ pub fn index_if_needed(db: &redb::Database) -> StorageResult<()> {
         let leaves = txn.open_table(HEADS_LEAF_RUNS)?;
         let size = heads_leaves::count(&leaves)?;
         let mut meta = txn.open_table(HEADS_META)?;
-        let indexed = meta
-            .get(INDEXED_KEY)?
-            .and_then(|v| v.value().parse::<u64>().ok());
+        let indexed = indexed_size(&meta)?;
         if indexed == Some(size) || (size == 0 && indexed.is_none()) {
             None
         } else {

@@ -187,21 +187,20 @@ pub fn append(
     let last = runs
         .last()?
         .map(|(first, row)| (first.value(), row.value().to_vec()));
-    let ends = match &last {
-        Some((first, row)) => run_end(*first, row)?,
-        None => 0,
+    // Where the runs end, and the last run's text if it is still open (unsealed once).
+    let (ends, open) = match &last {
+        Some((first, row)) if row.len() < CLOSED_BYTES + SEAL_BYTES => {
+            let (end, text) = run_text(*first, row)?;
+            (end, Some((*first, text, row.len())))
+        }
+        Some((first, row)) => (run_end(*first, row)?, None),
+        None => (0, None),
     };
     if ends != size {
         return Err(corrupted(format!(
             "heads leaves end at {ends}, not at the tree's {size}"
         )));
     }
-    let open = match &last {
-        Some((first, row)) if row.len() < CLOSED_BYTES + SEAL_BYTES => {
-            Some((*first, run_text(*first, row)?.1, row.len()))
-        }
-        _ => None,
-    };
     let mut lines: Vec<&str> = Vec::new();
     let (start, ratio) = match &open {
         Some((first, text, row_len)) => {
