@@ -1289,8 +1289,8 @@ fn state_file_moved_aside(dir: &std::path::Path) -> bool {
 /// A state machine file whose heads log holds `n` leaves (agent `a`, sizes 1..=n), in
 /// runs, and their stored nodes, as rounds leave them.
 fn with_heads_rows(dir: &std::path::Path, n: u64) {
-    use lineage_node::store::heads::HEADS_META;
     use lineage_node::store::heads_leaves::{self, HEADS_LEAF_RUNS};
+    use lineage_node::store::heads_meta::{self, HEADS_META};
     use lineage_node::store::heads_tree::{HeadsTree, HEADS_NODES};
     use redb::ReadableTable;
     use sha2::Digest;
@@ -1314,9 +1314,10 @@ fn with_heads_rows(dir: &std::path::Path, n: u64) {
         }
         heads_leaves::append(&mut txn.open_table(HEADS_LEAF_RUNS).unwrap(), 0, &leaves).unwrap();
         let mut meta = txn.open_table(HEADS_META).unwrap();
-        meta.insert("indexed", n.to_string().as_str()).unwrap();
+        heads_meta::put(&mut meta, heads_meta::INDEXED, &n.to_string()).unwrap();
+        heads_meta::put(&mut meta, heads_meta::ORIGIN, "heads.test/log").unwrap();
         assert!(
-            meta.get("sealed").unwrap().is_some(),
+            meta.get(heads_meta::SEALED).unwrap().is_some(),
             "a new file is marked sealed"
         );
     }
@@ -1366,8 +1367,81 @@ async fn a_round_beyond_the_heads_tree_is_damage() {
     assert!(aside, "the damaged file is kept aside");
 }
 
+/// The heads log's settings steer what a node signs (its origin) and trusts (how many
+/// leaves it indexed): a row with a byte changed, or under a key no version writes (a
+/// flipped key byte), makes the file count as damaged at open, never a value read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_heads_meta_row_is_damage() {
+    use lineage_node::store::heads_meta::{HEADS_META, INDEXED, ORIGIN, SEALED};
+    const N: u64 = 300;
+    /// Rewrites the row under `key`: `change` gets the stored bytes, returns the new key
+    /// and row.
+    fn rewrite(dir: &std::path::Path, key: &str, change: impl Fn(&mut Vec<u8>) -> String) {
+        let db = redb::Database::create(dir.join("node.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut meta = txn.open_table(HEADS_META).unwrap();
+            let mut row = meta.remove(key).unwrap().unwrap().value().to_vec();
+            let new_key = change(&mut row);
+            meta.insert(new_key.as_str(), row.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let control = tempfile::tempdir().unwrap();
+    with_heads_rows(control.path(), N);
+    {
+        let (_log, sm) = store::open(control.path()).unwrap();
+        let data = sm.read_data();
+        assert_eq!(data.heads.tree.size(), N);
+        assert_eq!(data.heads.origin.as_deref(), Some("heads.test/log"));
+    }
+    // The row rewritten unchanged is still read: the checks below see the change only.
+    rewrite(control.path(), ORIGIN, |_| ORIGIN.to_string());
+    drop(store::open(control.path()).unwrap());
+    assert!(
+        !state_file_moved_aside(control.path()),
+        "an intact file is kept"
+    );
+
+    /// Changes a stored row; returns the key to store it under.
+    type Change = fn(&mut Vec<u8>) -> String;
+    let cases: [(&str, &str, Change); 4] = [
+        ("the origin's last byte", ORIGIN, |row| {
+            *row.last_mut().unwrap() ^= 0x01;
+            ORIGIN.to_string()
+        }),
+        ("a digit of indexed", INDEXED, |row| {
+            *row.last_mut().unwrap() = b'9';
+            INDEXED.to_string()
+        }),
+        ("the sealed marker's digest", SEALED, |row| {
+            row[0] ^= 0x80;
+            SEALED.to_string()
+        }),
+        ("the origin's key", ORIGIN, |_| "origio".to_string()),
+    ];
+    for (what, key, change) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        with_heads_rows(dir.path(), N);
+        rewrite(dir.path(), key, change);
+        let (_log, sm) = store::open(dir.path()).unwrap();
+        let data = sm.read_data();
+        assert_eq!(
+            data.heads.tree.size(),
+            0,
+            "{what}: the damaged file was used"
+        );
+        assert_eq!(data.heads.origin, None, "{what}");
+        assert!(
+            state_file_moved_aside(dir.path()),
+            "{what}: the damaged file is kept aside"
+        );
+    }
+}
+
 /// A state machine file as the version before runs left it: `n` leaves one sealed row
-/// each (`heads_leaves`), their nodes, `indexed` at `n`, and no runs table. `keep` says
+/// each (`heads_leaves`), their nodes, the plain meta table (`indexed` at `n`, rows
+/// marked sealed), and no runs table. `keep` says
 /// which rows are stored, `damaged` which one has a byte changed.
 fn with_old_heads_rows(
     dir: &std::path::Path,
@@ -1375,8 +1449,9 @@ fn with_old_heads_rows(
     keep: impl Fn(u64) -> bool,
     damaged: Option<u64>,
 ) -> Vec<String> {
-    use lineage_node::store::heads::{HEADS_LEAVES, HEADS_META};
+    use lineage_node::store::heads::HEADS_LEAVES;
     use lineage_node::store::heads_leaves::HEADS_LEAF_RUNS;
+    use lineage_node::store::heads_meta::{HEADS_META, OLD_HEADS_META};
     use lineage_node::store::heads_tree::{seal_leaf, HeadsTree, HEADS_NODES};
     use sha2::Digest;
     drop(store::open(dir).unwrap());
@@ -1385,6 +1460,7 @@ fn with_old_heads_rows(
     let mut all = Vec::new();
     {
         txn.delete_table(HEADS_LEAF_RUNS).unwrap();
+        txn.delete_table(HEADS_META).unwrap();
         let mut old = txn.open_table(HEADS_LEAVES).unwrap();
         let mut nodes = txn.open_table(HEADS_NODES).unwrap();
         let mut tree = HeadsTree::default();
@@ -1406,19 +1482,21 @@ fn with_old_heads_rows(
             }
             all.push(leaf);
         }
-        let mut meta = txn.open_table(HEADS_META).unwrap();
+        let mut meta = txn.open_table(OLD_HEADS_META).unwrap();
         meta.insert("indexed", n.to_string().as_str()).unwrap();
+        meta.insert("sealed", "1").unwrap();
     }
     txn.commit().unwrap();
     all
 }
 
 /// A data directory from before runs has its leaves packed into runs at open, each
-/// checked; old rows lost at the end, or one changed, make the file count as damaged
+/// checked, and its settings sealed; old rows lost at the end, or one changed, make the file count as damaged
 /// (moved aside and rebuilt), never a shorter tree nor a node that cannot start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn old_heads_leaf_rows_are_packed_at_open_or_the_file_is_damaged() {
     use lineage_node::store::heads::HEADS_LEAVES;
+    use lineage_node::store::heads_meta::{self, HEADS_META, OLD_HEADS_META};
     use redb::ReadableTableMetadata;
     const N: u64 = 300;
     let dir = tempfile::tempdir().unwrap();
@@ -1440,7 +1518,11 @@ async fn old_heads_leaf_rows_are_packed_at_open_or_the_file_is_damaged() {
     let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
     let txn = db.begin_read().unwrap();
     assert!(txn.open_table(HEADS_LEAVES).unwrap().is_empty().unwrap());
-    drop((txn, db));
+    // Its plain settings were moved, sealed.
+    assert!(txn.open_table(OLD_HEADS_META).unwrap().is_empty().unwrap());
+    let meta = txn.open_table(HEADS_META).unwrap();
+    assert_eq!(heads_meta::indexed(&meta).unwrap(), Some(N));
+    drop((meta, txn, db));
 
     for (what, keep, damaged) in [
         ("the last row lost", N - 1, None),

@@ -254,7 +254,7 @@ async fn the_segment_cut_inside_an_acknowledged_entry() {
 }
 
 /// A fault in one file of a follower's data directory, made while it is down.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Place {
     /// The state machine's redb file deleted (its log was purged behind a snapshot, so
     /// only a snapshot from the leader can rebuild it).
@@ -280,6 +280,19 @@ enum Place {
     OldestSegmentHeadFlipped,
     /// The whole data directory gone (a replaced disk).
     Wiped,
+    /// One byte flipped inside the heads log's last run of statements (the tree's right
+    /// edge, which every later root is computed from).
+    HeadsRunFlipped,
+    /// One byte of the heads log's origin changed (what the node signs checkpoints
+    /// under).
+    HeadsOriginChanged,
+}
+
+impl Place {
+    /// Faults in the heads log, which needs its rounds running to have anything stored.
+    fn in_heads_log(self) -> bool {
+        matches!(self, Place::HeadsRunFlipped | Place::HeadsOriginChanged)
+    }
 }
 
 fn newest_segment(data_dir: &Path, oldest: bool) -> PathBuf {
@@ -364,6 +377,89 @@ fn fault_in(data_dir: &Path, place: Place) {
             overwrite(&path, 12, &[byte ^ 0x10]);
         }
         Place::Wiped => std::fs::remove_dir_all(data_dir).unwrap(),
+        Place::HeadsRunFlipped | Place::HeadsOriginChanged => {
+            use lineage_node::store::heads_leaves::HEADS_LEAF_RUNS;
+            use lineage_node::store::heads_meta::{HEADS_META, ORIGIN};
+            use redb::ReadableTable;
+            let db = redb::Database::create(data_dir.join("node.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            if place == Place::HeadsRunFlipped {
+                let mut runs = txn.open_table(HEADS_LEAF_RUNS).unwrap();
+                let (first, mut row) = {
+                    let (first, row) = runs.last().unwrap().expect("a stored run");
+                    (first.value(), row.value().to_vec())
+                };
+                // Past the 32 bytes of seal: inside the packed statements.
+                let at = 32 + (row.len() - 32) / 2;
+                row[at] ^= 0x04;
+                runs.insert(first, row.as_slice()).unwrap();
+            } else {
+                let mut meta = txn.open_table(HEADS_META).unwrap();
+                let mut row = meta
+                    .get(ORIGIN)
+                    .unwrap()
+                    .expect("an origin")
+                    .value()
+                    .to_vec();
+                *row.last_mut().unwrap() ^= 0x01;
+                meta.insert(ORIGIN, row.as_slice()).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+    }
+}
+
+/// Node `i`'s own heads log: the size of its last round and its leaves up to `size`.
+async fn local_heads(cluster: &Cluster, i: usize, size: Option<u64>) -> (u64, Value) {
+    let checkpoint = cluster
+        .get_text(i, "/v1/transparency/checkpoint?local=true")
+        .await;
+    let last_round: u64 = checkpoint.lines().nth(1).unwrap().parse().unwrap();
+    let size = size.unwrap_or(last_round);
+    let (status, leaves) = cluster
+        .get(
+            i,
+            &format!("/v1/transparency/leaves?start=0&end={size}&local=true"),
+            "",
+        )
+        .await;
+    assert_eq!(status, 200, "node {i}: {leaves}");
+    (last_round, leaves)
+}
+
+/// Waits (bounded) until every node's heads log has stated the agent's `records` records,
+/// then checks every node holds the same leaves.
+async fn heads_converged(cluster: &Cluster, records: u64, what: &str) {
+    let start = Instant::now();
+    'wait: loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: the heads logs did not state all {records} records\n{}",
+            cluster.log_tails(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut sizes = Vec::new();
+        for i in 0..3 {
+            let (size, leaves) = local_heads(cluster, i, None).await;
+            let stated = leaves["leaves"]
+                .as_array()
+                .and_then(|l| l.last())
+                .map(|l| l["size"].clone());
+            if stated != Some(json!(records)) {
+                continue 'wait;
+            }
+            sizes.push(size);
+        }
+        let size = sizes.into_iter().min().unwrap();
+        let leader_leaves = local_heads(cluster, 0, Some(size)).await.1;
+        for i in 1..3 {
+            let leaves = local_heads(cluster, i, Some(size)).await.1;
+            assert_eq!(
+                leaves, leader_leaves,
+                "{what}: node {i}'s heads leaves differ"
+            );
+        }
+        return;
     }
 }
 
@@ -371,7 +467,13 @@ fn fault_in(data_dir: &Path, place: Place) {
 /// restart it. It must be repaired (or rebuilt) by the cluster with no operator: every
 /// node ends with all 60, agrees, verifies and is ready, and the cluster decides on.
 async fn follower_fault(place: Place) {
-    let cluster = Cluster::start_with(3, &["--snapshot-every", "16"]).await;
+    let heads_rounds: &[&str] = if place.in_heads_log() {
+        &["--heads-interval-ms", "100"]
+    } else {
+        &[]
+    };
+    let cluster =
+        Cluster::start_with(3, &[&["--snapshot-every", "16"], heads_rounds].concat()).await;
     let public_key = cluster.public_key().await;
     let token = cluster
         .create_agent(
@@ -385,6 +487,9 @@ async fn follower_fault(place: Place) {
     }
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
     let follower = (leader + 1) % 3;
+    if place.in_heads_log() {
+        heads_converged(&cluster, 2 + 2 * 30, &format!("{place:?}, before")).await;
+    }
     cluster.kill(follower);
     fault_in(&cluster.data_dir(follower), place);
     for n in 0..30 {
@@ -397,6 +502,18 @@ async fn follower_fault(place: Place) {
     cluster.wait_ready(follower, Duration::from_secs(20)).await;
     let next = act(&cluster, follower, &token, "after").await;
     assert_eq!(next["action_id"], "act-61", "{place:?}: {next}");
+    if place.in_heads_log() {
+        let aside = std::fs::read_dir(cluster.data_dir(follower))
+            .unwrap()
+            .flatten()
+            .any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("node.redb.damaged-")
+            });
+        assert!(aside, "{place:?}: the damaged state file was used");
+        heads_converged(&cluster, 2 + 2 * 61, &format!("{place:?}")).await;
+    }
     println!(
         "{place:?}: repaired, all 60 on every node, {:.1} s after the restart",
         restarted.elapsed().as_secs_f64()
@@ -545,4 +662,14 @@ async fn a_single_node_cannot_be_repaired_and_says_what_to_do() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_applied_index_changed_in_redb() {
     follower_fault(Place::AppliedIndexChanged).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_heads_run_flipped() {
+    follower_fault(Place::HeadsRunFlipped).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_heads_origin_changed() {
+    follower_fault(Place::HeadsOriginChanged).await;
 }

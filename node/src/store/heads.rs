@@ -16,6 +16,7 @@ use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use super::agent_slot::AgentSlot;
 use super::heads_leaves::{self, LeafLookup, HEADS_LEAF_RUNS};
+use super::heads_meta::{self, HEADS_META, INDEXED, ORIGIN, WITNESSED};
 use super::heads_tree::{self, HeadsTree, StoredTree, HEADS_BY_AGENT, HEADS_NODES};
 
 /// Leaf index → head statement (canonical JSON), sealed (`heads_tree::seal_leaf`): how
@@ -24,25 +25,6 @@ use super::heads_tree::{self, HeadsTree, StoredTree, HEADS_BY_AGENT, HEADS_NODES
 pub const HEADS_LEAVES: TableDefinition<u64, &str> = TableDefinition::new("heads_leaves");
 /// Tree sizes at which a round ended: the checkpoints this log ever had.
 pub const HEADS_ROUNDS: TableDefinition<u64, ()> = TableDefinition::new("heads_rounds");
-/// "origin" and "witnessed" (the latest cosigned checkpoint note).
-pub const HEADS_META: TableDefinition<&str, &str> = TableDefinition::new("heads_meta");
-const ORIGIN_KEY: &str = "origin";
-const WITNESSED_KEY: &str = "witnessed";
-/// How many leaves `heads_nodes` and `heads_by_agent` cover; when it is not the number of
-/// leaves (a data directory from before those tables), they are rebuilt at open.
-pub(super) const INDEXED_KEY: &str = "indexed";
-
-/// How many leaves `meta` says are indexed; `None` where it says nothing readable (a data
-/// directory from before the index, or a value that does not parse: read as "index them
-/// again", which rebuilds from the sealed leaves).
-fn indexed_size(
-    meta: &impl ReadableTable<&'static str, &'static str>,
-) -> StorageResult<Option<u64>> {
-    Ok(meta
-        .get(INDEXED_KEY)?
-        .and_then(|v| v.value().parse::<u64>().ok()))
-}
-
 /// Largest cosigned note accepted (a checkpoint with many cosignatures is ~2 KiB).
 pub const MAX_WITNESSED_NOTE: usize = 64 * 1024;
 
@@ -73,8 +55,8 @@ impl HeadsLog {
     ) -> StorageResult<HeadsLog> {
         let mut heads = HeadsLog::default();
         let meta = txn.open_table(HEADS_META)?;
-        heads.origin = meta.get(ORIGIN_KEY)?.map(|v| v.value().to_string());
-        heads.witnessed = meta.get(WITNESSED_KEY)?.map(|v| v.value().to_string());
+        heads.origin = heads_meta::get(&meta, ORIGIN)?;
+        heads.witnessed = heads_meta::get(&meta, WITNESSED)?;
         let leaves = txn.open_table(HEADS_LEAF_RUNS)?;
         let size = heads_leaves::count(&leaves)?;
         heads.tree = HeadsTree::load(size, &txn.open_table(HEADS_NODES)?, &leaves)?;
@@ -153,10 +135,10 @@ impl HeadsLog {
             // The first round fixes the origin; a node configured with another name
             // later does not change what every replica already signs under.
             if self.origin.is_none() {
-                meta.insert(ORIGIN_KEY, origin)?;
+                heads_meta::put(&mut meta, ORIGIN, origin)?;
                 self.origin = Some(origin.to_string());
             }
-            meta.insert(INDEXED_KEY, self.tree.size().to_string().as_str())?;
+            heads_meta::put(&mut meta, INDEXED, &self.tree.size().to_string())?;
             txn.open_table(HEADS_ROUNDS)?.insert(self.tree.size(), ())?;
             self.last_round = Some(self.tree.size());
         }
@@ -205,8 +187,7 @@ impl HeadsLog {
             Ok(merged) => merged,
             Err(reason) => return Ok(Err(reason)),
         };
-        txn.open_table(HEADS_META)?
-            .insert(WITNESSED_KEY, merged.as_str())?;
+        heads_meta::put(&mut txn.open_table(HEADS_META)?, WITNESSED, &merged)?;
         self.witnessed = Some(merged);
         Ok(Ok(()))
     }
@@ -279,12 +260,12 @@ impl HeadsLog {
         let mut meta = txn.open_table(HEADS_META)?;
         meta.retain(|_, _| false)?;
         if let Some(origin) = &body.origin {
-            meta.insert(ORIGIN_KEY, origin.as_str())?;
+            heads_meta::put(&mut meta, ORIGIN, origin)?;
         }
         if let Some(note) = &body.witnessed {
-            meta.insert(WITNESSED_KEY, note.as_str())?;
+            heads_meta::put(&mut meta, WITNESSED, note)?;
         }
-        meta.insert(INDEXED_KEY, tree.size().to_string().as_str())?;
+        heads_meta::put(&mut meta, INDEXED, &tree.size().to_string())?;
         heads_tree::mark_sealed(&mut meta)?;
         Ok(())
     }
@@ -303,7 +284,7 @@ impl HeadsLog {
     pub fn snapshot(txn: &redb::ReadTransaction) -> StorageResult<HeadsSnapshot> {
         let meta = txn.open_table(HEADS_META)?;
         let leaves = Self::leaves(txn, 0, u64::MAX)?;
-        if let Some(indexed) = indexed_size(&meta)?.filter(|i| *i != leaves.len() as u64) {
+        if let Some(indexed) = heads_meta::indexed(&meta)?.filter(|i| *i != leaves.len() as u64) {
             return Err(redb::Error::Corrupted(format!(
                 "heads log: {} leaves are stored where {indexed} were indexed",
                 leaves.len()
@@ -312,8 +293,8 @@ impl HeadsLog {
         Ok(HeadsSnapshot {
             leaves,
             rounds: Self::rounds(txn)?,
-            origin: meta.get(ORIGIN_KEY)?.map(|v| v.value().to_string()),
-            witnessed: meta.get(WITNESSED_KEY)?.map(|v| v.value().to_string()),
+            origin: heads_meta::get(&meta, ORIGIN)?,
+            witnessed: heads_meta::get(&meta, WITNESSED)?,
         })
     }
 }
@@ -335,13 +316,8 @@ pub fn check_right_edge(txn: &redb::ReadTransaction) -> Result<(), String> {
             Err(other) => Err(fail(&other)),
         }
     }
-    let (Some(nodes), Some(meta)) = (
-        optional(txn.open_table(HEADS_NODES))?,
-        optional(txn.open_table(HEADS_META))?,
-    ) else {
-        return Ok(());
-    };
-    let indexed = indexed_size(&meta).map_err(|e| fail(&e))?;
+    let settings = heads_meta::read_at_open(txn).map_err(|e| fail(&e))?;
+    let indexed = settings.indexed;
     // Every round records the size it indexed to, in the same commit as its leaves: fewer
     // leaves than that is the last ones lost (indexing them again would shrink the tree).
     let fewer_than_indexed = |size: u64| match indexed {
@@ -362,7 +338,10 @@ pub fn check_right_edge(txn: &redb::ReadTransaction) -> Result<(), String> {
     };
     let size = heads_leaves::count(&leaves).map_err(|e| fail(&e))?;
     fewer_than_indexed(size)?;
-    if indexed != Some(size) || !heads_tree::rows_sealed(&meta).map_err(|e| fail(&e))? {
+    let Some(nodes) = optional(txn.open_table(HEADS_NODES))? else {
+        return Ok(());
+    };
+    if indexed != Some(size) || !settings.rows_sealed {
         return Ok(());
     }
     HeadsTree::load(size, &nodes, &leaves).map_err(|e| fail(&e))?;
@@ -400,6 +379,7 @@ fn index_leaf(
 /// into runs ([`pack_old_leaves`]), and the nodes and by-agent index built where they do
 /// not cover every leaf ([`index_if_needed`]). A `Corrupted` error is damage in the file.
 pub fn upgrade(db: &redb::Database) -> StorageResult<()> {
+    heads_meta::move_old_rows(db)?;
     heads_tree::seal_if_needed(db)?;
     pack_old_leaves(db)?;
     index_if_needed(db)
@@ -464,7 +444,14 @@ pub fn index_if_needed(db: &redb::Database) -> StorageResult<()> {
         let leaves = txn.open_table(HEADS_LEAF_RUNS)?;
         let size = heads_leaves::count(&leaves)?;
         let mut meta = txn.open_table(HEADS_META)?;
-        let indexed = indexed_size(&meta)?;
+        let indexed = heads_meta::indexed(&meta)?;
+        // Indexing never shrinks the tree: fewer leaves than were indexed is the last
+        // ones lost (open's integrity check says so first; this holds without it).
+        if let Some(indexed) = indexed.filter(|i| *i > size) {
+            return Err(redb::Error::Corrupted(format!(
+                "{size} leaves are stored where {indexed} were indexed"
+            )));
+        }
         if indexed == Some(size) || (size == 0 && indexed.is_none()) {
             None
         } else {
@@ -476,7 +463,7 @@ pub fn index_if_needed(db: &redb::Database) -> StorageResult<()> {
             heads_leaves::visit(&leaves, 0, size, |index, leaf| {
                 index_leaf(&mut tree, index, leaf, &mut nodes, &mut by_agent)
             })?;
-            meta.insert(INDEXED_KEY, size.to_string().as_str())?;
+            heads_meta::put(&mut meta, INDEXED, &size.to_string())?;
             Some(size)
         }
     };

@@ -20,6 +20,7 @@ use redb::{ReadableTable, TableDefinition};
 
 use super::checked_row;
 use super::heads_leaves::{self, LeafLookup};
+use super::heads_meta;
 
 /// (level, index) → the hash of the perfect subtree of 2^level leaves at
 /// `index * 2^level`, for levels from `CHUNK_LEVEL` (8) up, sealed.
@@ -53,16 +54,13 @@ fn node_hash(row: &[u8], level: u8, index: u64) -> StorageResult<Hash> {
 
 /// Whether the rows are sealed: `seal_if_needed` has run on this file (older rows read
 /// as sealed ones would all look damaged).
-pub fn rows_sealed(meta: &impl ReadableTable<&'static str, &'static str>) -> StorageResult<bool> {
-    Ok(meta.get(SEALED_KEY)?.is_some())
+pub fn rows_sealed(meta: &impl ReadableTable<&'static str, &'static [u8]>) -> StorageResult<bool> {
+    Ok(heads_meta::get(meta, heads_meta::SEALED)?.is_some())
 }
 
-const SEALED_KEY: &str = "sealed";
-
 /// Marks the rows sealed (a snapshot install writes them sealed).
-pub fn mark_sealed(meta: &mut redb::Table<&str, &str>) -> StorageResult<()> {
-    meta.insert(SEALED_KEY, "1")?;
-    Ok(())
+pub fn mark_sealed(meta: &mut redb::Table<&str, &[u8]>) -> StorageResult<()> {
+    heads_meta::put(meta, heads_meta::SEALED, "1")
 }
 
 /// Seals the leaves written before rows were sealed: once, at open, before anything
@@ -72,7 +70,8 @@ pub fn mark_sealed(meta: &mut redb::Table<&str, &str>) -> StorageResult<()> {
 /// (which runs next) to rebuild from the checked leaves. Only here is a row read without
 /// its seal.
 pub fn seal_if_needed(db: &redb::Database) -> StorageResult<()> {
-    use super::heads::{HEADS_LEAVES, HEADS_META, INDEXED_KEY};
+    use super::heads::HEADS_LEAVES;
+    use super::heads_meta::HEADS_META;
     let txn = db.begin_write()?;
     let sealed = {
         let mut meta = txn.open_table(HEADS_META)?;
@@ -106,7 +105,7 @@ pub fn seal_if_needed(db: &redb::Database) -> StorageResult<()> {
         if !plain.is_empty() {
             txn.open_table(HEADS_NODES)?.retain(|_, _| false)?;
             txn.open_table(HEADS_BY_AGENT)?.retain(|_, _| false)?;
-            meta.remove(INDEXED_KEY)?;
+            meta.remove(heads_meta::INDEXED)?;
         }
         mark_sealed(&mut meta)?;
         plain.len()
@@ -312,7 +311,7 @@ mod tests {
         consistency_proof_at, inclusion_proof_at, root_at, MerkleLevels,
     };
 
-    use super::super::heads::{index_if_needed, pack_old_leaves, HEADS_LEAVES};
+    use super::super::heads::{pack_old_leaves, HEADS_LEAVES};
     use super::super::heads_leaves::HEADS_LEAF_RUNS;
     use super::*;
     use redb::ReadableTableMetadata;
@@ -332,9 +331,7 @@ mod tests {
 
     /// What open does to a data directory's heads tables before anything reads them.
     fn upgrade(db: &redb::Database) {
-        seal_if_needed(db).unwrap();
-        pack_old_leaves(db).unwrap();
-        index_if_needed(db).unwrap();
+        super::super::heads::upgrade(db).unwrap();
     }
 
     /// Roots and proofs from the stored tree equal the whole in-memory tree's at sizes
@@ -626,9 +623,9 @@ mod tests {
         // checked, nothing is resealed or rebuilt.
         {
             let txn = db.begin_write().unwrap();
-            txn.open_table(super::super::heads::HEADS_META)
+            txn.open_table(super::super::heads_meta::HEADS_META)
                 .unwrap()
-                .remove(SEALED_KEY)
+                .remove(super::super::heads_meta::SEALED)
                 .unwrap();
             txn.commit().unwrap();
         }

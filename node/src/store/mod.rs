@@ -6,6 +6,7 @@ pub mod agent_slot;
 pub mod checked_row;
 pub mod heads;
 pub mod heads_leaves;
+pub mod heads_meta;
 pub mod heads_tree;
 pub mod idempotency_rows;
 pub mod imports;

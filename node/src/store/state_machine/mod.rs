@@ -33,6 +33,7 @@ use super::agent_slot::AgentSlot;
 use super::checked_row;
 use super::heads::{self, HeadsLog};
 use super::heads_leaves;
+use super::heads_meta;
 use super::heads_tree::{self, StoredTree};
 use super::idempotency_rows;
 use super::log_store::DurableLog;
@@ -173,7 +174,8 @@ impl StateMachine {
             txn.open_table(heads_leaves::HEADS_LEAF_RUNS)
                 .map_err(sm_write_err)?;
             txn.open_table(heads::HEADS_ROUNDS).map_err(sm_write_err)?;
-            txn.open_table(heads::HEADS_META).map_err(sm_write_err)?;
+            txn.open_table(heads_meta::HEADS_META)
+                .map_err(sm_write_err)?;
             txn.open_table(heads_tree::HEADS_NODES)
                 .map_err(sm_write_err)?;
             txn.open_table(heads_tree::HEADS_BY_AGENT)
