@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::cow_column::CowColumn;
 use super::seq_column::SeqColumn;
 use super::state::{ActionState, ReplayError};
 use super::types::{Action, ActionStatus, OutcomeStatus};
@@ -93,7 +94,7 @@ impl ActionLookup<'_> {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ActionBook {
     /// `act-N`'s status and outcome at N-1 (`encode`).
-    numbered_status: Vec<u8>,
+    numbered_status: CowColumn<u8>,
     /// `act-N`'s request seq at N-1.
     numbered_seq: SeqColumn,
     /// Settled actions whose ids are not `act-N` in request order.
@@ -172,7 +173,7 @@ impl ActionBook {
             return Some(ActionLookup::Settled(*settled));
         }
         let index = numbered_index(action_id)?;
-        let (status, outcome) = decode(*self.numbered_status.get(index)?)?;
+        let (status, outcome) = decode(self.numbered_status.get(index)?)?;
         Some(ActionLookup::Settled(SettledAction {
             status,
             outcome,
@@ -225,7 +226,8 @@ impl ActionBook {
             Some(index)
                 if index < self.numbered_status.len() && !self.named.contains_key(action_id) =>
             {
-                self.numbered_status[index] = encode(settled.status, settled.outcome);
+                self.numbered_status
+                    .set(index, encode(settled.status, settled.outcome));
             }
             _ => {
                 self.named.insert(action_id.to_string(), settled);

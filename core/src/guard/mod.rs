@@ -2,6 +2,7 @@
 //! [`decide`] says which records a command appends. No I/O, no clock.
 
 mod action_book;
+mod cow_column;
 mod decide;
 mod seq_column;
 mod state;

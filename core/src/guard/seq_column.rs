@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::cow_column::CowColumn;
+
 const BLOCK: usize = 64;
 /// An offset that says "look in `whole`".
 const WHOLE: u16 = u16::MAX;
@@ -19,9 +21,9 @@ const WHOLE: u16 = u16::MAX;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SeqColumn {
     /// Each block's first seq.
-    bases: Vec<u64>,
+    bases: CowColumn<u64>,
     /// Each action's seq less the one before it (0 at a block's start), or `WHOLE`.
-    offsets: Vec<u16>,
+    offsets: CowColumn<u16>,
     /// The seqs whose offset is `WHOLE`, by index.
     whole: BTreeMap<usize, u64>,
 }
@@ -49,9 +51,9 @@ impl SeqColumn {
 
     pub fn get(&self, index: usize) -> Option<u64> {
         let start = index - index % BLOCK;
-        let mut seq = *self.bases.get(index / BLOCK)?;
+        let mut seq = self.bases.get(index / BLOCK)?;
         for at in start + 1..=index {
-            seq = match *self.offsets.get(at)? {
+            seq = match self.offsets.get(at)? {
                 WHOLE => *self.whole.get(&at)?,
                 offset => seq.checked_add(u64::from(offset))?,
             };
@@ -62,19 +64,17 @@ impl SeqColumn {
     /// Every seq in order (one pass, not a lookup each).
     fn iter(&self) -> impl Iterator<Item = u64> + '_ {
         let mut seq = 0;
-        self.offsets
-            .iter()
-            .enumerate()
-            .map(move |(index, &offset)| {
-                seq = if index.is_multiple_of(BLOCK) {
-                    self.bases[index / BLOCK]
-                } else if offset == WHOLE {
-                    self.whole[&index]
-                } else {
-                    seq + u64::from(offset)
-                };
-                seq
-            })
+        let mut bases = self.bases.iter();
+        self.offsets.iter().enumerate().map(move |(index, offset)| {
+            seq = if index.is_multiple_of(BLOCK) {
+                bases.next().unwrap_or(seq)
+            } else if offset == WHOLE {
+                self.whole.get(&index).copied().unwrap_or(seq)
+            } else {
+                seq + u64::from(offset)
+            };
+            seq
+        })
     }
 }
 
