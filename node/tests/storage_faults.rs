@@ -451,12 +451,12 @@ async fn heads_converged(cluster: &Cluster, records: u64, what: &str) {
             sizes.push(size);
         }
         let size = sizes.into_iter().min().unwrap();
-        let leader_leaves = local_heads(cluster, 0, Some(size)).await.1;
+        let first = local_heads(cluster, 0, Some(size)).await.1;
         for i in 1..3 {
             let leaves = local_heads(cluster, i, Some(size)).await.1;
             assert_eq!(
-                leaves, leader_leaves,
-                "{what}: node {i}'s heads leaves differ"
+                leaves, first,
+                "{what}: node {i}'s heads leaves differ from node 0's"
             );
         }
         return;

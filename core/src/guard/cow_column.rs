@@ -3,7 +3,7 @@
 //!
 //! A node decides each write on a clone of the agent's state (its lane's pending state),
 //! so with a plain `Vec` every decision copied the agent's whole history: at 31,000
-//! actions an agent, 93 KB a decision. Here full chunks of [`CHUNK`] values are shared
+//! actions an agent, 93 KB a decision. Here full chunks of `CHUNK` values are shared
 //! (`Arc`) between clones and copied only when one clone changes a value in them; a clone
 //! copies the list of chunks' pointers only when it first adds a chunk or changes one, and
 //! the unfinished last chunk always. Serialized as the plain list of values, as the `Vec`
@@ -11,20 +11,21 @@
 
 use std::sync::Arc;
 
+use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Values in a shared chunk.
-pub const CHUNK: usize = 4096;
+/// Values in a shared chunk, by default: a clone copies fewer than this many.
+pub const DEFAULT_CHUNK: usize = 4096;
 
 #[derive(Clone, Debug)]
-pub struct CowColumn<T> {
-    /// Full chunks, [`CHUNK`] values each.
+pub struct CowColumn<T, const CHUNK: usize = DEFAULT_CHUNK> {
+    /// Full chunks, `CHUNK` values each.
     chunks: Arc<Vec<Arc<[T]>>>,
-    /// The values after them: fewer than [`CHUNK`].
+    /// The values after them: fewer than `CHUNK`.
     tail: Vec<T>,
 }
 
-impl<T> Default for CowColumn<T> {
+impl<T, const CHUNK: usize> Default for CowColumn<T, CHUNK> {
     fn default() -> Self {
         CowColumn {
             chunks: Arc::default(),
@@ -33,7 +34,7 @@ impl<T> Default for CowColumn<T> {
     }
 }
 
-impl<T: Copy> CowColumn<T> {
+impl<T: Copy, const CHUNK: usize> CowColumn<T, CHUNK> {
     pub fn len(&self) -> usize {
         self.chunks.len() * CHUNK + self.tail.len()
     }
@@ -82,15 +83,15 @@ impl<T: Copy> CowColumn<T> {
     }
 }
 
-impl<T: Copy + PartialEq> PartialEq for CowColumn<T> {
+impl<T: Copy + PartialEq, const CHUNK: usize> PartialEq for CowColumn<T, CHUNK> {
     fn eq(&self, other: &Self) -> bool {
         self.len() == other.len() && self.iter().eq(other.iter())
     }
 }
 
-impl<T: Copy + Eq> Eq for CowColumn<T> {}
+impl<T: Copy + Eq, const CHUNK: usize> Eq for CowColumn<T, CHUNK> {}
 
-impl<T: Copy> FromIterator<T> for CowColumn<T> {
+impl<T: Copy, const CHUNK: usize> FromIterator<T> for CowColumn<T, CHUNK> {
     fn from_iter<I: IntoIterator<Item = T>>(values: I) -> Self {
         let mut column = CowColumn::default();
         for value in values {
@@ -100,13 +101,17 @@ impl<T: Copy> FromIterator<T> for CowColumn<T> {
     }
 }
 
-impl<T: Copy + Serialize> Serialize for CowColumn<T> {
+impl<T: Copy + Serialize, const CHUNK: usize> Serialize for CowColumn<T, CHUNK> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.iter())
+        let mut seq = serializer.serialize_seq(Some(self.len()))?;
+        for value in self.iter() {
+            seq.serialize_element(&value)?;
+        }
+        seq.end()
     }
 }
 
-impl<'de, T: Copy + Deserialize<'de>> Deserialize<'de> for CowColumn<T> {
+impl<'de, T: Copy + Deserialize<'de>, const CHUNK: usize> Deserialize<'de> for CowColumn<T, CHUNK> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         Ok(Vec::<T>::deserialize(deserializer)?.into_iter().collect())
     }
@@ -121,14 +126,20 @@ mod tests {
     /// what the others did.
     #[test]
     fn clones_read_like_vecs_and_never_see_each_others_changes() {
-        let mut column = CowColumn::default();
+        clones_read_like_vecs::<DEFAULT_CHUNK>(1000);
+        clones_read_like_vecs::<64>(17);
+    }
+
+    /// The check above for chunks of `N`, a clone taken every `every` pushes.
+    fn clones_read_like_vecs<const N: usize>(every: usize) {
+        let mut column = CowColumn::<u16, N>::default();
         let mut model = Vec::new();
-        let mut snapshots: Vec<(CowColumn<u16>, Vec<u16>)> = Vec::new();
-        for i in 0..3 * CHUNK + 100 {
+        let mut snapshots: Vec<(CowColumn<u16, N>, Vec<u16>)> = Vec::new();
+        for i in 0..3 * N + 100 {
             let value = (i * 7 % 65_521) as u16;
             column.push(value);
             model.push(value);
-            if i % 1000 == 999 {
+            if i % every == every - 1 {
                 snapshots.push((column.clone(), model.clone()));
                 // A change in a shared chunk and one in the tail, in this copy only.
                 let early = i / 3;
@@ -155,7 +166,7 @@ mod tests {
 
         let json = serde_json::to_string(&column).unwrap();
         assert_eq!(json, serde_json::to_string(&model).unwrap());
-        let back: CowColumn<u16> = serde_json::from_str(&json).unwrap();
+        let back: CowColumn<u16, N> = serde_json::from_str(&json).unwrap();
         assert_eq!(back, column);
     }
 }

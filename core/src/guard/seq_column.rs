@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 
+use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::cow_column::CowColumn;
@@ -20,8 +21,9 @@ const WHOLE: u16 = u16::MAX;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SeqColumn {
-    /// Each block's first seq.
-    bases: CowColumn<u64>,
+    /// Each block's first seq (one per 64 actions, so in chunks of 64: a clone copies
+    /// the bases of fewer than 4,096 actions, as it copies their offsets).
+    bases: CowColumn<u64, 64>,
     /// Each action's seq less the one before it (0 at a block's start), or `WHOLE`.
     offsets: CowColumn<u16>,
     /// The seqs whose offset is `WHOLE`, by index.
@@ -66,10 +68,15 @@ impl SeqColumn {
         let mut seq = 0;
         let mut bases = self.bases.iter();
         self.offsets.iter().enumerate().map(move |(index, offset)| {
+            // `push` keeps a base for every block and a whole seq for every `WHOLE`.
             seq = if index.is_multiple_of(BLOCK) {
-                bases.next().unwrap_or(seq)
+                let base = bases.next();
+                debug_assert!(base.is_some(), "block {} has no base", index / BLOCK);
+                base.unwrap_or(seq)
             } else if offset == WHOLE {
-                self.whole.get(&index).copied().unwrap_or(seq)
+                let whole = self.whole.get(&index).copied();
+                debug_assert!(whole.is_some(), "seq {index} is not kept whole");
+                whole.unwrap_or(seq)
             } else {
                 seq + u64::from(offset)
             };
@@ -80,7 +87,11 @@ impl SeqColumn {
 
 impl Serialize for SeqColumn {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.iter())
+        let mut seq = serializer.serialize_seq(Some(self.offsets.len()))?;
+        for value in self.iter() {
+            seq.serialize_element(&value)?;
+        }
+        seq.end()
     }
 }
 

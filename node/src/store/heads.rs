@@ -257,6 +257,7 @@ impl HeadsLog {
         for size in &body.rounds {
             rounds.insert(*size, ())?;
         }
+        txn.delete_table(heads_meta::OLD_HEADS_META)?;
         let mut meta = txn.open_table(HEADS_META)?;
         meta.retain(|_, _| false)?;
         if let Some(origin) = &body.origin {
@@ -374,8 +375,8 @@ fn index_leaf(
     Ok(())
 }
 
-/// The heads tables' one-time upgrades, at open, before anything reads them: leaves from
-/// before seals sealed ([`heads_tree::seal_if_needed`]), leaves stored one per row packed
+/// The heads tables' one-time upgrades, at open, before anything reads them: the plain
+/// settings sealed ([`heads_meta::move_old_rows`]), leaves from before seals sealed ([`heads_tree::seal_if_needed`]), leaves stored one per row packed
 /// into runs ([`pack_old_leaves`]), and the nodes and by-agent index built where they do
 /// not cover every leaf ([`index_if_needed`]). A `Corrupted` error is damage in the file.
 pub fn upgrade(db: &redb::Database) -> StorageResult<()> {

@@ -137,37 +137,54 @@ pub fn read_at_open(txn: &redb::ReadTransaction) -> StorageResult<AtOpen> {
 }
 
 /// Moves the plain rows of a data directory from before seals into [`HEADS_META`],
-/// sealed: once, at open (`heads::upgrade`). One transaction: a crash leaves the plain
-/// rows where they were, for the next open to move. Rows found in both tables are damage
-/// (no version wrote both).
+/// sealed, and drops the plain table: once, at open (`heads::upgrade`). One transaction:
+/// a crash leaves the plain rows where they were, for the next open to move.
+///
+/// Plain rows beside sealed ones are what an older build run on an upgraded file wrote
+/// (it saw no settings): they are the newer, and each replaces the sealed row under its
+/// key. A plain key no version writes is damage; a plain `indexed` that is not a number
+/// is dropped, which makes open index the leaves again (as older builds read it).
 pub fn move_old_rows(db: &redb::Database) -> StorageResult<()> {
     let txn = db.begin_write()?;
     let moved = {
-        let mut old = txn.open_table(OLD_HEADS_META)?;
+        let old = txn.open_table(OLD_HEADS_META)?;
         let mut rows = Vec::new();
         for item in old.iter()? {
             let (key, value) = item?;
-            rows.push((key.value().to_string(), value.value().to_string()));
+            let (key, value) = (key.value(), value.value());
+            if !KEYS.contains(&key) {
+                return Err(redb::Error::Corrupted(format!(
+                    "plain heads meta holds an unknown key {key:?}"
+                )));
+            }
+            if key == INDEXED && value.parse::<u64>().is_err() {
+                continue;
+            }
+            rows.push((key.to_string(), value.to_string()));
         }
-        if !rows.is_empty() {
+        let found = !old.is_empty()?;
+        drop(old);
+        if found {
             let mut meta = txn.open_table(HEADS_META)?;
             if !meta.is_empty()? {
-                return Err(redb::Error::Corrupted(
-                    "heads meta is stored both sealed and plain".into(),
-                ));
+                tracing::warn!(
+                    "heads log settings found both sealed and plain (an older build ran on \
+                     this file): the plain ones replace the sealed ones under their keys"
+                );
             }
             for (key, value) in &rows {
                 put(&mut meta, key, value)?;
             }
-            old.retain(|_, _| false)?;
+            drop(meta);
+            txn.delete_table(OLD_HEADS_META)?;
         }
-        rows.len()
+        found
     };
-    if moved == 0 {
-        txn.abort()?;
-    } else {
+    if moved {
         txn.commit()?;
-        tracing::info!(rows = moved, "heads log settings sealed");
+        tracing::info!("heads log settings sealed");
+    } else {
+        txn.abort()?;
     }
     Ok(())
 }
@@ -245,22 +262,62 @@ mod tests {
         );
         assert_eq!(indexed(&meta).unwrap(), Some(7));
         assert_eq!(get(&meta, SEALED).unwrap().as_deref(), Some("1"));
-        assert!(txn.open_table(OLD_HEADS_META).unwrap().is_empty().unwrap());
+        assert!(
+            matches!(
+                txn.open_table(OLD_HEADS_META),
+                Err(redb::TableError::TableDoesNotExist(_))
+            ),
+            "the plain table is dropped"
+        );
 
-        // Rows in both tables: refused, nothing changed.
+        // Plain rows beside sealed ones (an older build ran on the upgraded file): each
+        // replaces the sealed row under its key; the others stay.
+        drop((meta, txn));
+        let txn = db.begin_write().unwrap();
+        {
+            let mut old = txn.open_table(OLD_HEADS_META).unwrap();
+            old.insert(INDEXED, "9").unwrap();
+            old.insert(SEALED, "1").unwrap();
+        }
+        txn.commit().unwrap();
+        move_old_rows(&db).unwrap();
+        let txn = db.begin_read().unwrap();
+        let meta = txn.open_table(HEADS_META).unwrap();
+        assert_eq!(indexed(&meta).unwrap(), Some(9));
+        assert_eq!(
+            get(&meta, ORIGIN).unwrap().as_deref(),
+            Some("example.org/log")
+        );
+        check_all(&meta).unwrap();
+
+        // A plain key no version writes is damage; nothing is moved.
         drop((meta, txn));
         let txn = db.begin_write().unwrap();
         txn.open_table(OLD_HEADS_META)
             .unwrap()
-            .insert(ORIGIN, "other")
+            .insert("origio", "x")
             .unwrap();
         txn.commit().unwrap();
         assert!(move_old_rows(&db).is_err());
         let txn = db.begin_read().unwrap();
+        assert!(!txn.open_table(OLD_HEADS_META).unwrap().is_empty().unwrap());
+
+        // A plain `indexed` that is not a number is dropped: open indexes again.
+        drop(txn);
+        let txn = db.begin_write().unwrap();
+        {
+            let mut old = txn.open_table(OLD_HEADS_META).unwrap();
+            old.remove("origio").unwrap();
+            old.insert(INDEXED, "3O0").unwrap();
+        }
+        txn.commit().unwrap();
+        move_old_rows(&db).unwrap();
+        let txn = db.begin_read().unwrap();
         let meta = txn.open_table(HEADS_META).unwrap();
         assert_eq!(
-            get(&meta, ORIGIN).unwrap().as_deref(),
-            Some("example.org/log")
+            get(&meta, INDEXED).unwrap().as_deref(),
+            Some("9"),
+            "kept, not replaced"
         );
     }
 }
