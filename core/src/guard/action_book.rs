@@ -10,6 +10,7 @@
 //! elsewhere) go in a map.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -99,8 +100,10 @@ pub struct ActionBook {
     numbered_seq: SeqColumn,
     /// Settled actions whose ids are not `act-N` in request order.
     named: HashMap<String, SettledAction>,
-    /// Actions waiting for a decision, with their request.
-    open: HashMap<String, ActionState>,
+    /// Actions waiting for a decision, with their request. Shared (`Arc`) so that a clone
+    /// of the state (one per decision, in a lane) copies no inputs; a change copies that
+    /// one action.
+    open: HashMap<String, Arc<ActionState>>,
 }
 
 /// The index of `act-N` among the numbered actions, if `id` is one.
@@ -161,7 +164,7 @@ impl ActionBook {
                 .push(encode(ActionStatus::Requested, None));
             self.numbered_seq.push(action.requested_seq);
         }
-        self.open.insert(action_id, action);
+        self.open.insert(action_id, Arc::new(action));
         Ok(())
     }
 
@@ -183,11 +186,11 @@ impl ActionBook {
 
     /// An open action, to change its status while it stays open (pending approval).
     pub fn open_mut(&mut self, action_id: &str) -> Option<&mut ActionState> {
-        self.open.get_mut(action_id)
+        self.open.get_mut(action_id).map(Arc::make_mut)
     }
 
     pub fn open(&self, action_id: &str) -> Option<&ActionState> {
-        self.open.get(action_id)
+        self.open.get(action_id).map(|action| &**action)
     }
 
     /// Decides an open action: its request leaves memory. Returns it.
@@ -205,7 +208,7 @@ impl ActionBook {
             requested_seq: action.requested_seq,
         };
         self.store(action_id, settled);
-        Ok(action)
+        Ok(Arc::unwrap_or_clone(action))
     }
 
     /// Records an outcome for a decided action.
@@ -260,6 +263,51 @@ mod tests {
             requested_seq: seq,
             requested_at: String::new(),
         }
+    }
+
+    /// A clone (a lane's pending state) shares what the book holds: open actions' inputs
+    /// and the settled columns. A change in either copy is that copy's alone.
+    #[test]
+    fn a_clone_shares_open_actions_and_changes_stay_its_own() {
+        let mut book = ActionBook::default();
+        for n in 1..=5000u64 {
+            book.request(format!("act-{n}"), requested(n * 2)).unwrap();
+            if n % 10 != 0 {
+                book.settle(&format!("act-{n}"), ActionStatus::Allowed)
+                    .unwrap();
+            }
+        }
+        let mut clone = book.clone();
+        assert!(Arc::ptr_eq(&book.open["act-10"], &clone.open["act-10"]));
+        clone.open_mut("act-10").unwrap().status = ActionStatus::PendingApproval;
+        clone.settle("act-20", ActionStatus::Denied).unwrap();
+        clone.complete("act-1", OutcomeStatus::Success).unwrap();
+        assert_eq!(book.open("act-10").unwrap().status, ActionStatus::Requested);
+        assert_eq!(
+            book.lookup("act-20").unwrap().status(),
+            ActionStatus::Requested
+        );
+        assert_eq!(
+            book.lookup("act-1").unwrap().status(),
+            ActionStatus::Allowed
+        );
+        assert_eq!(
+            clone.lookup("act-10").unwrap().status(),
+            ActionStatus::PendingApproval
+        );
+        assert_eq!(
+            clone.lookup("act-20").unwrap().status(),
+            ActionStatus::Denied
+        );
+        assert_eq!(
+            clone.lookup("act-1").unwrap().status(),
+            ActionStatus::Completed
+        );
+        assert!(Arc::ptr_eq(&book.open["act-30"], &clone.open["act-30"]));
+        // A checkpoint reads back as the book it was taken of.
+        let json = serde_json::to_string(&book).unwrap();
+        let back: ActionBook = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, book);
     }
 
     #[test]
