@@ -31,11 +31,15 @@ pub struct Policy {
 pub const DEFAULT_MAX_INPUT_BYTES: u64 = 64 * 1024;
 /// Action requests per minute by default (denied ones included: they are logged too).
 pub const DEFAULT_MAX_REQUESTS_PER_MINUTE: u32 = 6_000;
+/// Actions waiting for an approval at once, by default.
+pub const DEFAULT_MAX_PENDING_APPROVALS: u32 = 1_000;
 
-/// Bounds on how fast one agent can grow every replica's log. A lifetime budget bounds
-/// allowed actions, but denied requests are free and each is recorded, so without these
-/// one token (even a terminated agent's) could fill every disk. A request past them is
-/// refused (413, 429) and leaves no record.
+/// Bounds on how fast one agent can grow every replica's log, and its memory. A lifetime
+/// budget bounds allowed actions, but denied requests are free and each is recorded, so
+/// without these one token (even a terminated agent's) could fill every disk; and an
+/// action waiting for an approval keeps its input in every replica's memory until an
+/// operator decides, so without a cap on them it could fill every replica's memory. A
+/// request past them is refused (413, 429, 409) and leaves no record.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GrowthLimits {
     /// Largest request input, in bytes of canonical JSON.
@@ -44,6 +48,11 @@ pub struct GrowthLimits {
     /// Action requests per minute: a bucket of this many, refilled evenly over a minute.
     #[serde(default)]
     pub max_requests_per_minute: Option<NonZeroU32>,
+    /// Actions waiting for an approval at once; a request for a tool that needs one is
+    /// refused while this many wait. Written only when given, so policies that do not
+    /// name it read and write as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending_approvals: Option<NonZeroU32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,6 +155,13 @@ impl Policy {
             .map_or(DEFAULT_MAX_REQUESTS_PER_MINUTE, NonZeroU32::get)
     }
 
+    /// Actions waiting for an approval at once.
+    pub fn max_pending_approvals(&self) -> u32 {
+        self.limits
+            .and_then(|l| l.max_pending_approvals)
+            .map_or(DEFAULT_MAX_PENDING_APPROVALS, NonZeroU32::get)
+    }
+
     pub fn limits(mut self, limits: GrowthLimits) -> Self {
         self.limits = Some(limits);
         self
@@ -194,13 +210,17 @@ impl Policy {
                 .collect::<serde_json::Map<_, _>>(),
         });
         if let (Some(limits), Some(map)) = (self.limits, value.as_object_mut()) {
-            map.insert(
-                "limits".into(),
-                serde_json::json!({
-                    "max_input_bytes": limits.max_input_bytes,
-                    "max_requests_per_minute": limits.max_requests_per_minute,
-                }),
-            );
+            let mut written = serde_json::json!({
+                "max_input_bytes": limits.max_input_bytes,
+                "max_requests_per_minute": limits.max_requests_per_minute,
+            });
+            // Only when given: policy records that do not name it stay byte for byte.
+            if let (Some(max), Some(written)) =
+                (limits.max_pending_approvals, written.as_object_mut())
+            {
+                written.insert("max_pending_approvals".into(), max.get().into());
+            }
+            map.insert("limits".into(), written);
         }
         value
     }
@@ -306,6 +326,22 @@ mod tests {
         // The written form reads back as the same policy.
         let back: Policy = serde_json::from_value(policy.to_value()).unwrap();
         assert_eq!(back, policy);
+        assert_eq!(
+            policy.max_pending_approvals(),
+            DEFAULT_MAX_PENDING_APPROVALS
+        );
+        // The cap on approvals waiting is written when given, and reads back.
+        let capped: Policy = serde_json::from_str(
+            r#"{"budget":1,"scar_limit":1,"tools":{},"limits":{"max_pending_approvals":5}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            crate::canonical::to_string(&capped.to_value()),
+            r#"{"budget":1,"default_rule":null,"limits":{"max_input_bytes":null,"max_pending_approvals":5,"max_requests_per_minute":null},"rate_limit":null,"scar_limit":1,"tools":{}}"#
+        );
+        assert_eq!(capped.max_pending_approvals(), 5);
+        let back: Policy = serde_json::from_value(capped.to_value()).unwrap();
+        assert_eq!(back, capped);
     }
 
     #[test]

@@ -35,6 +35,45 @@ fn an_input_of_exactly_the_limit_is_decided_and_one_byte_more_is_refused() {
     );
 }
 
+/// Actions waiting for an approval keep their input in memory: at the policy's cap a
+/// request for a tool that needs one is refused and leaves no record, others go on, and
+/// an approval makes room again.
+#[test]
+fn requests_that_need_an_approval_are_refused_at_the_cap_of_those_waiting() {
+    let mut agent = Agent::create(json!({
+        "budget": 100, "scar_limit": 10,
+        "tools": {"refund": {"cost": 1, "requires_approval": true}, "t": {"cost": 1}},
+        "limits": {"max_pending_approvals": 2}
+    }));
+    for n in 1..=2 {
+        match agent.request("refund", json!(n)).unwrap() {
+            Some(Decision::PendingApproval { .. }) => {}
+            other => panic!("expected pending_approval: {other:?}"),
+        }
+    }
+    let records = agent.records.len();
+    assert_eq!(
+        agent.request("refund", json!(3)).unwrap_err(),
+        GuardError::TooManyPendingApprovals { pending: 2, max: 2 }
+    );
+    assert_eq!(agent.records.len(), records, "a refusal left a record");
+    allowed_id(agent.request("t", json!(4)).unwrap());
+    agent.approve("act-1", None).unwrap();
+    match agent.request("refund", json!(5)).unwrap() {
+        Some(Decision::PendingApproval { .. }) => {}
+        other => panic!("expected pending_approval after an approval: {other:?}"),
+    }
+    // Without `limits`, the default cap.
+    let agent = Agent::create(json!({
+        "budget": 1, "scar_limit": 1, "tools": {"refund": {"cost": 1, "requires_approval": true}}
+    }));
+    let policy = agent.state.policy.as_ref().unwrap();
+    assert_eq!(
+        policy.max_pending_approvals(),
+        lineage_core::policy::DEFAULT_MAX_PENDING_APPROVALS
+    );
+}
+
 #[test]
 fn the_rate_limit_allows_its_count_in_a_window_and_then_denies() {
     let mut agent = Agent::create(json!({

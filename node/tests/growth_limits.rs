@@ -1,7 +1,9 @@
 //! One agent token cannot grow the logs without bound: a policy's `limits` cap the input
 //! size (413, nothing recorded) and the requests per minute (429 with Retry-After,
 //! nothing recorded), and a terminated agent, whose every request is denied and logged,
-//! is held to them too.
+//! is held to them too. Nor can it grow every replica's memory with actions left
+//! waiting for an approval (each keeps its input): `max_pending_approvals` caps them
+//! (409, nothing recorded).
 
 #[path = "cluster/util.rs"]
 mod util;
@@ -122,6 +124,78 @@ async fn a_terminated_agent_cannot_flood_the_log() {
         (200, &json!("allowed")),
         "{answer}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actions_waiting_for_an_approval_are_capped() {
+    const CAP: u64 = 3;
+    let cluster = Cluster::start(1).await;
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let policy = json!({
+        "budget": 100, "scar_limit": 10,
+        "tools": {"refund": {"cost": 1, "requires_approval": true}, "search": {"cost": 1}},
+        "limits": {"max_pending_approvals": CAP},
+    });
+    let token = cluster.create_agent(0, "spammer", policy).await;
+    let request = |tool: &'static str, n: u64| {
+        let token = token.clone();
+        let cluster = &cluster;
+        async move {
+            cluster
+                .post(
+                    0,
+                    "/v1/agents/spammer/actions",
+                    &token,
+                    json!({"tool": tool, "input": {"blob": "x".repeat(500), "n": n}}),
+                    None,
+                )
+                .await
+        }
+    };
+    for n in 0..CAP {
+        let (status, answer) = request("refund", n).await;
+        assert_eq!(
+            (status, &answer["decision"]),
+            (200, &json!("pending_approval")),
+            "{answer}"
+        );
+    }
+    let head_before = log_len(&cluster).await;
+    let (status, answer) = request("refund", CAP).await;
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(answer["code"], "too_many_pending_approvals", "{answer}");
+    assert_eq!(
+        log_len(&cluster).await,
+        head_before,
+        "a refused request left a record"
+    );
+    // Tools that need no approval go on.
+    let (status, answer) = request("search", 0).await;
+    assert_eq!(
+        (status, &answer["decision"]),
+        (200, &json!("allowed")),
+        "{answer}"
+    );
+    // An operator's approval makes room for one more.
+    let admin = cluster.admin.clone();
+    let (status, answer) = cluster
+        .post(
+            0,
+            "/v1/agents/spammer/actions/act-1/approve",
+            &admin,
+            json!({"approver": "ops"}),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = request("refund", CAP + 1).await;
+    assert_eq!(
+        (status, &answer["decision"]),
+        (200, &json!("pending_approval")),
+        "{answer}"
+    );
+    let (status, answer) = request("refund", CAP + 2).await;
+    assert_eq!(status, 409, "{answer}");
 }
 
 /// Records in the spammer's log.

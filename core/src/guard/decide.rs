@@ -86,6 +86,13 @@ pub enum GuardError {
     /// Past the policy's `max_input_bytes`: refused, nothing recorded.
     #[error("input is {size} bytes; this agent's policy allows at most {max}")]
     InputTooLarge { size: u64, max: u64 },
+    /// A tool that needs an approval while the policy's `max_pending_approvals` wait:
+    /// refused, nothing recorded.
+    #[error(
+        "{pending} actions are waiting for an approval; this agent's policy allows at most \
+         {max} at once (approve or reject some first)"
+    )]
+    TooManyPendingApprovals { pending: usize, max: u32 },
 }
 
 /// A record before sealing: its kind and payload (and, for a scar, its severity as the
@@ -157,6 +164,16 @@ pub fn decide(
                 });
             }
             let rule = policy.rule_for(tool);
+            // Each action waiting for an approval keeps its input in memory (every
+            // replica's) until an operator decides.
+            let max_pending = policy.max_pending_approvals();
+            let pending = state.pending_count();
+            if rule.is_some_and(|r| r.requires_approval) && pending >= max_pending as usize {
+                return Err(GuardError::TooManyPendingApprovals {
+                    pending,
+                    max: max_pending,
+                });
+            }
             let cost = cost.unwrap_or(0).max(rule.map_or(0, |r| r.cost));
             // `act-N` after the requests so far; a log written elsewhere may have used
             // that id out of order, so take the next one free (every node picks the same).
