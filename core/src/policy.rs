@@ -21,7 +21,8 @@ pub struct Policy {
     /// At most `max_actions` allowed actions in any window of `window_secs`.
     #[serde(default)]
     pub rate_limit: Option<RateLimit>,
-    /// How fast the agent may grow its log; absent (or any field absent): the defaults.
+    /// How fast the agent may grow its log, and how many approvals it may leave waiting;
+    /// absent (or any field absent): the defaults.
     /// Written only when given, so every other policy record stays as it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<GrowthLimits>,

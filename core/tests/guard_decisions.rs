@@ -36,8 +36,8 @@ fn an_input_of_exactly_the_limit_is_decided_and_one_byte_more_is_refused() {
 }
 
 /// Actions waiting for an approval keep their input in memory: at the policy's cap a
-/// request for a tool that needs one is refused and leaves no record, others go on, and
-/// an approval makes room again.
+/// request that would wait is refused and leaves no record; others go on, one that is
+/// denied anyway is denied (and logged) as before, and an approval makes room again.
 #[test]
 fn requests_that_need_an_approval_are_refused_at_the_cap_of_those_waiting() {
     let mut agent = Agent::create(json!({
@@ -58,6 +58,18 @@ fn requests_that_need_an_approval_are_refused_at_the_cap_of_those_waiting() {
     );
     assert_eq!(agent.records.len(), records, "a refusal left a record");
     allowed_id(agent.request("t", json!(4)).unwrap());
+    // Over budget: denied, as it would be without the cap.
+    match agent.run(Command::Request {
+        tool: "refund".into(),
+        input: json!(0),
+        cost: Some(1_000),
+    }) {
+        Ok(Some(Decision::Denied {
+            reason: DenyReason::InsufficientBudget { .. },
+            ..
+        })) => {}
+        other => panic!("expected insufficient_budget: {other:?}"),
+    }
     agent.approve("act-1", None).unwrap();
     match agent.request("refund", json!(5)).unwrap() {
         Some(Decision::PendingApproval { .. }) => {}

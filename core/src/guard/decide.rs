@@ -164,16 +164,6 @@ pub fn decide(
                 });
             }
             let rule = policy.rule_for(tool);
-            // Each action waiting for an approval keeps its input in memory (every
-            // replica's) until an operator decides.
-            let max_pending = policy.max_pending_approvals();
-            let pending = state.pending_count();
-            if rule.is_some_and(|r| r.requires_approval) && pending >= max_pending as usize {
-                return Err(GuardError::TooManyPendingApprovals {
-                    pending,
-                    max: max_pending,
-                });
-            }
             let cost = cost.unwrap_or(0).max(rule.map_or(0, |r| r.cost));
             // `act-N` after the requests so far; a log written elsewhere may have used
             // that id out of order, so take the next one free (every node picks the same).
@@ -189,6 +179,13 @@ pub fn decide(
             let decision = match check(state, policy, tool, cost, now) {
                 Err(reason) => deny(state, &action_id, reason, &mut drafts),
                 Ok(rule_requires_approval) if rule_requires_approval => {
+                    // It would wait, keeping its input in every replica's memory until an
+                    // operator decides: refused (nothing recorded) while the cap waits.
+                    let max = policy.max_pending_approvals();
+                    let pending = state.pending_count();
+                    if pending >= max as usize {
+                        return Err(GuardError::TooManyPendingApprovals { pending, max });
+                    }
                     drafts.push(draft(
                         RecordKind::ApprovalRequired,
                         json!({"action_id": action_id}),
