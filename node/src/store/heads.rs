@@ -319,14 +319,7 @@ pub fn check_right_edge(txn: &redb::ReadTransaction) -> Result<(), String> {
     }
     let settings = heads_meta::read_at_open(txn).map_err(|e| fail(&e))?;
     let indexed = settings.indexed;
-    // Every round records the size it indexed to, in the same commit as its leaves: fewer
-    // leaves than that is the last ones lost (indexing them again would shrink the tree).
-    let fewer_than_indexed = |size: u64| match indexed {
-        Some(indexed) if indexed > size => Err(fail(&format!(
-            "{size} leaves are stored where {indexed} were indexed"
-        ))),
-        _ => Ok(()),
-    };
+    let fewer_than_indexed = |size: u64| none_lost(size, indexed).map_err(|e| fail(&e));
     // Leaves still stored one per row (before runs) are checked one by one when
     // `pack_old_leaves` moves them; here, only that none is missing at the end.
     if let Some(old) = optional(txn.open_table(HEADS_LEAVES))? {
@@ -360,6 +353,18 @@ pub fn check_right_edge(txn: &redb::ReadTransaction) -> Result<(), String> {
     Ok(())
 }
 
+/// Every round records the size it indexed to, in the same commit as its leaves: `size`
+/// leaves stored where more were indexed is the last ones lost, and indexing them again
+/// would shrink the tree.
+fn none_lost(size: u64, indexed: Option<u64>) -> Result<(), String> {
+    match indexed {
+        Some(indexed) if indexed > size => Err(format!(
+            "{size} leaves are stored where {indexed} were indexed"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Adds leaf `index` to the tree and the by-agent index.
 fn index_leaf(
     tree: &mut HeadsTree,
@@ -376,9 +381,10 @@ fn index_leaf(
 }
 
 /// The heads tables' one-time upgrades, at open, before anything reads them: the plain
-/// settings sealed ([`heads_meta::move_old_rows`]), leaves from before seals sealed ([`heads_tree::seal_if_needed`]), leaves stored one per row packed
-/// into runs ([`pack_old_leaves`]), and the nodes and by-agent index built where they do
-/// not cover every leaf ([`index_if_needed`]). A `Corrupted` error is damage in the file.
+/// settings sealed ([`heads_meta::move_old_rows`]), leaves from before seals sealed
+/// ([`heads_tree::seal_if_needed`]), leaves stored one per row packed into runs
+/// ([`pack_old_leaves`]), and the nodes and by-agent index built where they do not cover
+/// every leaf ([`index_if_needed`]). A `Corrupted` error is damage in the file.
 pub fn upgrade(db: &redb::Database) -> StorageResult<()> {
     heads_meta::move_old_rows(db)?;
     heads_tree::seal_if_needed(db)?;
@@ -446,13 +452,9 @@ pub fn index_if_needed(db: &redb::Database) -> StorageResult<()> {
         let size = heads_leaves::count(&leaves)?;
         let mut meta = txn.open_table(HEADS_META)?;
         let indexed = heads_meta::indexed(&meta)?;
-        // Indexing never shrinks the tree: fewer leaves than were indexed is the last
-        // ones lost (open's integrity check says so first; this holds without it).
-        if let Some(indexed) = indexed.filter(|i| *i > size) {
-            return Err(redb::Error::Corrupted(format!(
-                "{size} leaves are stored where {indexed} were indexed"
-            )));
-        }
+        // Indexing never shrinks the tree (open's integrity check says so first; this
+        // holds without it).
+        none_lost(size, indexed).map_err(redb::Error::Corrupted)?;
         if indexed == Some(size) || (size == 0 && indexed.is_none()) {
             None
         } else {
