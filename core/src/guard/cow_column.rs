@@ -103,12 +103,22 @@ impl<T: Copy, const CHUNK: usize> FromIterator<T> for CowColumn<T, CHUNK> {
 
 impl<T: Copy + Serialize, const CHUNK: usize> Serialize for CowColumn<T, CHUNK> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut seq = serializer.serialize_seq(Some(self.len()))?;
-        for value in self.iter() {
-            seq.serialize_element(&value)?;
-        }
-        seq.end()
+        serialize_list(serializer, self.len(), self.iter())
     }
+}
+
+/// `values` (`len` of them) as a plain list, its length declared up front: how the
+/// columns serialize, as the `Vec`s they replace did.
+pub(super) fn serialize_list<S: Serializer, T: Serialize>(
+    serializer: S,
+    len: usize,
+    values: impl Iterator<Item = T>,
+) -> Result<S::Ok, S::Error> {
+    let mut seq = serializer.serialize_seq(Some(len))?;
+    for value in values {
+        seq.serialize_element(&value)?;
+    }
+    seq.end()
 }
 
 impl<'de, T: Copy + Deserialize<'de>, const CHUNK: usize> Deserialize<'de> for CowColumn<T, CHUNK> {

@@ -10,10 +10,9 @@
 
 use std::collections::BTreeMap;
 
-use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::cow_column::CowColumn;
+use super::cow_column::{self, CowColumn};
 
 const BLOCK: usize = 64;
 /// An offset that says "look in `whole`".
@@ -87,11 +86,7 @@ impl SeqColumn {
 
 impl Serialize for SeqColumn {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut seq = serializer.serialize_seq(Some(self.offsets.len()))?;
-        for value in self.iter() {
-            seq.serialize_element(&value)?;
-        }
-        seq.end()
+        cow_column::serialize_list(serializer, self.offsets.len(), self.iter())
     }
 }
 
