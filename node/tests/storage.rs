@@ -1333,38 +1333,193 @@ fn heads_run_holding(txn: &redb::WriteTransaction, index: u64) -> (u64, Vec<u8>)
     (first.value(), row.value().to_vec())
 }
 
-/// The last round names the checkpoint a node serves and signs by default: a round
-/// whose key had a bit flipped beyond the tree's size makes the file count as damaged at
-/// open, never a size the tree never had.
+/// The last round names the checkpoint a node serves and signs by default: a round row
+/// with a byte changed (its key or its seal), or an old unsealed round beyond the tree,
+/// makes the file count as damaged at open, never a size the tree never had. Unsealed
+/// rounds from before seals are sealed at open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_round_beyond_the_heads_tree_is_damage() {
-    use lineage_node::store::heads::HEADS_ROUNDS;
-    let with_round = |dir: &std::path::Path, round: u64| {
-        let db = redb::Database::create(dir.join("node.redb")).unwrap();
+async fn a_damaged_or_impossible_last_round_is_damage() {
+    use lineage_node::store::heads_round_sizes::{self, HEADS_ROUNDS, OLD_HEADS_ROUNDS};
+    use redb::ReadableTable;
+    /// A heads log of 300 leaves whose rounds are `rows` (sealed) and `old` (unsealed).
+    fn with_rounds(rows: &[(u64, Vec<u8>)], old: &[u64]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        with_heads_rows(dir.path(), 300);
+        let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
         let txn = db.begin_write().unwrap();
         {
             let mut rounds = txn.open_table(HEADS_ROUNDS).unwrap();
             rounds.retain(|_, _| false).unwrap();
-            rounds.insert(round, ()).unwrap();
+            for (size, row) in rows {
+                rounds.insert(*size, row.as_slice()).unwrap();
+            }
+            let mut old_rounds = txn.open_table(OLD_HEADS_ROUNDS).unwrap();
+            for size in old {
+                old_rounds.insert(*size, ()).unwrap();
+            }
         }
         txn.commit().unwrap();
-    };
-    let dir = tempfile::tempdir().unwrap();
-    with_heads_rows(dir.path(), 300);
-    with_round(dir.path(), 300);
-    {
-        let (_log, sm) = store::open(dir.path()).unwrap();
-        assert_eq!(sm.read_data().heads.last_round, Some(300), "control");
+        dir
     }
-    with_round(dir.path(), 300 | 1 << 40);
-    let (_log, sm) = store::open(dir.path()).unwrap();
-    assert_eq!(
-        sm.read_data().heads.last_round,
-        None,
-        "the damaged file was used"
-    );
-    let aside = state_file_moved_aside(dir.path());
-    assert!(aside, "the damaged file is kept aside");
+    fn sealed(size: u64) -> (u64, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("t.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        let row = {
+            let mut rounds = txn.open_table(HEADS_ROUNDS).unwrap();
+            heads_round_sizes::add(&mut rounds, size).unwrap();
+            let row = rounds.get(size).unwrap().unwrap().value().to_vec();
+            row
+        };
+        (size, row)
+    }
+    let opened = |dir: &tempfile::TempDir| {
+        let (_log, sm) = store::open(dir.path()).unwrap();
+        let last = sm.read_data().heads.last_round;
+        let rounds = sm.heads_rounds().unwrap();
+        (last, rounds, state_file_moved_aside(dir.path()))
+    };
+
+    let control = with_rounds(&[sealed(100), sealed(300)], &[]);
+    assert_eq!(opened(&control), (Some(300), vec![100, 300], false));
+    // Rounds from before seals, and some an older build added beside sealed ones.
+    let old = with_rounds(&[sealed(100)], &[200, 300]);
+    assert_eq!(opened(&old), (Some(300), vec![100, 200, 300], false));
+
+    let (_, row_300) = sealed(300);
+    let mut seal_flipped = row_300.clone();
+    seal_flipped[7] ^= 0x10;
+    let cases: [(&str, tempfile::TempDir); 4] = [
+        // 300 is 0b1_0010_1100: bit 2 cleared is 296, still within the tree.
+        (
+            "its key's bit 2 flipped",
+            with_rounds(&[sealed(100), (296, row_300.clone())], &[]),
+        ),
+        (
+            "its key's bit 40 flipped",
+            with_rounds(&[sealed(100), (300 | 1 << 40, row_300.clone())], &[]),
+        ),
+        (
+            "a byte of its seal",
+            with_rounds(&[sealed(100), (300, seal_flipped)], &[]),
+        ),
+        (
+            "an unsealed round beyond the tree",
+            with_rounds(&[sealed(100)], &[300 | 1 << 40]),
+        ),
+    ];
+    for (what, dir) in cases {
+        assert_eq!(
+            opened(&dir),
+            (None, vec![], true),
+            "{what}: the damaged file was used, or not kept aside"
+        );
+    }
+}
+
+/// The size each agent was last stated at is read through its last by-agent row, and
+/// decides whether the next round states it again: a row lost, or moved by a changed key
+/// (under an earlier statement, under another agent), changes which row is last, even
+/// where the new last row is intact. Each makes the file count as damaged at open. The
+/// index of a file from before seals is built again, sealed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_or_lost_by_agent_row_is_damage() {
+    use lineage_node::store::heads_meta::{self, HEADS_META};
+    use lineage_node::store::heads_tree::{HEADS_BY_AGENT, OLD_HEADS_BY_AGENT};
+    use redb::{ReadableTable, ReadableTableMetadata};
+    const N: u64 = 300;
+    /// A file whose 300 leaves (all agent `a`'s) are indexed again at open, as a file
+    /// with an unsealed index is.
+    fn indexed_again(old_rows: bool) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        with_heads_rows(dir.path(), N);
+        let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        if old_rows {
+            let mut old = txn.open_table(OLD_HEADS_BY_AGENT).unwrap();
+            old.insert(("a", 7), ()).unwrap();
+        } else {
+            let mut meta = txn.open_table(HEADS_META).unwrap();
+            meta.remove(heads_meta::INDEXED).unwrap();
+            meta.remove(heads_meta::STATED).unwrap();
+        }
+        txn.commit().unwrap();
+        dir
+    }
+    /// Changes the file's by-agent rows.
+    fn change(dir: &std::path::Path, edit: impl FnOnce(&mut redb::Table<(&str, u64), &[u8]>)) {
+        let db = redb::Database::create(dir.join("node.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        edit(&mut txn.open_table(HEADS_BY_AGENT).unwrap());
+        txn.commit().unwrap();
+    }
+    fn seal_of(rows: &redb::Table<(&str, u64), &[u8]>, index: u64) -> Vec<u8> {
+        rows.get(("a", index)).unwrap().unwrap().value().to_vec()
+    }
+    /// Opens the store: the tree's size, and whether the file was moved aside.
+    fn opened(dir: &std::path::Path) -> (u64, bool) {
+        let (_log, sm) = store::open(dir).unwrap();
+        let size = sm.read_data().heads.tree.size();
+        (size, state_file_moved_aside(dir))
+    }
+
+    let old = indexed_again(true);
+    assert_eq!(opened(old.path()), (N, false));
+    {
+        let db = redb::Database::create(old.path().join("node.redb")).unwrap();
+        let txn = db.begin_read().unwrap();
+        assert_eq!(txn.open_table(HEADS_BY_AGENT).unwrap().len().unwrap(), N);
+        assert!(
+            matches!(
+                txn.open_table(OLD_HEADS_BY_AGENT),
+                Err(redb::TableError::TableDoesNotExist(_))
+            ),
+            "the unsealed index is dropped"
+        );
+    }
+    let control = indexed_again(false);
+    assert_eq!(opened(control.path()), (N, false));
+    // A row rewritten as it was is still read: the cases see their change only.
+    change(control.path(), |rows| {
+        let seal = seal_of(rows, N - 1);
+        rows.insert(("a", N - 1), seal.as_slice()).unwrap();
+    });
+    assert_eq!(opened(control.path()), (N, false), "control");
+
+    type Edit = fn(&mut redb::Table<(&str, u64), &[u8]>);
+    let cases: [(&str, Edit); 4] = [
+        // 299 with bit 8 cleared is 43: the last row is now 298's, intact; only the
+        // sum of last statements sees it.
+        ("the last row under an earlier statement", |rows| {
+            let seal = seal_of(rows, N - 1);
+            rows.remove(("a", N - 1)).unwrap();
+            rows.insert(("a", (N - 1) ^ 1 << 8), seal.as_slice())
+                .unwrap();
+        }),
+        ("the last row lost", |rows| {
+            rows.remove(("a", N - 1)).unwrap();
+        }),
+        ("the last row under another agent", |rows| {
+            let seal = seal_of(rows, N - 1);
+            rows.remove(("a", N - 1)).unwrap();
+            rows.insert(("b", N - 1), seal.as_slice()).unwrap();
+        }),
+        ("a byte of the last row's seal", |rows| {
+            let mut seal = seal_of(rows, N - 1);
+            seal[0] ^= 0x01;
+            rows.insert(("a", N - 1), seal.as_slice()).unwrap();
+        }),
+    ];
+    for (what, edit) in cases {
+        let dir = indexed_again(false);
+        assert_eq!(opened(dir.path()), (N, false), "{what}: before");
+        change(dir.path(), edit);
+        assert_eq!(
+            opened(dir.path()),
+            (0, true),
+            "{what}: the damaged file was used, or not kept aside"
+        );
+    }
 }
 
 /// The heads log's settings steer what a node signs (its origin) and trusts (how many

@@ -286,12 +286,24 @@ enum Place {
     /// One byte of the heads log's origin changed (what the node signs checkpoints
     /// under).
     HeadsOriginChanged,
+    /// The agent's last by-agent index row moved under another agent's name (a flipped
+    /// bit in the key): read as is, the agent would seem stated earlier or never, and
+    /// this node alone would state it again (another tree than its peers').
+    HeadsIndexRowMoved,
+    /// One byte of the last round's row changed (the checkpoint a node signs by default).
+    HeadsRoundFlipped,
 }
 
 impl Place {
     /// Faults in the heads log, which needs its rounds running to have anything stored.
     fn in_heads_log(self) -> bool {
-        matches!(self, Place::HeadsRunFlipped | Place::HeadsOriginChanged)
+        matches!(
+            self,
+            Place::HeadsRunFlipped
+                | Place::HeadsOriginChanged
+                | Place::HeadsIndexRowMoved
+                | Place::HeadsRoundFlipped
+        )
     }
 }
 
@@ -377,6 +389,16 @@ fn fault_in(data_dir: &Path, place: Place) {
             overwrite(&path, 12, &[byte ^ 0x10]);
         }
         Place::Wiped => std::fs::remove_dir_all(data_dir).unwrap(),
+        Place::HeadsRunFlipped
+        | Place::HeadsOriginChanged
+        | Place::HeadsIndexRowMoved
+        | Place::HeadsRoundFlipped => fault_in_heads_log(data_dir, place),
+    }
+}
+
+/// A fault in the heads log's tables (`Place::in_heads_log`).
+fn fault_in_heads_log(data_dir: &Path, place: Place) {
+    match place {
         Place::HeadsRunFlipped | Place::HeadsOriginChanged => {
             use lineage_node::store::heads_leaves::HEADS_LEAF_RUNS;
             use lineage_node::store::heads_meta::{HEADS_META, ORIGIN};
@@ -406,6 +428,41 @@ fn fault_in(data_dir: &Path, place: Place) {
             }
             txn.commit().unwrap();
         }
+        Place::HeadsIndexRowMoved => {
+            use lineage_node::store::heads_tree::HEADS_BY_AGENT;
+            use redb::ReadableTable;
+            let db = redb::Database::create(data_dir.join("node.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut by_agent = txn.open_table(HEADS_BY_AGENT).unwrap();
+                let (agent, index, seal) = {
+                    let (key, seal) = by_agent.last().unwrap().expect("an indexed statement");
+                    let (agent, index) = key.value();
+                    (agent.to_string(), index, seal.value().to_vec())
+                };
+                assert_eq!(agent, "bot");
+                by_agent.remove((agent.as_str(), index)).unwrap();
+                by_agent.insert(("bou", index), seal.as_slice()).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        Place::HeadsRoundFlipped => {
+            use lineage_node::store::heads_round_sizes::HEADS_ROUNDS;
+            use redb::ReadableTable;
+            let db = redb::Database::create(data_dir.join("node.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut rounds = txn.open_table(HEADS_ROUNDS).unwrap();
+                let (size, mut row) = {
+                    let (size, row) = rounds.last().unwrap().expect("a round");
+                    (size.value(), row.value().to_vec())
+                };
+                row[7] ^= 0x10;
+                rounds.insert(size, row.as_slice()).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        _ => unreachable!("{place:?} is not in the heads log"),
     }
 }
 
@@ -672,4 +729,14 @@ async fn follower_heads_run_flipped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_heads_origin_changed() {
     follower_fault(Place::HeadsOriginChanged).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_heads_index_row_moved() {
+    follower_fault(Place::HeadsIndexRowMoved).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_heads_round_flipped() {
+    follower_fault(Place::HeadsRoundFlipped).await;
 }

@@ -750,9 +750,37 @@ async fn heads_proofs_hold_at_sizes_zero_one_and_past_a_stored_chunk() {
         "the signed root"
     );
 
+    // Two agents stated again (each round replaces their last statement in the summed
+    // up last statements, which open checks against the index).
+    for agent in ["a0", "b150"] {
+        let (status, body) = cluster
+            .post_until_served(
+                0,
+                &format!("/v1/agents/{agent}/actions"),
+                &cluster.admin.clone(),
+                json!({"tool": "t", "input": {}}),
+                &format!("{agent}-again"),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    checkpoint_of_at_least(&cluster, many.0 + 2).await;
+    // A clean stop first: the file then holds every round, and open checks it.
+    let moved_aside = || {
+        std::fs::read_dir(cluster.data_dir(0))
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().contains("damaged"))
+    };
+    cluster.stop_gracefully(0);
+    cluster.start_node(0);
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    assert!(!moved_aside(), "an intact state file counted as damaged");
+
     cluster.kill(0);
     cluster.start_node(0);
     cluster.wait_for_leader(Duration::from_secs(20)).await;
+    assert!(!moved_aside(), "an intact state file counted as damaged");
     let after = consistency_verifies(&cluster, one, many).await;
     assert_eq!(
         after, before,

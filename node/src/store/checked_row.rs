@@ -27,6 +27,26 @@ pub fn unseal(row: &[u8]) -> Result<&[u8], String> {
     Ok(content)
 }
 
+/// The value stored beside a key that is all the row holds (an index entry, a size): the
+/// SHA-256 of the key's bytes, so that a key changed on disk no longer matches its value.
+pub fn key_seal(key: &[u8]) -> [u8; DIGEST_BYTES] {
+    Sha256::digest(key).into()
+}
+
+/// Whether `stored` is [`key_seal`] of `key`.
+pub fn check_key_seal(key: &[u8], stored: &[u8]) -> Result<(), String> {
+    if stored.len() != DIGEST_BYTES {
+        return Err(format!(
+            "stored key checksum is {} bytes, not {DIGEST_BYTES}",
+            stored.len()
+        ));
+    }
+    if key_seal(key).as_slice() != stored {
+        return Err("stored key does not match its checksum".into());
+    }
+    Ok(())
+}
+
 /// A row for a table of text: the hex SHA-256 of `content`, then `content`.
 pub fn seal_text(content: &str) -> String {
     let mut row = hex::encode(Sha256::digest(content.as_bytes()));
@@ -74,6 +94,25 @@ mod tests {
         }
         assert!(unseal(&row[..row.len() - 1]).is_err());
         assert!(unseal(&row[..10]).is_err());
+    }
+
+    #[test]
+    fn every_changed_bit_of_a_key_or_its_seal_is_caught() {
+        let key = b"agent-7\0\0\0\0\0\0\0\x01\x2c";
+        let seal = key_seal(key);
+        check_key_seal(key, &seal).unwrap();
+        for bit in 0..key.len() * 8 {
+            let mut flipped = key.to_vec();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            assert!(check_key_seal(&flipped, &seal).is_err(), "key bit {bit}");
+        }
+        for bit in 0..seal.len() * 8 {
+            let mut flipped = seal;
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            assert!(check_key_seal(key, &flipped).is_err(), "seal bit {bit}");
+        }
+        assert!(check_key_seal(key, &seal[..31]).is_err());
+        assert!(check_key_seal(key, &[]).is_err());
     }
 
     #[test]

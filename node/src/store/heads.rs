@@ -16,15 +16,14 @@ use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use super::agent_slot::AgentSlot;
 use super::heads_leaves::{self, LeafLookup, HEADS_LEAF_RUNS};
-use super::heads_meta::{self, HEADS_META, INDEXED, ORIGIN, WITNESSED};
-use super::heads_tree::{self, HeadsTree, StoredTree, HEADS_BY_AGENT, HEADS_NODES};
+use super::heads_meta::{self, HEADS_META, INDEXED, ORIGIN, STATED, WITNESSED};
+use super::heads_round_sizes::{self, HEADS_ROUNDS};
+use super::heads_tree::{self, HeadsTree, StatedDigest, StoredTree, HEADS_BY_AGENT, HEADS_NODES};
 
 /// Leaf index → head statement (canonical JSON), sealed (`heads_tree::seal_leaf`): how
 /// leaves were stored before runs (`heads_leaves`). Rows found here are moved into runs
 /// at open ([`pack_old_leaves`]); nothing else reads them.
 pub const HEADS_LEAVES: TableDefinition<u64, &str> = TableDefinition::new("heads_leaves");
-/// Tree sizes at which a round ended: the checkpoints this log ever had.
-pub const HEADS_ROUNDS: TableDefinition<u64, ()> = TableDefinition::new("heads_rounds");
 /// Largest cosigned note accepted (a checkpoint with many cosignatures is ~2 KiB).
 pub const MAX_WITNESSED_NOTE: usize = 64 * 1024;
 
@@ -42,6 +41,8 @@ pub struct HeadsLog {
     /// Agents whose logs grew since their last statement.
     pub pending: BTreeSet<String>,
     pub witnessed: Option<String>,
+    /// Every agent's last statement, as stored with each round (`heads_meta::STATED`).
+    stated_digest: StatedDigest,
 }
 
 type StorageResult<T> = Result<T, redb::Error>;
@@ -60,11 +61,13 @@ impl HeadsLog {
         let leaves = txn.open_table(HEADS_LEAF_RUNS)?;
         let size = heads_leaves::count(&leaves)?;
         heads.tree = HeadsTree::load(size, &txn.open_table(HEADS_NODES)?, &leaves)?;
-        heads.last_round = txn
-            .open_table(HEADS_ROUNDS)?
-            .last()?
-            .map(|(size, _)| size.value());
+        heads.last_round = heads_round_sizes::last(&txn.open_table(HEADS_ROUNDS)?)?;
         let by_agent = txn.open_table(HEADS_BY_AGENT)?;
+        // Stored by open's upgrade where it was missing, and checked there.
+        heads.stated_digest = match heads_meta::get(&meta, STATED)? {
+            Some(hex) => StatedDigest::from_hex(&hex)?,
+            None => heads_tree::stated_digest(&by_agent)?,
+        };
         // Each agent's last statement, read in leaf order so each run is unpacked once.
         let mut last_statements = Vec::new();
         for agent_id in agents.keys() {
@@ -124,7 +127,11 @@ impl HeadsLog {
             let index = self.tree.size();
             let leaf = statement.to_leaf();
             self.tree.push(&leaf, &mut nodes)?;
-            by_agent.insert((agent_id.as_str(), index), ())?;
+            if let Some(previous) = heads_tree::statement_below(&by_agent, &agent_id, index)? {
+                self.stated_digest.toggle(&agent_id, previous);
+            }
+            self.stated_digest.toggle(&agent_id, index);
+            heads_tree::index_statement(&mut by_agent, &agent_id, index)?;
             self.stated.insert(agent_id, statement.size);
             leaves.push(leaf);
         }
@@ -139,7 +146,8 @@ impl HeadsLog {
                 self.origin = Some(origin.to_string());
             }
             heads_meta::put(&mut meta, INDEXED, &self.tree.size().to_string())?;
-            txn.open_table(HEADS_ROUNDS)?.insert(self.tree.size(), ())?;
+            heads_meta::put(&mut meta, STATED, &self.stated_digest.to_hex())?;
+            heads_round_sizes::add(&mut txn.open_table(HEADS_ROUNDS)?, self.tree.size())?;
             self.last_round = Some(self.tree.size());
         }
         Ok(appended)
@@ -152,7 +160,9 @@ impl HeadsLog {
         root: &Hash,
         txn: &redb::WriteTransaction,
     ) -> StorageResult<bool> {
-        if size > self.tree.size() || txn.open_table(HEADS_ROUNDS)?.get(size)?.is_none() {
+        if size > self.tree.size()
+            || !heads_round_sizes::contains(&txn.open_table(HEADS_ROUNDS)?, size)?
+        {
             return Ok(false);
         }
         let nodes = txn.open_table(HEADS_NODES)?;
@@ -252,11 +262,9 @@ impl HeadsLog {
         for (index, leaf) in body.leaves.iter().enumerate() {
             index_leaf(&mut tree, index as u64, leaf, &mut nodes, &mut by_agent)?;
         }
-        let mut rounds = txn.open_table(HEADS_ROUNDS)?;
-        rounds.retain(|_, _| false)?;
-        for size in &body.rounds {
-            rounds.insert(*size, ())?;
-        }
+        heads_round_sizes::replace(&mut txn.open_table(HEADS_ROUNDS)?, &body.rounds)?;
+        txn.delete_table(heads_round_sizes::OLD_HEADS_ROUNDS)?;
+        txn.delete_table(heads_tree::OLD_HEADS_BY_AGENT)?;
         txn.delete_table(heads_meta::OLD_HEADS_META)?;
         let mut meta = txn.open_table(HEADS_META)?;
         meta.retain(|_, _| false)?;
@@ -267,17 +275,15 @@ impl HeadsLog {
             heads_meta::put(&mut meta, WITNESSED, note)?;
         }
         heads_meta::put(&mut meta, INDEXED, &tree.size().to_string())?;
+        let stated = heads_tree::stated_digest(&by_agent)?;
+        heads_meta::put(&mut meta, STATED, &stated.to_hex())?;
         heads_tree::mark_sealed(&mut meta)?;
         Ok(())
     }
 
-    /// Every size at which a round ended, ascending.
+    /// Every size at which a round ended, ascending, each checked.
     pub fn rounds(txn: &redb::ReadTransaction) -> StorageResult<Vec<u64>> {
-        let mut rounds = Vec::new();
-        for item in txn.open_table(HEADS_ROUNDS)?.iter()? {
-            rounds.push(item?.0.value());
-        }
-        Ok(rounds)
+        heads_round_sizes::all(&txn.open_table(HEADS_ROUNDS)?)
     }
 
     /// The tables' content for a snapshot. Every leaf indexed must be there: a body with
@@ -339,16 +345,14 @@ pub fn check_right_edge(txn: &redb::ReadTransaction) -> Result<(), String> {
         return Ok(());
     }
     HeadsTree::load(size, &nodes, &leaves).map_err(|e| fail(&e))?;
-    // The last round is the checkpoint this node serves and signs by default: a round
-    // beyond the tree (a flipped bit in its key) would have it sign a size it never had.
-    if let Some(rounds) = optional(txn.open_table(HEADS_ROUNDS))? {
-        let last = rounds.last().map_err(|e| fail(&e))?;
-        if let Some((round, _)) = last.filter(|(round, _)| round.value() > size) {
-            return Err(fail(&format!(
-                "round at size {} is beyond the tree's {size} leaves",
-                round.value()
-            )));
-        }
+    // The last round is the checkpoint this node serves and signs by default: one whose
+    // key changed (its seal) or beyond the tree (a row from before seals) would have it
+    // sign a size it never had.
+    let last_round = heads_round_sizes::last_at_open(txn).map_err(|e| fail(&e))?;
+    if let Some(round) = last_round.filter(|round| *round > size) {
+        return Err(fail(&format!(
+            "round at size {round} is beyond the tree's {size} leaves"
+        )));
     }
     Ok(())
 }
@@ -371,25 +375,30 @@ fn index_leaf(
     index: u64,
     leaf: &str,
     nodes: &mut redb::Table<(u8, u64), &[u8]>,
-    by_agent: &mut redb::Table<(&str, u64), ()>,
+    by_agent: &mut redb::Table<(&str, u64), &[u8]>,
 ) -> StorageResult<()> {
     let statement = HeadStatement::from_leaf(leaf)
         .map_err(|e| redb::Error::Corrupted(format!("heads leaf {index}: {e}")))?;
     tree.push(leaf, nodes)?;
-    by_agent.insert((statement.agent_id.as_str(), index), ())?;
-    Ok(())
+    heads_tree::index_statement(by_agent, &statement.agent_id, index)
 }
 
 /// The heads tables' one-time upgrades, at open, before anything reads them: the plain
 /// settings sealed ([`heads_meta::move_old_rows`]), leaves from before seals sealed
 /// ([`heads_tree::seal_if_needed`]), leaves stored one per row packed into runs
-/// ([`pack_old_leaves`]), and the nodes and by-agent index built where they do not cover
-/// every leaf ([`index_if_needed`]). A `Corrupted` error is damage in the file.
+/// ([`pack_old_leaves`]), round sizes sealed ([`heads_round_sizes::move_old_rows`]), a
+/// by-agent index from before seals dropped ([`heads_tree::drop_old_index`]), the nodes
+/// and by-agent index built where they do not cover every leaf ([`index_if_needed`]), and
+/// the agents' last statements summed up where that is not stored
+/// ([`heads_tree::store_stated_if_missing`]). A `Corrupted` error is damage in the file.
 pub fn upgrade(db: &redb::Database) -> StorageResult<()> {
     heads_meta::move_old_rows(db)?;
     heads_tree::seal_if_needed(db)?;
     pack_old_leaves(db)?;
-    index_if_needed(db)
+    heads_round_sizes::move_old_rows(db)?;
+    heads_tree::drop_old_index(db)?;
+    index_if_needed(db)?;
+    heads_tree::store_stated_if_missing(db)
 }
 
 /// Moves leaves stored one per row (`HEADS_LEAVES`, before runs) into runs
@@ -467,6 +476,8 @@ pub fn index_if_needed(db: &redb::Database) -> StorageResult<()> {
                 index_leaf(&mut tree, index, leaf, &mut nodes, &mut by_agent)
             })?;
             heads_meta::put(&mut meta, INDEXED, &size.to_string())?;
+            let stated = heads_tree::stated_digest(&by_agent)?;
+            heads_meta::put(&mut meta, STATED, &stated.to_hex())?;
             Some(size)
         }
     };

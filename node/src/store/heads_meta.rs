@@ -24,7 +24,9 @@ pub const WITNESSED: &str = "witnessed";
 pub const INDEXED: &str = "indexed";
 /// Present once the leaf and node rows are sealed (`heads_tree::seal_if_needed`).
 pub const SEALED: &str = "sealed";
-const KEYS: [&str; 4] = [ORIGIN, WITNESSED, INDEXED, SEALED];
+/// Hex of the XOR of every agent's last by-agent row seal (`heads_tree::stated_digest`).
+pub const STATED: &str = "stated";
+const KEYS: [&str; 5] = [ORIGIN, WITNESSED, INDEXED, SEALED, STATED];
 
 type StorageResult<T> = Result<T, redb::Error>;
 

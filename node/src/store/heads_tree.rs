@@ -6,7 +6,10 @@
 //! of 256 and one node per level above it waiting for its right sibling.
 //!
 //! Every statement is also indexed by agent (`heads_by_agent`), so a head proof finds an
-//! agent's statement with one range read instead of a map of every statement.
+//! agent's statement with one range read instead of a map of every statement. Each index
+//! row carries the SHA-256 of its key: the size an agent was last stated at is read
+//! through it at open, and a key with a flipped index that still named one of the agent's
+//! own statements would have this replica alone state that agent again (another tree).
 //!
 //! Leaves and nodes are stored sealed (`checked_row`) and checked at every read: a byte
 //! changed on disk is an error, never a root this node would sign. Leaves from before
@@ -25,8 +28,14 @@ use super::heads_meta;
 /// (level, index) → the hash of the perfect subtree of 2^level leaves at
 /// `index * 2^level`, for levels from `CHUNK_LEVEL` (8) up, sealed.
 pub const HEADS_NODES: TableDefinition<(u8, u64), &[u8]> = TableDefinition::new("heads_nodes");
-/// (agent, leaf index) of each statement (the statement itself is the leaf).
-pub const HEADS_BY_AGENT: TableDefinition<(&str, u64), ()> = TableDefinition::new("heads_by_agent");
+/// (agent, leaf index) of each statement (the statement itself is the leaf) →
+/// `checked_row::key_seal(agent ‖ 0 ‖ index, big-endian)`.
+pub const HEADS_BY_AGENT: TableDefinition<(&str, u64), &[u8]> =
+    TableDefinition::new("heads_by_agent_sealed");
+/// The same index with no seals, as data directories from before them hold it: dropped
+/// at open, and the index built again from the leaves ([`drop_old_index`]).
+pub const OLD_HEADS_BY_AGENT: TableDefinition<(&str, u64), ()> =
+    TableDefinition::new("heads_by_agent");
 
 /// Subtrees of `2^CHUNK_LEVEL` leaves and up are stored.
 const CHUNK_LEVEL: u32 = 8;
@@ -268,18 +277,161 @@ where
 
 /// The agent's latest statement with an index below `below`.
 pub fn statement_below(
-    by_agent: &impl ReadableTable<(&'static str, u64), ()>,
+    by_agent: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
     agent_id: &str,
     below: u64,
 ) -> StorageResult<Option<u64>> {
     if below == 0 {
         return Ok(None);
     }
-    let last = by_agent
+    let Some((key, seal)) = by_agent
         .range((agent_id, 0)..(agent_id, below))?
         .next_back()
-        .transpose()?;
-    Ok(last.map(|(key, _)| key.value().1))
+        .transpose()?
+    else {
+        return Ok(None);
+    };
+    let (stored_agent, index) = key.value();
+    checked_row::check_key_seal(&by_agent_key(stored_agent, index), seal.value()).map_err(
+        |why| {
+            corrupted(format!(
+                "heads by-agent row ({stored_agent}, {index}): {why}"
+            ))
+        },
+    )?;
+    Ok(Some(index))
+}
+
+/// Indexes statement `index` as `agent_id`'s.
+pub fn index_statement(
+    by_agent: &mut redb::Table<(&str, u64), &[u8]>,
+    agent_id: &str,
+    index: u64,
+) -> StorageResult<()> {
+    let seal = checked_row::key_seal(&by_agent_key(agent_id, index));
+    by_agent.insert((agent_id, index), seal.as_slice())?;
+    Ok(())
+}
+
+/// What every agent's last statement is, in 32 bytes: the XOR of the seals of each
+/// agent's last by-agent row (each checked). It is stored with each round
+/// (`heads_meta::STATED`) and compared at open ([`check_stated`]): the size an agent was
+/// last stated at is read through its last row, and a row moved by a flipped key bit
+/// (under an earlier statement, another agent, an unknown one) or lost changes which row
+/// is last without a seal that fails. One pair of range reads per agent.
+pub fn stated_digest(
+    by_agent: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
+) -> StorageResult<StatedDigest> {
+    use std::ops::Bound::{Excluded, Unbounded};
+    let mut digest = StatedDigest::default();
+    let mut next = by_agent.first()?.map(|(key, _)| key.value().0.to_string());
+    while let Some(agent_id) = next {
+        let index = statement_below(by_agent, &agent_id, u64::MAX)?
+            .ok_or_else(|| corrupted(format!("heads by-agent rows of {agent_id} vanished")))?;
+        digest.toggle(&agent_id, index);
+        let after = (agent_id.as_str(), u64::MAX);
+        next = by_agent
+            .range::<(&str, u64)>((Excluded(after), Unbounded))?
+            .next()
+            .transpose()?
+            .map(|(key, _)| key.value().0.to_string());
+    }
+    Ok(digest)
+}
+
+/// An XOR of by-agent row seals ([`stated_digest`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatedDigest([u8; 32]);
+
+impl StatedDigest {
+    /// Adds `agent_id`'s statement `index` if it is not in, removes it if it is.
+    pub fn toggle(&mut self, agent_id: &str, index: u64) {
+        let seal = checked_row::key_seal(&by_agent_key(agent_id, index));
+        for (byte, s) in self.0.iter_mut().zip(seal) {
+            *byte ^= s;
+        }
+    }
+
+    pub fn to_hex(self) -> String {
+        hex::encode(self.0)
+    }
+
+    pub fn from_hex(text: &str) -> StorageResult<StatedDigest> {
+        let mut bytes = [0; 32];
+        hex::decode_to_slice(text, &mut bytes)
+            .map_err(|_| corrupted(format!("heads meta \"stated\" is {text:?}, not 32 bytes")))?;
+        Ok(StatedDigest(bytes))
+    }
+}
+
+/// Whether the stored [`stated_digest`] matches the by-agent rows (open's check, after
+/// the upgrades, which store it where it is missing).
+pub fn check_stated(db: &redb::Database) -> StorageResult<()> {
+    let txn = db.begin_read()?;
+    let stored = heads_meta::get(&txn.open_table(heads_meta::HEADS_META)?, heads_meta::STATED)?;
+    let Some(stored) = stored else {
+        return Ok(());
+    };
+    let stored = StatedDigest::from_hex(&stored)?;
+    let found = stated_digest(&txn.open_table(HEADS_BY_AGENT)?)?;
+    if found != stored {
+        return Err(corrupted(
+            "the by-agent index's last statements are not the ones stored with the last \
+             round (a row lost, or moved by a changed key)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Stores the [`stated_digest`] of the by-agent rows where none is stored (a file from
+/// before it): once, at open, after the index is complete.
+pub fn store_stated_if_missing(db: &redb::Database) -> StorageResult<()> {
+    let txn = db.begin_write()?;
+    let stored = {
+        let mut meta = txn.open_table(heads_meta::HEADS_META)?;
+        if heads_meta::get(&meta, heads_meta::STATED)?.is_some() {
+            false
+        } else {
+            let digest = stated_digest(&txn.open_table(HEADS_BY_AGENT)?)?;
+            heads_meta::put(&mut meta, heads_meta::STATED, &digest.to_hex())?;
+            true
+        }
+    };
+    if stored {
+        txn.commit()?;
+    } else {
+        txn.abort()?;
+    }
+    Ok(())
+}
+
+/// What a by-agent row's seal covers.
+fn by_agent_key(agent_id: &str, index: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(agent_id.len() + 9);
+    key.extend_from_slice(agent_id.as_bytes());
+    key.push(0);
+    key.extend_from_slice(&index.to_be_bytes());
+    key
+}
+
+/// Drops a by-agent index from before seals and forgets how many leaves were indexed,
+/// so that `heads::index_if_needed` builds the index (and the nodes) again from the
+/// sealed leaves: once, at open. Also where an older build ran on an upgraded file and
+/// indexed its statements there. One transaction.
+pub fn drop_old_index(db: &redb::Database) -> StorageResult<()> {
+    let txn = db.begin_write()?;
+    if !txn.delete_table(OLD_HEADS_BY_AGENT)? {
+        txn.abort()?;
+        return Ok(());
+    }
+    let mut meta = txn.open_table(heads_meta::HEADS_META)?;
+    meta.remove(heads_meta::INDEXED)?;
+    meta.remove(heads_meta::STATED)?;
+    drop(meta);
+    txn.commit()?;
+    tracing::info!("heads log's unsealed by-agent index dropped; it is built again");
+    Ok(())
 }
 
 /// The size statement `index`, the agent's latest, gives its log, read from the leaf
@@ -687,14 +839,47 @@ mod tests {
         );
         let error = stated_size(&mut lookup, 5_000, "agent-0").unwrap_err();
         assert!(error.to_string().contains("is not stored"), "{error}");
-        // An index entry pointing at another agent's leaf is an error, not "not stated".
+        // A key with a bit flipped (a row moved under another index, or another agent)
+        // is an error, never a statement: seen when it is the one a lookup meets.
         drop(lookup);
+        let agent_3_last = statement_below(&by_agent, "agent-3", u64::MAX)
+            .unwrap()
+            .unwrap();
         drop((by_agent, leaves, txn));
         let txn = indexed.begin_write().unwrap();
-        txn.open_table(HEADS_BY_AGENT)
-            .unwrap()
-            .insert(("agent-3", 1_099), ())
-            .unwrap();
+        {
+            let mut by_agent = txn.open_table(HEADS_BY_AGENT).unwrap();
+            let seal = by_agent
+                .remove(("agent-3", agent_3_last))
+                .unwrap()
+                .unwrap()
+                .value()
+                .to_vec();
+            for bit in 0..64 {
+                let flipped = agent_3_last ^ (1 << bit);
+                by_agent
+                    .insert(("agent-3", flipped), seal.as_slice())
+                    .unwrap();
+                let error = statement_below(&by_agent, "agent-3", flipped + 1).unwrap_err();
+                assert!(error.to_string().contains("checksum"), "bit {bit}: {error}");
+                by_agent.remove(("agent-3", flipped)).unwrap();
+            }
+            by_agent
+                .insert(("agent-2", agent_3_last), seal.as_slice())
+                .unwrap();
+            assert!(statement_below(&by_agent, "agent-2", u64::MAX).is_err());
+            by_agent.remove(("agent-2", agent_3_last)).unwrap();
+            index_statement(&mut by_agent, "agent-3", agent_3_last).unwrap();
+        }
+        txn.abort().unwrap();
+        // An index entry pointing at another agent's leaf is an error, not "not stated".
+        let txn = indexed.begin_write().unwrap();
+        index_statement(
+            &mut txn.open_table(HEADS_BY_AGENT).unwrap(),
+            "agent-3",
+            1_099,
+        )
+        .unwrap();
         txn.commit().unwrap();
         let txn = indexed.begin_read().unwrap();
         let by_agent = txn.open_table(HEADS_BY_AGENT).unwrap();

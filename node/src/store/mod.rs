@@ -7,6 +7,7 @@ pub mod checked_row;
 pub mod heads;
 pub mod heads_leaves;
 pub mod heads_meta;
+pub mod heads_round_sizes;
 pub mod heads_tree;
 pub mod idempotency_rows;
 pub mod imports;
@@ -144,6 +145,11 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
             Err(why) => Err(Damaged(why)),
         })
         .and_then(|db| match heads::upgrade(&db) {
+            Ok(()) => Ok(db),
+            Err(redb::Error::Corrupted(why)) => Err(Damaged(format!("heads log: {why}"))),
+            Err(other) => Err(Failed(other.to_string())),
+        })
+        .and_then(|db| match heads_tree::check_stated(&db) {
             Ok(()) => Ok(db),
             Err(redb::Error::Corrupted(why)) => Err(Damaged(format!("heads log: {why}"))),
             Err(other) => Err(Failed(other.to_string())),

@@ -144,7 +144,7 @@ pub type ReadOnlyHeadsTree<'a> = StoredTree<
 /// ([`StateMachine::read_heads_tree`]).
 pub struct HeadsTreeView<'a> {
     pub tree: ReadOnlyHeadsTree<'a>,
-    pub by_agent: &'a redb::ReadOnlyTable<(&'static str, u64), ()>,
+    pub by_agent: &'a redb::ReadOnlyTable<(&'static str, u64), &'static [u8]>,
 }
 
 impl HeadsTreeView<'_> {
@@ -173,7 +173,8 @@ impl StateMachine {
             txn.open_table(heads::HEADS_LEAVES).map_err(sm_write_err)?;
             txn.open_table(heads_leaves::HEADS_LEAF_RUNS)
                 .map_err(sm_write_err)?;
-            txn.open_table(heads::HEADS_ROUNDS).map_err(sm_write_err)?;
+            txn.open_table(super::heads_round_sizes::HEADS_ROUNDS)
+                .map_err(sm_write_err)?;
             txn.open_table(heads_meta::HEADS_META)
                 .map_err(sm_write_err)?;
             txn.open_table(heads_tree::HEADS_NODES)
