@@ -435,6 +435,13 @@ impl App {
         let lane = self.lanes.lane(agent_id);
         let key = idempotency.as_ref().map(|key| key.scoped.as_str());
         let (mut caught_up, mut waited_for_writes_ahead) = (false, false);
+        let mut attempt = Attempt {
+            command: &command,
+            idempotency: &idempotency,
+            respond: &respond,
+            authority: &authority,
+            rate_admitted: false,
+        };
         // At most three rounds: each way round ends the loop the second time.
         loop {
             let turn = tokio::time::timeout(TURN_WAIT, lane.turn(key))
@@ -444,10 +451,7 @@ impl App {
                         "this agent's earlier writes are not answered yet; retry".into(),
                     )
                 })?;
-            match self
-                .decide_and_write(turn, agent_id, &command, &idempotency, &respond, &authority)
-                .await
-            {
+            match self.decide_and_write(turn, agent_id, &mut attempt).await {
                 Ok(answer) => return Ok(answer),
                 // Refused on a pending state: the writes ahead of it may yet fail, and the
                 // refusal with them. Once they are answered, decide once more.
@@ -540,11 +544,9 @@ impl App {
         &self,
         mut turn: Turn<'_>,
         agent_id: &str,
-        command: &Command,
-        idempotency: &Option<IdempotencyKey>,
-        respond: &Respond,
-        authority: &Option<Authority>,
+        attempt: &mut Attempt<'_>,
     ) -> Result<Answer, NotDone> {
+        let idempotency = attempt.idempotency;
         if let Some(key) = idempotency {
             if let Some(answer) = self.stored_answer(agent_id, key)? {
                 return Ok(answer);
@@ -553,9 +555,9 @@ impl App {
         // A full disk refuses before anything is decided or sealed: the request leaves no
         // trace, and its retry is decided afresh once space returns.
         self.check_disk()?;
-        let mut sealed = self.decide_locked(&mut turn, agent_id, command, idempotency, respond)?;
+        let mut sealed = self.decide_locked(&mut turn, agent_id, attempt)?;
         // Checked again at apply, where the system log is current (`Authority`).
-        sealed.entry.authority.clone_from(authority);
+        sealed.entry.authority.clone_from(attempt.authority);
         // Until the write is queued, the lane has no pending state (it was taken to make
         // `after`): going away here breaks the lane.
         let unqueued = turn.unqueued();
@@ -602,6 +604,30 @@ impl App {
         }
     }
 
+    /// Spends one of the agent's requests per minute on a request (`request_rate`), once
+    /// per request: one refused ahead of writes in flight, or decided on a stale state, is
+    /// decided again (`execute`) and spends none the second time.
+    fn admit_request(
+        &self,
+        agent_id: &str,
+        state: &AgentState,
+        attempt: &mut Attempt<'_>,
+    ) -> Result<(), AppError> {
+        if let (Command::Request { .. }, Some(policy), false) =
+            (attempt.command, &state.policy, attempt.rate_admitted)
+        {
+            self.request_rate
+                .admit(
+                    agent_id,
+                    policy.max_requests_per_minute(),
+                    std::time::Instant::now(),
+                )
+                .map_err(|retry_after_secs| AppError::TooManyRequests { retry_after_secs })?;
+            attempt.rate_admitted = true;
+        }
+        Ok(())
+    }
+
     /// Decides `command`, seals its records and makes the entry to queue, with the
     /// answer it will get once applied and the agent's state after it. A pending state
     /// it decided on is taken out of the turn (`decide_and_write` puts `after` back once
@@ -610,10 +636,10 @@ impl App {
         &self,
         turn: &mut Turn<'_>,
         agent_id: &str,
-        command: &Command,
-        idempotency: &Option<IdempotencyKey>,
-        respond: &Respond,
+        attempt: &mut Attempt<'_>,
     ) -> Result<Sealed, NotDone> {
+        let (command, idempotency, respond) =
+            (attempt.command, attempt.idempotency, attempt.respond);
         let now = timestamp::now_micros();
         let data = self.sm.read_data();
         if let Some(error) = while_importing(&data, agent_id, command) {
@@ -649,15 +675,7 @@ impl App {
             (None, Command::Create { .. }) => &empty,
             (None, _) => return Err(AppError::AgentNotFound.into()),
         };
-        if let (Command::Request { .. }, Some(policy)) = (command, &state.policy) {
-            self.request_rate
-                .admit(
-                    agent_id,
-                    policy.max_requests_per_minute(),
-                    std::time::Instant::now(),
-                )
-                .map_err(|retry_after_secs| AppError::TooManyRequests { retry_after_secs })?;
-        }
+        self.admit_request(agent_id, state, attempt)?;
         let decided = decide(state, command, now, self.keys.audit.public_key_hex())
             .map_err(|e| refused(AppError::Guard(e)))?;
         let records = seal(state, decided.drafts, &self.keys.audit, now);
@@ -758,6 +776,16 @@ struct Sealed {
     after: Option<AgentState>,
     /// Decided on a pending state while earlier writes were in flight.
     pipelined: bool,
+}
+
+/// One write as `execute` hands it to each try at deciding it.
+struct Attempt<'a> {
+    command: &'a Command,
+    idempotency: &'a Option<IdempotencyKey>,
+    respond: &'a Respond,
+    authority: &'a Option<Authority>,
+    /// Whether the request has spent one of the agent's requests per minute already.
+    rate_admitted: bool,
 }
 
 /// Why `decide_and_write` gave no answer.

@@ -199,6 +199,53 @@ async fn actions_waiting_for_an_approval_are_capped() {
 }
 
 /// Records in the spammer's log.
+/// A request costs one of the minute's requests however often it is decided: one refused
+/// on a state its writes ahead had not reached yet (pipelined) is decided again once they
+/// are applied, and spends no second token. Sent at once, a minute's worth on one agent
+/// whose approvals run out partway: each is answered (waiting for an approval, or 409
+/// with nothing recorded), none refused 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_decided_again_spends_one_request_of_the_minute() {
+    const SENT: u64 = 24;
+    const CAP: u64 = 2;
+    let cluster = Cluster::start(1).await;
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let policy = json!({
+        "budget": 100, "scar_limit": 1000,
+        "tools": {"refund": {"cost": 1, "requires_approval": true}},
+        "limits": {"max_requests_per_minute": SENT, "max_pending_approvals": CAP},
+    });
+    let token = cluster.create_agent(0, "eager", policy).await;
+    let mut requests = Vec::new();
+    for n in 0..SENT {
+        let http = cluster.http.clone();
+        let url = cluster.url(0, "/v1/agents/eager/actions");
+        let token = token.clone();
+        requests.push(tokio::spawn(async move {
+            let reply = http
+                .post(url)
+                .bearer_auth(token)
+                .json(&json!({"tool": "refund", "input": {"n": n}}))
+                .send()
+                .await
+                .expect("send");
+            let status = reply.status().as_u16();
+            let body: serde_json::Value = reply.json().await.expect("json");
+            (status, body)
+        }));
+    }
+    let (mut waiting, mut refused) = (0, 0);
+    for request in requests {
+        let (status, body) = request.await.expect("task");
+        match (status, body["decision"].as_str(), body["code"].as_str()) {
+            (200, Some("pending_approval"), _) => waiting += 1,
+            (409, _, Some("too_many_pending_approvals")) => refused += 1,
+            _ => panic!("{status}: {body}"),
+        }
+    }
+    assert_eq!((waiting, refused), (CAP, SENT - CAP));
+}
+
 async fn log_len(cluster: &Cluster) -> u64 {
     let admin = cluster.admin.clone();
     let (status, body) = cluster.get(0, "/v1/agents/spammer", &admin).await;
