@@ -10,8 +10,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::guard::{
-    decide, missing_termination, seal, Action, ActionView, AgentState, Command, Decision,
-    GuardError, Outcome, PendingAction, ReplayError, Severity, Status,
+    decide, missing_termination, seal, Action, AgentState, Command, Decision, GuardError, Outcome,
+    PendingAction, ReplayError, Severity, Status,
 };
 use crate::keys::AuditKey;
 use crate::log_file::{AuditError, AuditLog};
@@ -197,27 +197,31 @@ impl Guard {
         self.state.is_alive()
     }
 
-    /// One action. A decided one's tool, input and cost are read back from the file
-    /// (memory keeps only its status: `guard::ActionBook`).
+    /// One action. Its tool, input and cost are read back from the file (memory keeps
+    /// only its status, waiting or decided: `guard::ActionBook`).
     pub fn action(&self, action_id: &str) -> Result<Option<Action>, GuardFileError> {
-        match self.state.action_view(action_id) {
-            None => Ok(None),
-            Some(ActionView::Whole(action)) => Ok(Some(action)),
-            Some(ActionView::Settled(settled)) => {
-                let records = self.log.records()?;
-                let request = records
-                    .iter()
-                    .find(|r| r.seq == settled.requested_seq)
-                    .ok_or_else(|| {
-                        ReplayError(format!("the request of {action_id} is not in the file"))
-                    })?;
-                Ok(Some(settled.view(action_id, request).map_err(ReplayError)?))
-            }
-        }
+        let Some(kept) = self.state.action_view(action_id) else {
+            return Ok(None);
+        };
+        let records = self.log.records()?;
+        let request = request_at(&records, kept.requested_seq, action_id)?;
+        Ok(Some(kept.view(action_id, request).map_err(ReplayError)?))
     }
 
-    pub fn pending(&self) -> Vec<PendingAction> {
-        self.state.pending()
+    /// The approval queue in log order, each entry's request read back from the file.
+    pub fn pending(&self) -> Result<Vec<PendingAction>, GuardFileError> {
+        let queue = self.state.pending();
+        if queue.is_empty() {
+            return Ok(Vec::new());
+        }
+        let records = self.log.records()?;
+        queue
+            .iter()
+            .map(|entry| {
+                let request = request_at(&records, entry.seq, &entry.action_id)?;
+                Ok(entry.view(request).map_err(ReplayError)?)
+            })
+            .collect()
     }
 
     pub fn head(&self) -> Head {
@@ -232,4 +236,16 @@ impl Guard {
     pub fn records(&self) -> Result<Vec<Record>, GuardFileError> {
         Ok(self.log.records()?)
     }
+}
+
+/// The record at `seq` (the file's records are in seq order): `action_id`'s request.
+fn request_at<'a>(
+    records: &'a [Record],
+    seq: u64,
+    action_id: &str,
+) -> Result<&'a Record, ReplayError> {
+    records
+        .binary_search_by_key(&seq, |r| r.seq)
+        .map(|i| &records[i])
+        .map_err(|_| ReplayError(format!("the request of {action_id} is not in the file")))
 }

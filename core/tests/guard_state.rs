@@ -8,8 +8,8 @@ mod common;
 
 use common::{allowed_id, Agent};
 use lineage_core::guard::{
-    ActionLookup, ActionStatus, ActionView, Command, Decision, DenyReason, Outcome, OutcomeStatus,
-    RecordKind, SettledAction, Severity, TerminationCause,
+    ActionLookup, ActionStatus, Command, Decision, DenyReason, KeptAction, Outcome, OutcomeStatus,
+    RecordKind, Severity, TerminationCause,
 };
 use lineage_core::record::{timestamp, Record};
 use lineage_core::transparency;
@@ -180,9 +180,14 @@ fn the_queue_lists_waiting_actions_in_log_order_with_their_exact_request() {
             json!({"action_id": id, "cost": 3, "input": {"to": to}, "tool": "pay"}),
         )
     };
+    // Memory keeps no input: each entry is completed from its request record.
     let got: Vec<_> = queue
         .iter()
-        .map(|p| (p.seq, p.requested_at.clone(), p.action.clone()))
+        .map(|p| {
+            let request = agent.records.iter().find(|r| r.seq == p.seq).unwrap();
+            let entry = p.view(request).unwrap();
+            (entry.seq, entry.requested_at, entry.action)
+        })
         .collect();
     // The queue names the seq of the request, one before its approval_required record.
     assert_eq!(
@@ -207,6 +212,33 @@ fn the_queue_lists_waiting_actions_in_log_order_with_their_exact_request() {
     assert_eq!(agent.state.pending_count(), 0);
     assert!(agent.state.pending().is_empty());
     assert_eq!(agent.state.oldest_pending_micros(), None);
+}
+
+/// An action left waiting keeps no input in memory (every replica holds it until an
+/// operator decides): the state, as a checkpoint writes it, has none of it; a checkpoint
+/// from before, which kept inputs, still reads back, without them.
+#[test]
+fn a_waiting_action_holds_no_input_and_older_checkpoints_still_read() {
+    let mut agent = shop();
+    let marker = "q".repeat(40_000);
+    let id = pending_id(agent.request("pay", json!({"memo": marker})).unwrap());
+    let json = serde_json::to_string(&agent.state).unwrap();
+    assert!(
+        !json.contains("qqqq"),
+        "the input is held: {} bytes",
+        json.len()
+    );
+    assert!(json.len() < 4_000, "{} bytes", json.len());
+
+    // As checkpoints before this kept a waiting action: with its input.
+    let mut older: Value = serde_json::from_str(&json).unwrap();
+    let open = older["action_book"]["open"][&id]
+        .as_object_mut()
+        .expect("the waiting action, by id");
+    open.insert("input".into(), json!({"memo": marker}));
+    let read: lineage_core::guard::AgentState = serde_json::from_value(older).unwrap();
+    assert_eq!(read, agent.state);
+    assert_eq!(read.pending()[0].action_id, id);
 }
 
 #[test]
@@ -234,7 +266,7 @@ fn the_rate_window_counts_strictly_later_actions_and_keeps_only_max_actions() {
 }
 
 #[test]
-fn an_action_shows_whole_while_open_and_as_its_status_once_decided() {
+fn an_action_reads_back_from_its_request_whether_open_or_decided() {
     let mut agent = shop();
     let id = pending_id(agent.request("pay", json!({"to": "bob"})).unwrap());
     let request = agent.records[agent.records.len() - 2].clone();
@@ -247,10 +279,13 @@ fn an_action_shows_whole_while_open_and_as_its_status_once_decided() {
         status: ActionStatus::PendingApproval,
         outcome: None,
     };
-    assert_eq!(
-        agent.state.action_view(&id),
-        Some(ActionView::Whole(whole.clone()))
-    );
+    let open = KeptAction {
+        status: ActionStatus::PendingApproval,
+        outcome: None,
+        requested_seq: request.seq,
+    };
+    assert_eq!(agent.state.action_view(&id), Some(open));
+    assert_eq!(open.view(&id, &request), Ok(whole.clone()));
     assert!(matches!(
         agent.state.action(&id),
         Some(ActionLookup::Open(open)) if open.status == ActionStatus::PendingApproval
@@ -262,15 +297,12 @@ fn an_action_shows_whole_while_open_and_as_its_status_once_decided() {
 
     allowed_id(agent.approve(&id, None).unwrap());
     report(&mut agent, &id, Outcome::harmful("leaked"));
-    let settled = SettledAction {
+    let settled = KeptAction {
         status: ActionStatus::Completed,
         outcome: Some(OutcomeStatus::Harmful),
         requested_seq: request.seq,
     };
-    assert_eq!(
-        agent.state.action_view(&id),
-        Some(ActionView::Settled(settled))
-    );
+    assert_eq!(agent.state.action_view(&id), Some(settled));
     assert_eq!(
         agent.state.action(&id).map(|a| a.status()),
         Some(ActionStatus::Completed)
@@ -291,9 +323,7 @@ fn an_action_shows_whole_while_open_and_as_its_status_once_decided() {
 fn a_settled_action_reads_back_only_its_own_request() {
     let mut agent = shop();
     let id = allowed_id(agent.request("read", json!("x")).unwrap());
-    let ActionView::Settled(settled) = agent.state.action_view(&id).unwrap() else {
-        panic!("decided, so settled");
-    };
+    let settled = agent.state.action_view(&id).unwrap();
     let request = agent
         .records
         .iter()

@@ -9,9 +9,9 @@
 use std::sync::Arc;
 
 use lineage_core::guard::{
-    decide, seal, Action, ActionView, AgentState, Command, GuardError, Status,
+    decide, seal, Action, AgentState, Command, GuardError, PendingAction, PendingRequest, Status,
 };
-use lineage_core::record::timestamp;
+use lineage_core::record::{timestamp, Record};
 use openraft::error::{CheckIsLeaderError, RaftError};
 use serde_json::Value;
 
@@ -400,26 +400,54 @@ impl App {
         }
     }
 
-    /// One action as the API shows it. Memory holds a decided action's status only; its
-    /// tool, input and cost are read back from this node's copy of its request record
-    /// (after the state lock is let go: the read takes it again).
+    /// One action as the API shows it. Memory holds an action's status only, waiting or
+    /// decided; its tool, input and cost are read back from this node's copy of its
+    /// request record (after the state lock is let go: the read takes it again).
     pub fn action(&self, agent_id: &str, action_id: &str) -> Result<Option<Action>, AppError> {
-        let settled = match self.with_agent(agent_id, |s| s.action_view(action_id))? {
-            None => return Ok(None),
-            Some(ActionView::Whole(action)) => return Ok(Some(action)),
-            Some(ActionView::Settled(settled)) => settled,
+        let Some(kept) = self.with_agent(agent_id, |s| s.action_view(action_id))? else {
+            return Ok(None);
         };
-        let records = self
-            .sm
-            .records(agent_id, settled.requested_seq, 1)
-            .map_err(|e| AppError::Internal(format!("reading the request of {action_id}: {e}")))?;
-        let request = records.first().ok_or_else(|| {
-            AppError::Internal(format!("the request of {action_id} is not stored here"))
-        })?;
-        settled
-            .view(action_id, request)
+        let request = self.request_record(agent_id, kept.requested_seq, action_id)?;
+        kept.view(action_id, &request)
             .map(Some)
             .map_err(AppError::Internal)
+    }
+
+    /// An agent's approval queue in log order, each entry's request read back from the
+    /// log (memory keeps no inputs).
+    pub fn pending(&self, agent_id: &str) -> Result<Vec<PendingAction>, AppError> {
+        let queue = self.with_agent(agent_id, |s| s.pending())?;
+        queue
+            .iter()
+            .map(|entry| self.pending_view(agent_id, entry))
+            .collect()
+    }
+
+    /// One approval queue entry, its request read back from the log (taken with no lock on
+    /// the state held: the read takes it again).
+    pub fn pending_view(
+        &self,
+        agent_id: &str,
+        entry: &PendingRequest,
+    ) -> Result<PendingAction, AppError> {
+        let request = self.request_record(agent_id, entry.seq, &entry.action_id)?;
+        entry.view(&request).map_err(AppError::Internal)
+    }
+
+    /// The `action_requested` record at `seq`, `action_id`'s.
+    fn request_record(
+        &self,
+        agent_id: &str,
+        seq: u64,
+        action_id: &str,
+    ) -> Result<Record, AppError> {
+        let records = self
+            .sm
+            .records(agent_id, seq, 1)
+            .map_err(|e| AppError::Internal(format!("reading the request of {action_id}: {e}")))?;
+        records.into_iter().next().ok_or_else(|| {
+            AppError::Internal(format!("the request of {action_id} is not stored here"))
+        })
     }
 
     /// The leader's write path for one command. `respond` turns the decision and the

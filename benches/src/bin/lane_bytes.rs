@@ -6,7 +6,9 @@
 //! agent (one tool, 200-byte inputs) after 10 and after 100 decided actions: lanes never
 //! given a pending state (the baseline, as with pipelining off), lanes with a write in
 //! flight (its pending state held), lanes left idle once their write was applied (what
-//! a load leaves), and one state alone.
+//! a load leaves), and one state alone. Then what an agent's state holds per action left
+//! waiting for an approval, with 1 KiB and 60 KiB inputs, against the same number of
+//! allowed actions (the baseline, in the same run).
 //!
 //!   cargo build --release -p lineage-benches && target/release/lane_bytes [--lanes 10000]
 
@@ -92,6 +94,50 @@ fn small_agent(actions: u64, key: &AuditKey) -> Result<AgentState, String> {
     Ok(state)
 }
 
+/// Heap bytes of an agent's state after `actions` requests for one tool with inputs of
+/// about `input_bytes`, each left waiting for an approval if `waiting`, else allowed.
+fn state_bytes(
+    actions: u64,
+    input_bytes: usize,
+    waiting: bool,
+    key: &AuditKey,
+) -> Result<isize, String> {
+    let before = live();
+    let mut state = AgentState::new();
+    let rule = ToolRule {
+        requires_approval: waiting,
+        ..ToolRule::cost(1)
+    };
+    let create = Command::Create {
+        agent_id: "agent-0".into(),
+        policy: Policy::new(1_000_000_000).allow("refund", rule).limits(
+            lineage_core::policy::GrowthLimits {
+                max_pending_approvals: std::num::NonZeroU32::new(actions as u32 + 1),
+                ..Default::default()
+            },
+        ),
+    };
+    let requests = (0..actions).map(|n| Command::Request {
+        tool: "refund".into(),
+        input: serde_json::json!({ "n": n, "memo": "x".repeat(input_bytes) }),
+        cost: None,
+    });
+    for (i, command) in std::iter::once(create).chain(requests).enumerate() {
+        let now = 1_800_000_000_000_000 + i as i64;
+        let decided =
+            decide(&state, &command, now, key.public_key_hex()).map_err(|e| format!("{e:?}"))?;
+        for record in seal(&state, decided.drafts, key, now) {
+            state.apply(&record).map_err(|e| e.to_string())?;
+        }
+    }
+    if waiting && state.pending_count() as u64 != actions {
+        return Err(format!("{} of {actions} wait", state.pending_count()));
+    }
+    let bytes = live() - before;
+    drop(state);
+    Ok(bytes)
+}
+
 /// What a lane is left holding.
 #[derive(Clone, Copy)]
 enum Left {
@@ -151,6 +197,19 @@ async fn run() -> Result<(), String> {
              ({:.2}x), idle after its write was applied {idle:.0} B ({:.2}x)",
             flying / empty,
             idle / empty
+        );
+    }
+    const WAITING: u64 = 1_000;
+    // 60 KiB: the largest that stays within the default `max_input_bytes` with its JSON.
+    for input_bytes in [1024, 60 * 1024] {
+        let allowed = state_bytes(WAITING, input_bytes, false, &key)?;
+        let waiting = state_bytes(WAITING, input_bytes, true, &key)?;
+        println!(
+            "  {WAITING} actions with {input_bytes}-byte inputs: the state {allowed} B when \
+             allowed (baseline), {waiting} B when waiting for an approval ({:.2}x): {:.0} B \
+             more per waiting action",
+            waiting as f64 / allowed as f64,
+            (waiting - allowed) as f64 / WAITING as f64
         );
     }
     Ok(())

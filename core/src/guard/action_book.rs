@@ -1,11 +1,13 @@
 //! Every action an agent ever requested, in memory that does not grow with inputs.
 //!
-//! A decision needs the whole request (tool, input, cost) only while the action waits for
-//! one: requested, or pending approval. Once decided, later commands need only its status
-//! and outcome (an outcome is accepted only for an allowed action), and the API shows its
-//! request by reading the `action_requested` record back from the log. So an open action
-//! keeps its request here; a settled one keeps about 3 bytes: a status byte and the seq of
-//! its request (`SeqColumn`, 2 bytes a seq). The ids this guard writes are `act-1`,
+//! A decision needs an action's tool and cost only while the action waits for one:
+//! requested, or pending approval. Once decided, later commands need only its status and
+//! outcome (an outcome is accepted only for an allowed action). Its input no decision
+//! needs: the API and approvers read it back from the `action_requested` record in the
+//! log, waiting or decided. So an open action keeps its tool, cost and status here (no
+//! input, however large: a waiting action costs every replica the same few bytes); a
+//! settled one keeps about 3 bytes: a status byte and the seq of its request
+//! (`SeqColumn`, 2 bytes a seq). The ids this guard writes are `act-1`,
 //! `act-2`, … in request order, which index those bytes; other ids (a log written
 //! elsewhere) go in a map.
 
@@ -17,49 +19,90 @@ use serde::{Deserialize, Serialize};
 use super::cow_column::CowColumn;
 use super::seq_column::SeqColumn;
 use super::state::{ActionState, ReplayError};
-use super::types::{Action, ActionStatus, OutcomeStatus};
+use super::types::{Action, ActionStatus, OutcomeStatus, PendingAction};
 use crate::record::Record;
 
-/// A decided action: what is kept of it.
+/// What memory keeps of an action for the API: its status and outcome, and where its
+/// request is (all of a decided action).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SettledAction {
+pub struct KeptAction {
     pub status: ActionStatus,
     pub outcome: Option<OutcomeStatus>,
     /// The seq of its `action_requested` record.
     pub requested_seq: u64,
 }
 
-impl SettledAction {
+impl KeptAction {
     /// The action as the API shows it, from its request record (read back from the log).
     pub fn view(&self, action_id: &str, request: &Record) -> Result<Action, String> {
-        let payload = &request.payload;
-        let named = payload.get("action_id").and_then(|v| v.as_str());
-        if request.seq != self.requested_seq
-            || request.kind != "action_requested"
-            || named != Some(action_id)
-        {
-            return Err(format!(
-                "record {} is not the request of {action_id}",
-                request.seq
-            ));
-        }
+        let requested = Requested::of(action_id, self.requested_seq, request)?;
         Ok(Action {
             action_id: action_id.to_string(),
+            tool: requested.tool.to_string(),
+            input: requested.input.clone(),
+            cost: requested.cost,
+            status: self.status,
+            outcome: self.outcome,
+        })
+    }
+}
+
+/// An entry of the approval queue as memory keeps it: its request's seq (log order) and
+/// time, and the action's id. The rest is in the request record ([`Self::view`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingRequest {
+    /// The seq of the action's `action_requested` record.
+    pub seq: u64,
+    pub requested_at: String,
+    pub action_id: String,
+}
+
+impl PendingRequest {
+    /// The entry as the API shows it, from its request record (read back from the log).
+    pub fn view(&self, request: &Record) -> Result<PendingAction, String> {
+        let requested = Requested::of(&self.action_id, self.seq, request)?;
+        Ok(PendingAction {
+            seq: self.seq,
+            requested_at: self.requested_at.clone(),
+            action: serde_json::json!({
+                "action_id": self.action_id,
+                "cost": requested.cost,
+                "input": requested.input,
+                "tool": requested.tool,
+            }),
+        })
+    }
+}
+
+/// An action's request, read from its `action_requested` record.
+struct Requested<'a> {
+    tool: &'a str,
+    input: &'a serde_json::Value,
+    cost: u64,
+}
+
+impl<'a> Requested<'a> {
+    /// The request in `record`, which must be `action_id`'s, at `seq`.
+    fn of(action_id: &str, seq: u64, record: &'a Record) -> Result<Self, String> {
+        const NO_INPUT: &serde_json::Value = &serde_json::Value::Null;
+        let payload = &record.payload;
+        let named = payload.get("action_id").and_then(|v| v.as_str());
+        if record.seq != seq || record.kind != "action_requested" || named != Some(action_id) {
+            return Err(format!(
+                "record {} is not the request of {action_id}",
+                record.seq
+            ));
+        }
+        Ok(Requested {
             tool: payload
                 .get("tool")
                 .and_then(|v| v.as_str())
-                .unwrap_or_default()
-                .to_string(),
-            input: payload
-                .get("input")
-                .cloned()
-                .unwrap_or(serde_json::Value::Null),
+                .unwrap_or_default(),
+            input: payload.get("input").unwrap_or(NO_INPUT),
             cost: payload
                 .get("cost")
                 .and_then(serde_json::Value::as_u64)
                 .unwrap_or(0),
-            status: self.status,
-            outcome: self.outcome,
         })
     }
 }
@@ -70,17 +113,7 @@ pub enum ActionLookup<'a> {
     /// Waiting for a decision: the whole request.
     Open(&'a ActionState),
     /// Decided: its request is in the log at `requested_seq`.
-    Settled(SettledAction),
-}
-
-/// An action as memory can show it (owned, for a caller that must let go of the state
-/// before it reads the log).
-#[derive(Clone, Debug, PartialEq)]
-pub enum ActionView {
-    /// Waiting for a decision: the action as the API shows it.
-    Whole(Action),
-    /// Decided: read its request at `requested_seq` and call [`SettledAction::view`].
-    Settled(SettledAction),
+    Settled(KeptAction),
 }
 
 impl ActionLookup<'_> {
@@ -99,7 +132,7 @@ pub struct ActionBook {
     /// `act-N`'s request seq at N-1.
     numbered_seq: SeqColumn,
     /// Settled actions whose ids are not `act-N` in request order.
-    named: HashMap<String, SettledAction>,
+    named: HashMap<String, KeptAction>,
     /// Actions waiting for a decision, with their request. Shared (`Arc`) so that a clone
     /// of the state (one per decision, in a lane) copies no inputs; a change copies that
     /// one action.
@@ -177,7 +210,7 @@ impl ActionBook {
         }
         let index = numbered_index(action_id)?;
         let (status, outcome) = decode(self.numbered_status.get(index)?)?;
-        Some(ActionLookup::Settled(SettledAction {
+        Some(ActionLookup::Settled(KeptAction {
             status,
             outcome,
             requested_seq: self.numbered_seq.get(index)?,
@@ -202,7 +235,7 @@ impl ActionBook {
         let Some(action) = self.open.remove(action_id) else {
             return Err(self.not_open(action_id));
         };
-        let settled = SettledAction {
+        let settled = KeptAction {
             status,
             outcome: None,
             requested_seq: action.requested_seq,
@@ -224,7 +257,7 @@ impl ActionBook {
         }
     }
 
-    fn store(&mut self, action_id: &str, settled: SettledAction) {
+    fn store(&mut self, action_id: &str, settled: KeptAction) {
         match numbered_index(action_id) {
             Some(index)
                 if index < self.numbered_status.len() && !self.named.contains_key(action_id) =>
@@ -256,7 +289,6 @@ mod tests {
     fn requested(seq: u64) -> ActionState {
         ActionState {
             tool: "t".into(),
-            input: serde_json::json!({"big": "x".repeat(100)}),
             cost: 1,
             status: ActionStatus::Requested,
             outcome: None,
@@ -359,7 +391,7 @@ mod tests {
         assert!(book.open.is_empty());
         assert_eq!(
             book.lookup("act-1"),
-            Some(ActionLookup::Settled(SettledAction {
+            Some(ActionLookup::Settled(KeptAction {
                 status: ActionStatus::Completed,
                 outcome: Some(OutcomeStatus::Harmful),
                 requested_seq: 2
@@ -404,7 +436,7 @@ mod tests {
         assert_eq!(book.named.keys().collect::<Vec<_>>(), ["act-2"]);
         assert_eq!(
             book.lookup("act-2"),
-            Some(ActionLookup::Settled(SettledAction {
+            Some(ActionLookup::Settled(KeptAction {
                 status: ActionStatus::Completed,
                 outcome: Some(OutcomeStatus::Failure),
                 requested_seq: 2
@@ -412,7 +444,7 @@ mod tests {
         );
         assert_eq!(
             book.lookup("act-1"),
-            Some(ActionLookup::Settled(SettledAction {
+            Some(ActionLookup::Settled(KeptAction {
                 status: ActionStatus::Completed,
                 outcome: Some(OutcomeStatus::Success),
                 requested_seq: 3

@@ -8,7 +8,7 @@ mod seq_column;
 mod state;
 mod types;
 
-pub use action_book::{ActionLookup, ActionView, SettledAction};
+pub use action_book::{ActionLookup, KeptAction, PendingRequest};
 pub use decide::{decide, missing_termination, seal, Command, Decided, Draft, GuardError};
 pub use state::{ActionState, AgentState, ReplayError, TerminationCause};
 pub use types::{

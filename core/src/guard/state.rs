@@ -6,10 +6,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::action_book::{ActionBook, ActionLookup, ActionView};
-use super::types::{
-    Action, ActionStatus, OutcomeStatus, PendingAction, RecordKind, Scar, Severity, Status,
-};
+use super::action_book::{ActionBook, ActionLookup, KeptAction, PendingRequest};
+use super::types::{ActionStatus, OutcomeStatus, RecordKind, Scar, Severity, Status};
 use crate::policy::Policy;
 use crate::record::{timestamp, Head, Record};
 use crate::transparency::Frontier;
@@ -19,12 +17,14 @@ use crate::transparency::Frontier;
 #[error("{0}")]
 pub struct ReplayError(pub String);
 
-/// An action waiting for a decision, with its whole request (approvers see the exact
-/// input). Once decided, only its status stays in memory (`action_book`).
+/// An action waiting for a decision: what deciding it needs (its tool and cost), not its
+/// input, which approvers and the API read back from its request record (`KeptAction`,
+/// `PendingRequest`), so that actions left waiting hold no input in any replica's memory.
+/// Once decided, only its status stays in memory (`action_book`). (Checkpoints from
+/// before kept the input here; it is ignored when they are read.)
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ActionState {
     pub tool: String,
-    pub input: Value,
     pub cost: u64,
     pub status: ActionStatus,
     pub outcome: Option<OutcomeStatus>,
@@ -240,12 +240,10 @@ impl AgentState {
                     .get("cost")
                     .and_then(Value::as_u64)
                     .ok_or_else(|| ReplayError("action_requested record has no 'cost'".into()))?;
-                let input = payload.get("input").cloned().unwrap_or(Value::Null);
                 self.action_book.request(
                     action_id,
                     ActionState {
                         tool,
-                        input,
                         cost,
                         status: ActionStatus::Requested,
                         outcome: None,
@@ -375,37 +373,30 @@ impl AgentState {
         }
     }
 
-    /// One action as the API shows it: whole while it waits for a decision; once
-    /// decided, its status and where its request is, for the caller to read back.
-    pub fn action_view(&self, action_id: &str) -> Option<ActionView> {
+    /// What memory keeps of one action for the API: its status and where its request
+    /// is, for the caller to read back ([`KeptAction::view`]).
+    pub fn action_view(&self, action_id: &str) -> Option<KeptAction> {
         Some(match self.action_book.lookup(action_id)? {
-            ActionLookup::Open(a) => ActionView::Whole(Action {
-                action_id: action_id.to_string(),
-                tool: a.tool.clone(),
-                input: a.input.clone(),
-                cost: a.cost,
+            ActionLookup::Open(a) => KeptAction {
                 status: a.status,
                 outcome: a.outcome,
-            }),
-            ActionLookup::Settled(settled) => ActionView::Settled(settled),
+                requested_seq: a.requested_seq,
+            },
+            ActionLookup::Settled(kept) => kept,
         })
     }
 
-    /// The approval queue in log order.
-    pub fn pending(&self) -> Vec<PendingAction> {
+    /// The approval queue in log order, each entry to be completed from its request
+    /// record ([`PendingRequest::view`]).
+    pub fn pending(&self) -> Vec<PendingRequest> {
         self.pending
             .iter()
             .filter_map(|(seq, id)| {
                 let a = self.action_book.open(id)?;
-                Some(PendingAction {
+                Some(PendingRequest {
                     seq: *seq,
                     requested_at: a.requested_at.clone(),
-                    action: serde_json::json!({
-                        "action_id": id,
-                        "cost": a.cost,
-                        "input": a.input,
-                        "tool": a.tool,
-                    }),
+                    action_id: id.clone(),
                 })
             })
             .collect()

@@ -266,7 +266,7 @@ pub async fn pending_actions(
 ) -> Result<Json<Value>> {
     require(&headers, &app, Need::Read)?;
     path_agent_id(&agent_id)?;
-    let pending = app.with_agent(&agent_id, |s| s.pending())?;
+    let pending = app.pending(&agent_id)?;
     Ok(Json(json!({"pending": pending})))
 }
 
@@ -291,41 +291,46 @@ pub async fn all_pending_actions(
         )));
     }
     let after = query.text("after").map(parse_pending_cursor).transpose()?;
-    let data = app.sm.read_data();
     let mut total = 0u64;
-    let mut page = Vec::new();
+    let mut chosen = Vec::new();
     let mut more = false;
-    for (agent_id, slot) in &data.agents {
-        let AgentSlot::Active(state) = slot else {
-            continue;
-        };
-        total += state.pending_count() as u64;
-        if state.pending_count() == 0 || more {
-            continue;
-        }
-        for entry in state.pending() {
-            let past_cursor = after.as_ref().is_none_or(|(cursor_agent, cursor_seq)| {
-                (agent_id.as_str(), entry.seq) > (cursor_agent.as_str(), *cursor_seq)
-            });
-            if !past_cursor {
+    {
+        let data = app.sm.read_data();
+        for (agent_id, slot) in &data.agents {
+            let AgentSlot::Active(state) = slot else {
+                continue;
+            };
+            total += state.pending_count() as u64;
+            if state.pending_count() == 0 || more {
                 continue;
             }
-            if page.len() as u64 == limit {
-                more = true;
-                break;
+            for entry in state.pending() {
+                let past_cursor = after.as_ref().is_none_or(|(cursor_agent, cursor_seq)| {
+                    (agent_id.as_str(), entry.seq) > (cursor_agent.as_str(), *cursor_seq)
+                });
+                if !past_cursor {
+                    continue;
+                }
+                if chosen.len() as u64 == limit {
+                    more = true;
+                    break;
+                }
+                chosen.push((agent_id.clone(), entry));
             }
-            let mut value = serde_json::to_value(&entry).unwrap_or(Value::Null);
-            value["agent_id"] = json!(agent_id);
-            page.push(value);
         }
     }
-    let next = more.then(|| page.last()).flatten().map(|last| {
-        format!(
-            "{}:{}",
-            last["agent_id"].as_str().unwrap_or(""),
-            last["seq"]
-        )
-    });
+    // The requests are read back with the state's lock let go (the read takes it again).
+    let mut page = Vec::with_capacity(chosen.len());
+    for (agent_id, entry) in &chosen {
+        let mut value = serde_json::to_value(app.pending_view(agent_id, entry)?)
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        value["agent_id"] = json!(agent_id);
+        page.push(value);
+    }
+    let next = more
+        .then(|| chosen.last())
+        .flatten()
+        .map(|(agent_id, entry)| format!("{agent_id}:{}", entry.seq));
     Ok(Json(json!({"pending": page, "total": total, "next": next})))
 }
 
