@@ -241,6 +241,29 @@ fn a_waiting_action_holds_no_input_and_older_checkpoints_still_read() {
     assert_eq!(read.pending()[0].action_id, id);
 }
 
+/// What an approver is shown is what was logged: a request record read back with its
+/// input changed is an error, and so is one whose hash was recomputed to match (it is
+/// not the record the action was replayed from).
+#[test]
+fn a_changed_request_is_never_shown_to_an_approver() {
+    let mut agent = shop();
+    pending_id(agent.request("pay", json!({"to": "bob"})).unwrap());
+    let entry = agent.state.pending().remove(0);
+    let request = agent.records.iter().find(|r| r.seq == entry.seq).unwrap();
+    assert!(entry.view(request).is_ok(), "control");
+
+    let mut changed = request.clone();
+    changed.payload["input"]["to"] = json!("eve");
+    let error = entry.view(&changed).unwrap_err();
+    assert!(error.contains("does not match its hash"), "{error}");
+    let kept = agent.state.action_view(&entry.action_id).unwrap();
+    assert!(kept.view(&entry.action_id, &changed).is_err());
+
+    changed.hash = hex::encode(changed.recompute_hash());
+    let error = entry.view(&changed).unwrap_err();
+    assert!(error.contains("does not match its hash"), "{error}");
+}
+
 #[test]
 fn the_rate_window_counts_strictly_later_actions_and_keeps_only_max_actions() {
     let mut agent = Agent::create(json!({

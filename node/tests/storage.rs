@@ -1441,7 +1441,6 @@ async fn a_changed_or_lost_by_agent_row_is_damage() {
         } else {
             let mut meta = txn.open_table(HEADS_META).unwrap();
             meta.remove(heads_meta::INDEXED).unwrap();
-            meta.remove(heads_meta::STATED).unwrap();
         }
         txn.commit().unwrap();
         dir
@@ -1520,6 +1519,56 @@ async fn a_changed_or_lost_by_agent_row_is_damage() {
             "{what}: the damaged file was used, or not kept aside"
         );
     }
+}
+
+/// A state file marked with a later layout than this build's is refused with a clear
+/// error and left as it is (its tables are not damage); one whose mark does not read back
+/// intact is damage. Every file opened is marked with this build's layout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_file_from_a_later_build_is_refused_untouched() {
+    use lineage_node::store::state_machine::STATE_FORMAT;
+    const META: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("sm_meta");
+    fn set_format(dir: &std::path::Path, row: &[u8]) {
+        let db = redb::Database::create(dir.join("node.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META).unwrap().insert("format", row).unwrap();
+        txn.commit().unwrap();
+    }
+    fn format(dir: &std::path::Path) -> Option<u64> {
+        let db = redb::Database::create(dir.join("node.redb")).unwrap();
+        let txn = db.begin_read().unwrap();
+        let meta = txn.open_table(META).unwrap();
+        let row = meta.get("format").unwrap()?;
+        lineage_node::store::checked_row::unseal_json(row.value()).ok()
+    }
+    let dir = tempfile::tempdir().unwrap();
+    drop(store::open(dir.path()).unwrap());
+    assert_eq!(format(dir.path()), Some(STATE_FORMAT), "marked at open");
+
+    let later = STATE_FORMAT + 1;
+    set_format(
+        dir.path(),
+        &lineage_node::store::checked_row::seal(later.to_string().as_bytes()),
+    );
+    let error = store::open(dir.path())
+        .err()
+        .expect("a later build's file is refused");
+    assert!(error.contains("later build"), "{error}");
+    assert!(
+        !state_file_moved_aside(dir.path()),
+        "the file was moved aside"
+    );
+    assert_eq!(format(dir.path()), Some(later), "the file was changed");
+
+    let mut damaged = lineage_node::store::checked_row::seal(STATE_FORMAT.to_string().as_bytes());
+    damaged[0] ^= 0x01;
+    set_format(dir.path(), &damaged);
+    drop(store::open(dir.path()).unwrap());
+    assert!(
+        state_file_moved_aside(dir.path()),
+        "a damaged mark is damage"
+    );
+    assert_eq!(format(dir.path()), Some(STATE_FORMAT));
 }
 
 /// The heads log's settings steer what a node signs (its origin) and trusts (how many

@@ -35,7 +35,7 @@ pub struct KeptAction {
 impl KeptAction {
     /// The action as the API shows it, from its request record (read back from the log).
     pub fn view(&self, action_id: &str, request: &Record) -> Result<Action, String> {
-        let requested = Requested::of(action_id, self.requested_seq, request)?;
+        let requested = Requested::of(action_id, self.requested_seq, None, request)?;
         Ok(Action {
             action_id: action_id.to_string(),
             tool: requested.tool.to_string(),
@@ -55,12 +55,19 @@ pub struct PendingRequest {
     pub seq: u64,
     pub requested_at: String,
     pub action_id: String,
+    /// The hash its request record must have (`ActionState::request_hash`).
+    pub request_hash: Option<[u8; 32]>,
 }
 
 impl PendingRequest {
     /// The entry as the API shows it, from its request record (read back from the log).
     pub fn view(&self, request: &Record) -> Result<PendingAction, String> {
-        let requested = Requested::of(&self.action_id, self.seq, request)?;
+        let requested = Requested::of(
+            &self.action_id,
+            self.seq,
+            self.request_hash.as_ref(),
+            request,
+        )?;
         Ok(PendingAction {
             seq: self.seq,
             requested_at: self.requested_at.clone(),
@@ -82,14 +89,28 @@ struct Requested<'a> {
 }
 
 impl<'a> Requested<'a> {
-    /// The request in `record`, which must be `action_id`'s, at `seq`.
-    fn of(action_id: &str, seq: u64, record: &'a Record) -> Result<Self, String> {
+    /// The request in `record`, which must be `action_id`'s, at `seq`, its content
+    /// matching its hash, and its hash `hash` where that is known: what an approver is
+    /// shown is what was logged (a record changed on disk is an error, never shown).
+    fn of(
+        action_id: &str,
+        seq: u64,
+        hash: Option<&[u8; 32]>,
+        record: &'a Record,
+    ) -> Result<Self, String> {
         const NO_INPUT: &serde_json::Value = &serde_json::Value::Null;
         let payload = &record.payload;
         let named = payload.get("action_id").and_then(|v| v.as_str());
         if record.seq != seq || record.kind != "action_requested" || named != Some(action_id) {
             return Err(format!(
                 "record {} is not the request of {action_id}",
+                record.seq
+            ));
+        }
+        let content = record.recompute_hash();
+        if hex::encode(content) != record.hash || hash.is_some_and(|hash| *hash != content) {
+            return Err(format!(
+                "the request of {action_id} (record {}) does not match its hash",
                 record.seq
             ));
         }
@@ -290,6 +311,7 @@ mod tests {
         ActionState {
             tool: "t".into(),
             cost: 1,
+            request_hash: None,
             status: ActionStatus::Requested,
             outcome: None,
             requested_seq: seq,

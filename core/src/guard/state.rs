@@ -26,10 +26,21 @@ pub struct ReplayError(pub String);
 pub struct ActionState {
     pub tool: String,
     pub cost: u64,
+    /// The hash of its request record, which the input read back must have (`None` in a
+    /// checkpoint from before it).
+    #[serde(default)]
+    pub request_hash: Option<[u8; 32]>,
     pub status: ActionStatus,
     pub outcome: Option<OutcomeStatus>,
     pub requested_seq: u64,
     pub requested_at: String,
+}
+
+/// A record's hash as bytes (its `hash` field is 64 hex digits once checked).
+fn record_hash(record: &Record) -> Option<[u8; 32]> {
+    let mut hash = [0; 32];
+    hex::decode_to_slice(&record.hash, &mut hash).ok()?;
+    Some(hash)
 }
 
 /// Everything the guard knows about one agent, derived only from its records.
@@ -245,6 +256,7 @@ impl AgentState {
                     ActionState {
                         tool,
                         cost,
+                        request_hash: record_hash(record),
                         status: ActionStatus::Requested,
                         outcome: None,
                         requested_seq: record.seq,
@@ -397,6 +409,7 @@ impl AgentState {
                     seq: *seq,
                     requested_at: a.requested_at.clone(),
                     action_id: id.clone(),
+                    request_hash: a.request_hash,
                 })
             })
             .collect()

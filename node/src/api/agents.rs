@@ -266,7 +266,11 @@ pub async fn pending_actions(
 ) -> Result<Json<Value>> {
     require(&headers, &app, Need::Read)?;
     path_agent_id(&agent_id)?;
-    let pending = app.pending(&agent_id)?;
+    // Each entry's request is read back from the store: off the async workers.
+    let reader = app.clone();
+    let pending = tokio::task::spawn_blocking(move || reader.pending(&agent_id))
+        .await
+        .map_err(|e| ApiError::Internal(format!("reading the approval queue: {e}")))??;
     Ok(Json(json!({"pending": pending})))
 }
 
@@ -319,14 +323,21 @@ pub async fn all_pending_actions(
             }
         }
     }
-    // The requests are read back with the state's lock let go (the read takes it again).
-    let mut page = Vec::with_capacity(chosen.len());
-    for (agent_id, entry) in &chosen {
-        let mut value = serde_json::to_value(app.pending_view(agent_id, entry)?)
-            .map_err(|e| ApiError::Internal(e.to_string()))?;
-        value["agent_id"] = json!(agent_id);
-        page.push(value);
-    }
+    // The requests are read back with the state's lock let go (the read takes it again),
+    // off the async workers.
+    let reader = app.clone();
+    let (chosen, page) = tokio::task::spawn_blocking(move || {
+        let mut page = Vec::with_capacity(chosen.len());
+        for (agent_id, entry) in &chosen {
+            let mut value = serde_json::to_value(reader.pending_view(agent_id, entry)?)
+                .map_err(|e| ApiError::Internal(e.to_string()))?;
+            value["agent_id"] = json!(agent_id);
+            page.push(value);
+        }
+        Ok::<_, ApiError>((chosen, page))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("reading the approval queue: {e}")))??;
     let next = more
         .then(|| chosen.last())
         .flatten()

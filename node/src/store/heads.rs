@@ -16,9 +16,11 @@ use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use super::agent_slot::AgentSlot;
 use super::heads_leaves::{self, LeafLookup, HEADS_LEAF_RUNS};
-use super::heads_meta::{self, HEADS_META, INDEXED, ORIGIN, STATED, WITNESSED};
+use super::heads_meta::{self, HEADS_META, INDEXED, ORIGIN, WITNESSED};
 use super::heads_round_sizes::{self, HEADS_ROUNDS};
-use super::heads_tree::{self, HeadsTree, StatedDigest, StoredTree, HEADS_BY_AGENT, HEADS_NODES};
+use super::heads_tree::{
+    self, HeadsTree, StatedDigest, StoredTree, HEADS_BY_AGENT, HEADS_NODES, HEADS_STATED,
+};
 
 /// Leaf index → head statement (canonical JSON), sealed (`heads_tree::seal_leaf`): how
 /// leaves were stored before runs (`heads_leaves`). Rows found here are moved into runs
@@ -41,7 +43,7 @@ pub struct HeadsLog {
     /// Agents whose logs grew since their last statement.
     pub pending: BTreeSet<String>,
     pub witnessed: Option<String>,
-    /// Every agent's last statement, as stored with each round (`heads_meta::STATED`).
+    /// Every agent's last statement, as stored with each round (`HEADS_STATED`).
     stated_digest: StatedDigest,
 }
 
@@ -64,8 +66,8 @@ impl HeadsLog {
         heads.last_round = heads_round_sizes::last(&txn.open_table(HEADS_ROUNDS)?)?;
         let by_agent = txn.open_table(HEADS_BY_AGENT)?;
         // Stored by open's upgrade where it was missing, and checked there.
-        heads.stated_digest = match heads_meta::get(&meta, STATED)? {
-            Some(hex) => StatedDigest::from_hex(&hex)?,
+        heads.stated_digest = match heads_tree::stored_stated(&txn.open_table(HEADS_STATED)?)? {
+            Some(digest) => digest,
             None => heads_tree::stated_digest(&by_agent)?,
         };
         // Each agent's last statement, read in leaf order so each run is unpacked once.
@@ -146,7 +148,7 @@ impl HeadsLog {
                 self.origin = Some(origin.to_string());
             }
             heads_meta::put(&mut meta, INDEXED, &self.tree.size().to_string())?;
-            heads_meta::put(&mut meta, STATED, &self.stated_digest.to_hex())?;
+            heads_tree::store_stated(&mut txn.open_table(HEADS_STATED)?, self.stated_digest)?;
             heads_round_sizes::add(&mut txn.open_table(HEADS_ROUNDS)?, self.tree.size())?;
             self.last_round = Some(self.tree.size());
         }
@@ -276,7 +278,7 @@ impl HeadsLog {
         }
         heads_meta::put(&mut meta, INDEXED, &tree.size().to_string())?;
         let stated = heads_tree::stated_digest(&by_agent)?;
-        heads_meta::put(&mut meta, STATED, &stated.to_hex())?;
+        heads_tree::store_stated(&mut txn.open_table(HEADS_STATED)?, stated)?;
         heads_tree::mark_sealed(&mut meta)?;
         Ok(())
     }
@@ -477,7 +479,7 @@ pub fn index_if_needed(db: &redb::Database) -> StorageResult<()> {
             })?;
             heads_meta::put(&mut meta, INDEXED, &size.to_string())?;
             let stated = heads_tree::stated_digest(&by_agent)?;
-            heads_meta::put(&mut meta, STATED, &stated.to_hex())?;
+            heads_tree::store_stated(&mut txn.open_table(HEADS_STATED)?, stated)?;
             Some(size)
         }
     };

@@ -24,9 +24,7 @@ pub const WITNESSED: &str = "witnessed";
 pub const INDEXED: &str = "indexed";
 /// Present once the leaf and node rows are sealed (`heads_tree::seal_if_needed`).
 pub const SEALED: &str = "sealed";
-/// Hex of the XOR of every agent's last by-agent row seal (`heads_tree::stated_digest`).
-pub const STATED: &str = "stated";
-const KEYS: [&str; 5] = [ORIGIN, WITNESSED, INDEXED, SEALED, STATED];
+const KEYS: [&str; 4] = [ORIGIN, WITNESSED, INDEXED, SEALED];
 
 type StorageResult<T> = Result<T, redb::Error>;
 
@@ -39,7 +37,8 @@ fn sealed_content(key: &str, value: &str) -> Vec<u8> {
     content
 }
 
-/// Stores `value` under `key`, sealed.
+/// Stores `value` under `key`, sealed (also in other tables of this form:
+/// `heads_tree::HEADS_STATED`).
 pub fn put(meta: &mut Table<&str, &[u8]>, key: &str, value: &str) -> StorageResult<()> {
     meta.insert(
         key,

@@ -313,9 +313,32 @@ pub fn index_statement(
     Ok(())
 }
 
+/// The [`stated_digest`] stored with each round: one row, `stated`, sealed as the
+/// settings are (`heads_meta::put`). A table of its own: builds before it take any key
+/// they do not know in the settings table for damage, and would move the file aside.
+pub const HEADS_STATED: TableDefinition<&str, &[u8]> = TableDefinition::new("heads_stated");
+const STATED: &str = "stated";
+
+/// The stored [`stated_digest`], checked; `None` in a file from before it.
+pub fn stored_stated(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+) -> StorageResult<Option<StatedDigest>> {
+    heads_meta::get(table, STATED)?
+        .map(|hex| StatedDigest::from_hex(&hex))
+        .transpose()
+}
+
+/// Stores `digest` as the [`stated_digest`].
+pub fn store_stated(
+    table: &mut redb::Table<&str, &[u8]>,
+    digest: StatedDigest,
+) -> StorageResult<()> {
+    heads_meta::put(table, STATED, &digest.to_hex())
+}
+
 /// What every agent's last statement is, in 32 bytes: the XOR of the seals of each
 /// agent's last by-agent row (each checked). It is stored with each round
-/// (`heads_meta::STATED`) and compared at open ([`check_stated`]): the size an agent was
+/// ([`HEADS_STATED`]) and compared at open ([`check_stated`]): the size an agent was
 /// last stated at is read through its last row, and a row moved by a flipped key bit
 /// (under an earlier statement, another agent, an unknown one) or lost changes which row
 /// is last without a seal that fails. One pair of range reads per agent.
@@ -368,11 +391,9 @@ impl StatedDigest {
 /// the upgrades, which store it where it is missing).
 pub fn check_stated(db: &redb::Database) -> StorageResult<()> {
     let txn = db.begin_read()?;
-    let stored = heads_meta::get(&txn.open_table(heads_meta::HEADS_META)?, heads_meta::STATED)?;
-    let Some(stored) = stored else {
+    let Some(stored) = stored_stated(&txn.open_table(HEADS_STATED)?)? else {
         return Ok(());
     };
-    let stored = StatedDigest::from_hex(&stored)?;
     let found = stated_digest(&txn.open_table(HEADS_BY_AGENT)?)?;
     if found != stored {
         return Err(corrupted(
@@ -389,12 +410,14 @@ pub fn check_stated(db: &redb::Database) -> StorageResult<()> {
 pub fn store_stated_if_missing(db: &redb::Database) -> StorageResult<()> {
     let txn = db.begin_write()?;
     let stored = {
-        let mut meta = txn.open_table(heads_meta::HEADS_META)?;
-        if heads_meta::get(&meta, heads_meta::STATED)?.is_some() {
+        let mut stated = txn.open_table(HEADS_STATED)?;
+        if stored_stated(&stated)?.is_some() {
             false
         } else {
-            let digest = stated_digest(&txn.open_table(HEADS_BY_AGENT)?)?;
-            heads_meta::put(&mut meta, heads_meta::STATED, &digest.to_hex())?;
+            store_stated(
+                &mut stated,
+                stated_digest(&txn.open_table(HEADS_BY_AGENT)?)?,
+            )?;
             true
         }
     };
@@ -425,10 +448,9 @@ pub fn drop_old_index(db: &redb::Database) -> StorageResult<()> {
         txn.abort()?;
         return Ok(());
     }
-    let mut meta = txn.open_table(heads_meta::HEADS_META)?;
-    meta.remove(heads_meta::INDEXED)?;
-    meta.remove(heads_meta::STATED)?;
-    drop(meta);
+    txn.open_table(heads_meta::HEADS_META)?
+        .remove(heads_meta::INDEXED)?;
+    txn.open_table(HEADS_STATED)?.remove(STATED)?;
     txn.commit()?;
     tracing::info!("heads log's unsealed by-agent index dropped; it is built again");
     Ok(())

@@ -140,6 +140,16 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
             redb::DatabaseError::Storage(redb::StorageError::Corrupted(why)) => Damaged(why),
             other => Failed(other.to_string()),
         })
+        // A file from a later build is refused, untouched: its tables are not damage.
+        .and_then(|db| match state_machine::format_of(&db) {
+            Ok(Some(format)) if format > state_machine::STATE_FORMAT => Err(Failed(format!(
+                "it was written by a later build (layout {format}; this build reads up to \
+                 {}): run that build, or restore the data directory's backup",
+                state_machine::STATE_FORMAT
+            ))),
+            Ok(_) => Ok(db),
+            Err(e) => Err(Failed(e)),
+        })
         .and_then(|db| match state_machine::meta_intact(&db) {
             Ok(()) => Ok(db),
             Err(why) => Err(Damaged(why)),
@@ -153,6 +163,10 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
             Ok(()) => Ok(db),
             Err(redb::Error::Corrupted(why)) => Err(Damaged(format!("heads log: {why}"))),
             Err(other) => Err(Failed(other.to_string())),
+        })
+        .and_then(|db| match state_machine::mark_format(&db) {
+            Ok(()) => Ok(db),
+            Err(e) => Err(Failed(e)),
         });
     match opened {
         Ok(db) => Ok(db),
@@ -172,6 +186,8 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
             let db = create_state_db(&path)
                 .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
             heads::upgrade(&db).map_err(|e| format!("cannot set up {}: {e}", path.display()))?;
+            state_machine::mark_format(&db)
+                .map_err(|e| format!("cannot set up {}: {e}", path.display()))?;
             Ok(db)
         }
         Err(Failed(e)) => Err(format!("cannot open {}: {e}", path.display())),

@@ -62,6 +62,46 @@ const APPLIED_KEY: &str = "last_applied";
 /// a difference at open means the ends are stale and are taken from the rows again.
 const ENDS_APPLIED_KEY: &str = "record_ends_applied";
 const MEMBERSHIP_KEY: &str = "membership";
+/// The file's layout version ([`STATE_FORMAT`]), sealed as the rows above.
+const FORMAT_KEY: &str = "format";
+
+/// The layout of the state machine file this build writes, and the newest it reads. A
+/// file marked newer was written by a later build: this one refuses to open it rather
+/// than take tables it does not know for damage (`store::open_state_db`). Raise it when
+/// a change makes files that an older build would misread.
+/// 1: the heads log's round sizes, by-agent index and `heads_stated` sealed.
+pub const STATE_FORMAT: u64 = 1;
+
+/// The layout version `db` is marked with: `None` where unmarked (before versions), or
+/// where the row does not read back intact (`meta_intact` says so).
+pub fn format_of(db: &Database) -> Result<Option<u64>, String> {
+    let txn = db.begin_read().map_err(|e| e.to_string())?;
+    let meta = match txn.open_table(SM_META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let row = meta.get(FORMAT_KEY).map_err(|e| e.to_string())?;
+    Ok(row.and_then(|v| checked_row::unseal_json::<u64>(v.value()).ok()))
+}
+
+/// Marks `db` with this build's layout, [`STATE_FORMAT`] (after its upgrades at open).
+pub fn mark_format(db: &Database) -> Result<(), String> {
+    if format_of(db)? == Some(STATE_FORMAT) {
+        return Ok(());
+    }
+    let txn = db.begin_write().map_err(|e| e.to_string())?;
+    txn.open_table(SM_META)
+        .map_err(|e| e.to_string())?
+        .insert(
+            FORMAT_KEY,
+            meta_row(&STATE_FORMAT)
+                .map_err(|e| e.to_string())?
+                .as_slice(),
+        )
+        .map_err(|e| e.to_string())?;
+    txn.commit().map_err(|e| e.to_string())
+}
 
 #[derive(Debug, Default)]
 pub struct SmData {
@@ -180,6 +220,8 @@ impl StateMachine {
             txn.open_table(heads_tree::HEADS_NODES)
                 .map_err(sm_write_err)?;
             txn.open_table(heads_tree::HEADS_BY_AGENT)
+                .map_err(sm_write_err)?;
+            txn.open_table(heads_tree::HEADS_STATED)
                 .map_err(sm_write_err)?;
             txn.open_table(system_log::SYSTEM_LOG)
                 .map_err(sm_write_err)?;
@@ -731,6 +773,9 @@ pub fn meta_intact(db: &Database) -> Result<(), String> {
     if let Some(v) = meta.get(MEMBERSHIP_KEY).map_err(|e| e.to_string())? {
         checked_row::unseal_json::<StoredMembership<NodeId, BasicNode>>(v.value())
             .map_err(|e| format!("membership: {e}"))?;
+    }
+    if let Some(v) = meta.get(FORMAT_KEY).map_err(|e| e.to_string())? {
+        checked_row::unseal_json::<u64>(v.value()).map_err(|e| format!("format: {e}"))?;
     }
     // The record ends' marker, damaged or lost, would read as stale and have the ends
     // taken from the rows as they are (a cut among them accepted). It is absent only in
