@@ -5,10 +5,10 @@
 //! A bucket per agent holds up to a minute's worth of requests and refills evenly. A
 //! request finding it empty is refused with 429 before anything is decided, so it leaves
 //! no record. A request decided twice (refused ahead of writes in flight, or decided on a
-//! stale state, then decided again) takes one token (`App::execute`). Buckets are memory only: a new leader starts them full, which lets at most
-//! one more minute's worth through per election. Full buckets (agents quiet for a minute)
-//! are dropped whenever the map doubles, so it holds about the agents active in the last
-//! minute.
+//! stale state, then decided again) takes one token (`App::execute`). Buckets are memory
+//! only: a new leader starts them full, which lets at most one more minute's worth through
+//! per election. Full buckets (agents quiet for a minute) are dropped whenever the map
+//! doubles, so it holds about the agents active in the last minute.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
