@@ -1521,6 +1521,78 @@ async fn a_changed_or_lost_by_agent_row_is_damage() {
     }
 }
 
+/// Where two builds of this session kept the agents' last statements summed up (a `stated`
+/// row in the heads settings), open moves the row into `heads_stated`, replacing what is
+/// there, and the file is intact; a key other than `stated` in `heads_stated` is damage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stated_digest_moves_out_of_the_settings_and_its_table_is_checked() {
+    use lineage_node::store::heads_meta::{self, HEADS_META, OLD_STATED};
+    use lineage_node::store::heads_tree::HEADS_STATED;
+    let dir = tempfile::tempdir().unwrap();
+    with_heads_rows(dir.path(), 300);
+    let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    txn.open_table(HEADS_META)
+        .unwrap()
+        .remove(heads_meta::INDEXED)
+        .unwrap();
+    txn.commit().unwrap();
+    drop(db);
+    drop(store::open(dir.path()).unwrap());
+    let stated = |dir: &std::path::Path| {
+        let db = redb::Database::create(dir.join("node.redb")).unwrap();
+        let txn = db.begin_read().unwrap();
+        let settings = heads_meta::get(&txn.open_table(HEADS_META).unwrap(), OLD_STATED).unwrap();
+        let table = heads_meta::get(&txn.open_table(HEADS_STATED).unwrap(), "stated").unwrap();
+        (settings, table)
+    };
+    let (none, Some(digest)) = stated(dir.path()) else {
+        panic!("no digest stored");
+    };
+    assert_eq!(none, None);
+
+    // As those builds left a file: the digest in the settings, `heads_stated` stale.
+    let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    heads_meta::put(
+        &mut txn.open_table(HEADS_META).unwrap(),
+        OLD_STATED,
+        &digest,
+    )
+    .unwrap();
+    heads_meta::put(
+        &mut txn.open_table(HEADS_STATED).unwrap(),
+        "stated",
+        &"0".repeat(64),
+    )
+    .unwrap();
+    txn.commit().unwrap();
+    drop(db);
+    drop(store::open(dir.path()).unwrap());
+    assert!(
+        !state_file_moved_aside(dir.path()),
+        "an intact file was moved aside"
+    );
+    assert_eq!(stated(dir.path()), (None, Some(digest)));
+
+    // A flipped key byte in `heads_stated`: not read as "no digest".
+    let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut table = txn.open_table(HEADS_STATED).unwrap();
+        let row = table.remove("stated").unwrap().unwrap().value().to_vec();
+        table.insert("stbted", row.as_slice()).unwrap();
+    }
+    txn.commit().unwrap();
+    drop(db);
+    let (_log, sm) = store::open(dir.path()).unwrap();
+    assert!(
+        state_file_moved_aside(dir.path()),
+        "the damaged file was used"
+    );
+    assert_eq!(sm.read_data().heads.tree.size(), 0);
+}
+
 /// A state file marked with a later layout than this build's is refused with a clear
 /// error and left as it is (its tables are not damage); one whose mark does not read back
 /// intact is damage. Every file opened is marked with this build's layout.

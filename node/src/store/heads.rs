@@ -392,12 +392,15 @@ fn index_leaf(
 /// by-agent index from before seals dropped ([`heads_tree::drop_old_index`]), the nodes
 /// and by-agent index built where they do not cover every leaf ([`index_if_needed`]), and
 /// the agents' last statements summed up where that is not stored
-/// ([`heads_tree::store_stated_if_missing`]). A `Corrupted` error is damage in the file.
+/// ([`heads_tree::store_stated_if_missing`]; moved out of the settings first where two
+/// builds of this session kept it, [`heads_tree::move_stated_out_of_settings`]). A `Corrupted` error is damage in the file.
 pub fn upgrade(db: &redb::Database) -> StorageResult<()> {
     heads_meta::move_old_rows(db)?;
     heads_tree::seal_if_needed(db)?;
     pack_old_leaves(db)?;
     heads_round_sizes::move_old_rows(db)?;
+    // Before the index may be built again: a rebuilt index stores its own digest.
+    heads_tree::move_stated_out_of_settings(db)?;
     heads_tree::drop_old_index(db)?;
     index_if_needed(db)?;
     heads_tree::store_stated_if_missing(db)

@@ -24,7 +24,10 @@ pub const WITNESSED: &str = "witnessed";
 pub const INDEXED: &str = "indexed";
 /// Present once the leaf and node rows are sealed (`heads_tree::seal_if_needed`).
 pub const SEALED: &str = "sealed";
-const KEYS: [&str; 4] = [ORIGIN, WITNESSED, INDEXED, SEALED];
+/// Where two builds of this session kept `heads_tree::HEADS_STATED`'s row; moved out at
+/// open (`heads_tree::move_stated_out_of_settings`).
+pub const OLD_STATED: &str = "stated";
+const KEYS: [&str; 5] = [ORIGIN, WITNESSED, INDEXED, SEALED, OLD_STATED];
 
 type StorageResult<T> = Result<T, redb::Error>;
 

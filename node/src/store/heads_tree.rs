@@ -388,10 +388,21 @@ impl StatedDigest {
 }
 
 /// Whether the stored [`stated_digest`] matches the by-agent rows (open's check, after
-/// the upgrades, which store it where it is missing).
+/// the upgrades, which store it where it is missing). A key other than `stated` in its
+/// table is damage (a flipped key byte would otherwise read as no digest).
 pub fn check_stated(db: &redb::Database) -> StorageResult<()> {
     let txn = db.begin_read()?;
-    let Some(stored) = stored_stated(&txn.open_table(HEADS_STATED)?)? else {
+    let table = txn.open_table(HEADS_STATED)?;
+    for item in table.iter()? {
+        let (key, _) = item?;
+        if key.value() != STATED {
+            return Err(corrupted(format!(
+                "heads_stated holds an unknown key {:?}",
+                key.value()
+            )));
+        }
+    }
+    let Some(stored) = stored_stated(&table)? else {
         return Ok(());
     };
     let found = stated_digest(&txn.open_table(HEADS_BY_AGENT)?)?;
@@ -401,6 +412,33 @@ pub fn check_stated(db: &redb::Database) -> StorageResult<()> {
              round (a row lost, or moved by a changed key)"
                 .into(),
         ));
+    }
+    Ok(())
+}
+
+/// Moves the digest two builds of this session kept in the settings
+/// (`heads_meta::OLD_STATED`) into [`HEADS_STATED`], replacing what is there (it is the
+/// newer: a build that wrote it there ignores this table). Once, at open; one transaction.
+pub fn move_stated_out_of_settings(db: &redb::Database) -> StorageResult<()> {
+    let txn = db.begin_write()?;
+    let moved = {
+        let mut meta = txn.open_table(heads_meta::HEADS_META)?;
+        match heads_meta::get(&meta, heads_meta::OLD_STATED)? {
+            None => false,
+            Some(hex) => {
+                store_stated(
+                    &mut txn.open_table(HEADS_STATED)?,
+                    StatedDigest::from_hex(&hex)?,
+                )?;
+                meta.remove(heads_meta::OLD_STATED)?;
+                true
+            }
+        }
+    };
+    if moved {
+        txn.commit()?;
+    } else {
+        txn.abort()?;
     }
     Ok(())
 }
@@ -448,8 +486,10 @@ pub fn drop_old_index(db: &redb::Database) -> StorageResult<()> {
         txn.abort()?;
         return Ok(());
     }
-    txn.open_table(heads_meta::HEADS_META)?
-        .remove(heads_meta::INDEXED)?;
+    let mut meta = txn.open_table(heads_meta::HEADS_META)?;
+    meta.remove(heads_meta::INDEXED)?;
+    meta.remove(heads_meta::OLD_STATED)?;
+    drop(meta);
     txn.open_table(HEADS_STATED)?.remove(STATED)?;
     txn.commit()?;
     tracing::info!("heads log's unsealed by-agent index dropped; it is built again");

@@ -140,15 +140,15 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
             redb::DatabaseError::Storage(redb::StorageError::Corrupted(why)) => Damaged(why),
             other => Failed(other.to_string()),
         })
-        // A file from a later build is refused, untouched: its tables are not damage.
+        // A file from a later build is refused, not moved aside: its tables are not
+        // damage. (A read error here is left to `meta_intact`, which reads the same table.)
         .and_then(|db| match state_machine::format_of(&db) {
             Ok(Some(format)) if format > state_machine::STATE_FORMAT => Err(Failed(format!(
                 "it was written by a later build (layout {format}; this build reads up to \
                  {}): run that build, or restore the data directory's backup",
                 state_machine::STATE_FORMAT
             ))),
-            Ok(_) => Ok(db),
-            Err(e) => Err(Failed(e)),
+            Ok(_) | Err(_) => Ok(db),
         })
         .and_then(|db| match state_machine::meta_intact(&db) {
             Ok(()) => Ok(db),
