@@ -71,6 +71,23 @@ fn main() {
     }
 }
 
+/// Decides each command on `state`, seals its records and applies them, a microsecond apart.
+fn apply_commands(
+    state: &mut AgentState,
+    commands: impl Iterator<Item = Command>,
+    key: &AuditKey,
+) -> Result<(), String> {
+    for (i, command) in commands.enumerate() {
+        let now = 1_800_000_000_000_000 + i as i64;
+        let decided =
+            decide(state, &command, now, key.public_key_hex()).map_err(|e| format!("{e:?}"))?;
+        for record in seal(state, decided.drafts, key, now) {
+            state.apply(&record).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
 /// A small agent's state after `actions` allowed actions with 200-byte inputs.
 fn small_agent(actions: u64, key: &AuditKey) -> Result<AgentState, String> {
     let mut state = AgentState::new();
@@ -83,14 +100,7 @@ fn small_agent(actions: u64, key: &AuditKey) -> Result<AgentState, String> {
         input: serde_json::json!({ "n": n, "body": "x".repeat(180) }),
         cost: None,
     });
-    for (i, command) in std::iter::once(create).chain(requests).enumerate() {
-        let now = 1_800_000_000_000_000 + i as i64;
-        let decided =
-            decide(&state, &command, now, key.public_key_hex()).map_err(|e| format!("{e:?}"))?;
-        for record in seal(&state, decided.drafts, key, now) {
-            state.apply(&record).map_err(|e| e.to_string())?;
-        }
-    }
+    apply_commands(&mut state, std::iter::once(create).chain(requests), key)?;
     Ok(state)
 }
 
@@ -122,14 +132,7 @@ fn state_bytes(
         input: serde_json::json!({ "n": n, "memo": "x".repeat(input_bytes) }),
         cost: None,
     });
-    for (i, command) in std::iter::once(create).chain(requests).enumerate() {
-        let now = 1_800_000_000_000_000 + i as i64;
-        let decided =
-            decide(&state, &command, now, key.public_key_hex()).map_err(|e| format!("{e:?}"))?;
-        for record in seal(&state, decided.drafts, key, now) {
-            state.apply(&record).map_err(|e| e.to_string())?;
-        }
-    }
+    apply_commands(&mut state, std::iter::once(create).chain(requests), key)?;
     if waiting && state.pending_count() as u64 != actions {
         return Err(format!("{} of {actions} wait", state.pending_count()));
     }
