@@ -1573,7 +1573,40 @@ async fn the_stated_digest_moves_out_of_the_settings_and_its_table_is_checked() 
         !state_file_moved_aside(dir.path()),
         "an intact file was moved aside"
     );
-    assert_eq!(stated(dir.path()), (None, Some(digest)));
+    assert_eq!(stated(dir.path()), (None, Some(digest.clone())));
+
+    // The row lost: in a file from before the digest (no layout mark) it is computed;
+    // in one marked with a layout that keeps it, it is damage, never "none yet".
+    let remove_stated = |dir: &std::path::Path, unmark: bool| {
+        const META: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("sm_meta");
+        let db = redb::Database::create(dir.join("node.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(HEADS_STATED)
+            .unwrap()
+            .remove("stated")
+            .unwrap();
+        if unmark {
+            txn.open_table(META).unwrap().remove("format").unwrap();
+        }
+        txn.commit().unwrap();
+    };
+    remove_stated(dir.path(), true);
+    drop(store::open(dir.path()).unwrap());
+    assert!(
+        !state_file_moved_aside(dir.path()),
+        "an older file was moved aside"
+    );
+    assert_eq!(stated(dir.path()), (None, Some(digest.clone())));
+    let lost = tempfile::tempdir().unwrap();
+    std::fs::copy(dir.path().join("node.redb"), lost.path().join("node.redb")).unwrap();
+    remove_stated(lost.path(), false);
+    let (_log, sm) = store::open(lost.path()).unwrap();
+    assert!(
+        state_file_moved_aside(lost.path()),
+        "a lost digest row was taken as none"
+    );
+    assert_eq!(sm.read_data().heads.tree.size(), 0);
+    drop(sm);
 
     // A flipped key byte in `heads_stated`: not read as "no digest".
     let db = redb::Database::create(dir.path().join("node.redb")).unwrap();

@@ -393,8 +393,10 @@ fn index_leaf(
 /// and by-agent index built where they do not cover every leaf ([`index_if_needed`]), and
 /// the agents' last statements summed up where that is not stored
 /// ([`heads_tree::store_stated_if_missing`]; moved out of the settings first where two
-/// builds of this session kept it, [`heads_tree::move_stated_out_of_settings`]). A `Corrupted` error is damage in the file.
-pub fn upgrade(db: &redb::Database) -> StorageResult<()> {
+/// builds of this session kept it, [`heads_tree::move_stated_out_of_settings`]).
+/// `stated_kept`: the file's layout keeps that summary, so its row missing is damage. A
+/// `Corrupted` error is damage in the file.
+pub fn upgrade(db: &redb::Database, stated_kept: bool) -> StorageResult<()> {
     heads_meta::move_old_rows(db)?;
     heads_tree::seal_if_needed(db)?;
     pack_old_leaves(db)?;
@@ -403,7 +405,7 @@ pub fn upgrade(db: &redb::Database) -> StorageResult<()> {
     heads_tree::move_stated_out_of_settings(db)?;
     heads_tree::drop_old_index(db)?;
     index_if_needed(db)?;
-    heads_tree::store_stated_if_missing(db)
+    heads_tree::store_stated_if_missing(db, stated_kept)
 }
 
 /// Moves leaves stored one per row (`HEADS_LEAVES`, before runs) into runs

@@ -443,14 +443,20 @@ pub fn move_stated_out_of_settings(db: &redb::Database) -> StorageResult<()> {
     Ok(())
 }
 
-/// Stores the [`stated_digest`] of the by-agent rows where none is stored (a file from
-/// before it): once, at open, after the index is complete.
-pub fn store_stated_if_missing(db: &redb::Database) -> StorageResult<()> {
+/// Stores the [`stated_digest`] of the by-agent rows where none is stored: once, at open,
+/// after the index is complete. `kept`: the file's layout keeps the digest (it is marked
+/// with a layout that has it), so none stored is a lost row, damage, never "from before
+/// it", which would take the rows as they are.
+pub fn store_stated_if_missing(db: &redb::Database, kept: bool) -> StorageResult<()> {
     let txn = db.begin_write()?;
     let stored = {
         let mut stated = txn.open_table(HEADS_STATED)?;
         if stored_stated(&stated)?.is_some() {
             false
+        } else if kept {
+            return Err(corrupted(
+                "the digest of the agents' last statements (heads_stated) is missing".into(),
+            ));
         } else {
             store_stated(
                 &mut stated,
@@ -486,11 +492,12 @@ pub fn drop_old_index(db: &redb::Database) -> StorageResult<()> {
         txn.abort()?;
         return Ok(());
     }
+    // The digest stays: the rebuilt index stores its own, and without leaves it is the
+    // empty one still.
     let mut meta = txn.open_table(heads_meta::HEADS_META)?;
     meta.remove(heads_meta::INDEXED)?;
     meta.remove(heads_meta::OLD_STATED)?;
     drop(meta);
-    txn.open_table(HEADS_STATED)?.remove(STATED)?;
     txn.commit()?;
     tracing::info!("heads log's unsealed by-agent index dropped; it is built again");
     Ok(())
@@ -545,7 +552,7 @@ mod tests {
 
     /// What open does to a data directory's heads tables before anything reads them.
     fn upgrade(db: &redb::Database) {
-        super::super::heads::upgrade(db).unwrap();
+        super::super::heads::upgrade(db, false).unwrap();
     }
 
     /// Roots and proofs from the stored tree equal the whole in-memory tree's at sizes

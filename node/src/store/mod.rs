@@ -129,6 +129,9 @@ const CLEAN_STOP: &str = "clean-stop";
 fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
     let path = data_dir.join(STATE_DB);
     let clean = std::fs::remove_file(data_dir.join(CLEAN_STOP)).is_ok();
+    // Whether the file is marked with a layout at all: every marked layout keeps the
+    // heads log's digest of last statements, so its row missing is a lost row.
+    let mut marked = false;
     let opened = create_state_db(&path)
         .and_then(|mut db| {
             if !clean && !db.check_integrity()? {
@@ -148,13 +151,17 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
                  {}): run that build, or restore the data directory's backup",
                 state_machine::STATE_FORMAT
             ))),
-            Ok(_) | Err(_) => Ok(db),
+            Ok(format) => {
+                marked = format.is_some();
+                Ok(db)
+            }
+            Err(_) => Ok(db),
         })
         .and_then(|db| match state_machine::meta_intact(&db) {
             Ok(()) => Ok(db),
             Err(why) => Err(Damaged(why)),
         })
-        .and_then(|db| match heads::upgrade(&db) {
+        .and_then(|db| match heads::upgrade(&db, marked) {
             Ok(()) => Ok(db),
             Err(redb::Error::Corrupted(why)) => Err(Damaged(format!("heads log: {why}"))),
             Err(other) => Err(Failed(other.to_string())),
@@ -185,7 +192,8 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
             );
             let db = create_state_db(&path)
                 .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-            heads::upgrade(&db).map_err(|e| format!("cannot set up {}: {e}", path.display()))?;
+            heads::upgrade(&db, false)
+                .map_err(|e| format!("cannot set up {}: {e}", path.display()))?;
             state_machine::mark_format(&db)
                 .map_err(|e| format!("cannot set up {}: {e}", path.display()))?;
             Ok(db)
