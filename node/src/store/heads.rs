@@ -450,10 +450,7 @@ pub fn pack_old_leaves(db: &redb::Database) -> StorageResult<()> {
             size
         }
     };
-    if moved == 0 {
-        txn.abort()?;
-    } else {
-        txn.commit()?;
+    if heads_meta::commit_if(txn, moved > 0)? {
         tracing::info!(leaves = moved, "heads log leaves packed into runs");
     }
     Ok(())

@@ -40,6 +40,18 @@ fn sealed_content(key: &str, value: &str) -> Vec<u8> {
     content
 }
 
+/// Commits `txn` if it `changed` anything, else aborts it, so that a step of the one-time
+/// upgrades at open leaves no trace where it had nothing to do (not even a table it
+/// opened, which a write transaction creates). Whether it committed.
+pub fn commit_if(txn: redb::WriteTransaction, changed: bool) -> StorageResult<bool> {
+    if changed {
+        txn.commit()?;
+    } else {
+        txn.abort()?;
+    }
+    Ok(changed)
+}
+
 /// Stores `value` under `key`, sealed (also in other tables of this form:
 /// `heads_tree::HEADS_STATED`).
 pub fn put(meta: &mut Table<&str, &[u8]>, key: &str, value: &str) -> StorageResult<()> {
@@ -184,11 +196,8 @@ pub fn move_old_rows(db: &redb::Database) -> StorageResult<()> {
         }
         found
     };
-    if moved {
-        txn.commit()?;
+    if commit_if(txn, moved)? {
         tracing::info!("heads log settings sealed");
-    } else {
-        txn.abort()?;
     }
     Ok(())
 }

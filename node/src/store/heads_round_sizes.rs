@@ -10,7 +10,7 @@
 
 use redb::{ReadableTable, ReadableTableMetadata, Table, TableDefinition};
 
-use super::checked_row;
+use super::{checked_row, heads_meta};
 
 /// Tree size → `checked_row::key_seal` of its eight big-endian bytes.
 pub const HEADS_ROUNDS: TableDefinition<u64, &[u8]> = TableDefinition::new("heads_rounds_sealed");
@@ -102,11 +102,9 @@ pub fn move_old_rows(db: &redb::Database) -> StorageResult<()> {
     };
     if moved {
         txn.delete_table(OLD_HEADS_ROUNDS)?;
-        txn.commit()?;
+    }
+    if heads_meta::commit_if(txn, moved)? {
         tracing::info!("heads log rounds sealed");
-    } else {
-        // Also leaves no empty old table behind (opening it in a write created it).
-        txn.abort()?;
     }
     Ok(())
 }

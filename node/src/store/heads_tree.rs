@@ -435,11 +435,7 @@ pub fn move_stated_out_of_settings(db: &redb::Database) -> StorageResult<()> {
             }
         }
     };
-    if moved {
-        txn.commit()?;
-    } else {
-        txn.abort()?;
-    }
+    heads_meta::commit_if(txn, moved)?;
     Ok(())
 }
 
@@ -465,11 +461,7 @@ pub fn store_stated_if_missing(db: &redb::Database, kept: bool) -> StorageResult
             true
         }
     };
-    if stored {
-        txn.commit()?;
-    } else {
-        txn.abort()?;
-    }
+    heads_meta::commit_if(txn, stored)?;
     Ok(())
 }
 
