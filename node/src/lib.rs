@@ -30,6 +30,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod agent_lanes;
+pub mod answer_expiry;
 pub mod api;
 pub mod app;
 pub mod batcher;
@@ -115,6 +116,8 @@ pub struct NodeConfig {
     pub http_header_timeout: Duration,
     /// How long a connection may sit with no request and no byte moving.
     pub http_idle_timeout: Duration,
+    /// How long a stored Idempotency-Key answer is kept (`store::idempotency_expiry`).
+    pub idempotency_window: Duration,
 }
 
 pub use store::DEFAULT_STATE_FSYNC_INTERVAL_MS;
@@ -336,6 +339,11 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         spawn_campaign_after_repair(raft.clone(), log_handle.clone());
     }
     spawn_record_merges(state_machine.clone());
+    answer_expiry::spawn(
+        state_machine.clone(),
+        config.idempotency_window,
+        metrics.clone(),
+    );
     spawn_exit_on_fatal(raft.clone());
     let disk = disk_reserve::DiskReserve::new(&config.data_dir, config.disk_reserve_bytes);
     heads_rounds::spawn(

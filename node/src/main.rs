@@ -146,6 +146,10 @@ enum Command {
         /// new writes 507 insufficient_storage, recording nothing, until space returns
         #[arg(long, env = "LINEAGE_DISK_RESERVE_MB", default_value_t = lineage_node::disk_reserve::DEFAULT_DISK_RESERVE_MB)]
         disk_reserve_mb: u64,
+        /// Seconds a stored Idempotency-Key answer is kept for retries; after that the
+        /// same key makes a new request. Give every node the same
+        #[arg(long, env = "LINEAGE_IDEMPOTENCY_WINDOW_SECS", default_value_t = IDEMPOTENCY_WINDOW_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+        idempotency_window_secs: u64,
         #[command(flatten)]
         connections: ConnectionFlags,
         #[command(flatten)]
@@ -415,6 +419,7 @@ fn main() -> ExitCode {
             witness_keys,
             witness_quorum,
             disk_reserve_mb,
+            idempotency_window_secs,
             connections,
             tls,
         }) => parse_peers(&peers).and_then(|peers| {
@@ -444,6 +449,7 @@ fn main() -> ExitCode {
                 max_connections: connections.max_connections,
                 http_header_timeout: connections.header_timeout(),
                 http_idle_timeout: connections.idle_timeout(),
+                idempotency_window: std::time::Duration::from_secs(idempotency_window_secs),
             })
         }),
         Some(Command::Dev {
@@ -572,6 +578,11 @@ fn reference_mode() -> Result<(), String> {
         "LINEAGE_DISK_RESERVE_MB",
         lineage_node::disk_reserve::DEFAULT_DISK_RESERVE_MB,
     )?;
+    let idempotency_window_secs =
+        env_number("LINEAGE_IDEMPOTENCY_WINDOW_SECS", IDEMPOTENCY_WINDOW_SECS)?;
+    if idempotency_window_secs == 0 {
+        return Err("LINEAGE_IDEMPOTENCY_WINDOW_SECS must be at least 1".into());
+    }
     let connections = ConnectionFlags {
         max_connections: match std::env::var("LINEAGE_MAX_CONNECTIONS") {
             Ok(_) => Some(env_number("LINEAGE_MAX_CONNECTIONS", 0)?),
@@ -622,8 +633,11 @@ fn reference_mode() -> Result<(), String> {
         max_connections: connections.max_connections,
         http_header_timeout: connections.header_timeout(),
         http_idle_timeout: connections.idle_timeout(),
+        idempotency_window: std::time::Duration::from_secs(idempotency_window_secs),
     })
 }
+
+const IDEMPOTENCY_WINDOW_SECS: u64 = lineage_node::store::idempotency_expiry::DEFAULT_WINDOW_SECS;
 
 /// A number from the environment, or `default` when the variable is unset.
 fn env_number<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {

@@ -63,6 +63,8 @@ pub struct Metrics {
     pub writes_pipelined: prometheus::IntCounter,
     /// Writes the state machine rejected because they did not extend the agent's head.
     pub writes_rejected_at_apply: prometheus::IntCounter,
+    /// Stored idempotency answers past their window, by outcome (`idempotency_expiry`).
+    pub idempotency_expired: IntCounterVec,
     /// Open client connections (`http_server`).
     pub http_connections: IntGauge,
     http_connections_closed: IntCounterVec,
@@ -215,6 +217,17 @@ impl Metrics {
              does not hold); each is decided once more or answered with an error.",
         ));
         must(registry.register(Box::new(writes_rejected_at_apply.clone())));
+        let idempotency_expired = counter(
+            "idempotency_answers_expired_total",
+            "Index rows of stored Idempotency-Key answers this node took once past their \
+             window, by outcome: removed (the answer with it), reindexed (the answer under \
+             the key did not match the row: kept, indexed again as of now), absent (no \
+             answer under the key any more).",
+            &["outcome"],
+        );
+        for outcome in ["removed", "reindexed", "absent"] {
+            idempotency_expired.with_label_values(&[outcome]);
+        }
         let http_connections_closed = counter(
             "http_connections_closed_total",
             "Client connections the server closed, by reason (header_timeout, body_timeout, \
@@ -269,6 +282,7 @@ impl Metrics {
             secret_reload_failures,
             writes_pipelined,
             writes_rejected_at_apply,
+            idempotency_expired,
             exported: Mutex::new(BTreeMap::new()),
         }
     }

@@ -3,7 +3,8 @@
 //! nothing recorded), and a terminated agent, whose every request is denied and logged,
 //! is held to them too. Nor can it grow every replica's memory with actions left
 //! waiting for an approval (each keeps its input): `max_pending_approvals` caps them
-//! (409, nothing recorded).
+//! (409, nothing recorded). Nor do the answers stored for its retries pile up: each is
+//! removed from every replica after its window.
 
 #[path = "cluster/util.rs"]
 mod util;
@@ -244,6 +245,84 @@ async fn a_request_decided_again_spends_one_request_of_the_minute() {
         }
     }
     assert_eq!((waiting, refused), (CAP, SENT - CAP));
+}
+
+/// Stored Idempotency-Key answers do not pile up for good (both clients send a key with
+/// every write): each is kept for the window (`--idempotency-window-secs`), answering
+/// every retry alike, then every replica removes it, and the key sent again makes a new
+/// request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_answers_leave_every_replica_after_their_window() {
+    const WINDOW_SECS: u64 = 5;
+    const EXPIRED: &str = "lineage_idempotency_answers_expired_total";
+    let window = WINDOW_SECS.to_string();
+    let cluster = Cluster::start_with(3, &["--idempotency-window-secs", &window]).await;
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let policy = json!({"budget": 100, "scar_limit": 10, "tools": {"search": {"cost": 1}}});
+    let token = cluster.create_agent(0, "retrier", policy).await;
+    let path = "/v1/agents/retrier/actions";
+    let body = json!({"tool": "search", "input": {"q": "once"}});
+    let sent = Instant::now();
+    let (status, first) = cluster
+        .post_until_served(0, path, &token, body.clone(), "call-1")
+        .await;
+    assert_eq!(status, 200, "{first}");
+    let (status, again) = cluster
+        .post_until_served(1, path, &token, body.clone(), "call-1")
+        .await;
+    assert_eq!(status, 200, "{again}");
+    // Within the window a retry gets the first answer. (Only a machine that stalled
+    // for most of the window between two requests could see it otherwise.)
+    if sent.elapsed() < Duration::from_secs(WINDOW_SECS - 1) {
+        assert_eq!(again, first, "a retry within the window was decided again");
+        assert_eq!(spent(&cluster, &token).await, 1);
+    }
+
+    // Each replica removes the agent's creation answer and this one.
+    let removed = |metrics: &std::collections::BTreeMap<String, f64>, outcome: &str| {
+        metrics
+            .iter()
+            .filter(|(name, _)| {
+                name.starts_with(EXPIRED) && name.contains(&format!("outcome=\"{outcome}\""))
+            })
+            .map(|(_, value)| *value)
+            .sum::<f64>()
+    };
+    let start = Instant::now();
+    for node in 0..3 {
+        loop {
+            let metrics = cluster.metrics(node).await;
+            assert_eq!(removed(&metrics, "reindexed"), 0.0, "node {node}");
+            if removed(&metrics, "removed") >= 2.0 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "node {node} kept its answers past the window: {:?}",
+                metrics
+                    .iter()
+                    .filter(|(n, _)| n.starts_with(EXPIRED))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let (status, later) = cluster
+        .post_until_served(2, path, &token, body, "call-1")
+        .await;
+    assert_eq!(status, 200, "{later}");
+    assert_eq!(later["decision"], "allowed", "{later}");
+    assert_ne!(
+        later["action_id"], first["action_id"],
+        "an answer was served after every replica removed it"
+    );
+    assert_eq!(spent(&cluster, &token).await, 2);
+}
+
+async fn spent(cluster: &Cluster, token: &str) -> u64 {
+    let (status, body) = cluster.get(0, "/v1/agents/retrier", token).await;
+    assert_eq!(status, 200, "{body}");
+    body["spent"].as_u64().expect("spent")
 }
 
 async fn log_len(cluster: &Cluster) -> u64 {

@@ -37,6 +37,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("batcher", Layer::Service),
     ("scrub", Layer::Service),
     ("heads_rounds", Layer::Service),
+    ("answer_expiry", Layer::Service),
     ("metrics", Layer::Service),
     ("disk_reserve", Layer::Service),
     ("idempotency_key", Layer::Service),

@@ -38,6 +38,12 @@ fn create_entries(key: &AuditKey) -> Vec<AppendRecords> {
 
 /// Create, then `requests` allowed actions, one write each.
 fn entries_with_requests(key: &AuditKey, requests: usize) -> Vec<AppendRecords> {
+    entries_from(key, requests, 1_800_000_000_000_000, 1)
+}
+
+/// As [`entries_with_requests`], the first at `start` (microseconds since the epoch) and
+/// each `step` microseconds after the one before.
+fn entries_from(key: &AuditKey, requests: usize, start: i64, step: i64) -> Vec<AppendRecords> {
     let mut state = AgentState::new();
     let mut commands = vec![Command::Create {
         agent_id: "bot".into(),
@@ -50,7 +56,7 @@ fn entries_with_requests(key: &AuditKey, requests: usize) -> Vec<AppendRecords> 
     }));
     let mut entries = Vec::new();
     for (i, command) in commands.iter().enumerate() {
-        let now = 1_800_000_000_000_000 + i as i64;
+        let now = start + step * i as i64;
         let decided = decide(&state, command, now, key.public_key_hex()).unwrap();
         let records = seal(&state, decided.drafts, key, now);
         for r in &records {
@@ -376,6 +382,112 @@ async fn a_stored_answer_changed_on_disk_is_an_error_not_an_answer() {
     let (_, sm) = store::open(dir.path()).unwrap();
     let error = sm.idempotent_answer("bot", "k").unwrap_err();
     assert!(error.contains("checksum"), "{error}");
+}
+
+/// A stored answer is kept until its window has passed from its record's time (or from
+/// its apply, if later), by the index written with it: that index survives a reopen; a
+/// file from before it, or holding answers an older build stored without index rows,
+/// gets them indexed as of its opening, and a snapshot's answers are indexed as of
+/// their install (the body carries no times), never as already expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_answers_expire_by_their_records_time_across_reopen_and_install() {
+    use lineage_node::raft_types::IdempotentAnswer;
+    use lineage_node::store::idempotency_expiry::{now_secs, IDEMPOTENCY_EXPIRY};
+    const HOUR: i64 = 3_600_000_000;
+    // A day ahead of this clock, so the records' times are the later ones.
+    let start = (now_secs() as i64 + 86_400) * 1_000_000;
+    let secs_of = |write: i64| ((start + write * HOUR) / 1_000_000) as u64;
+    let prune = |sm: &StateMachine, cutoff: u64| {
+        sm.prune_idempotency_answers(cutoff, now_secs(), 100)
+            .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([13; 32]);
+    let mut appends = entries_from(&key, 3, start, HOUR);
+    for (write, name) in [(1, "first"), (3, "last")] {
+        appends[write].idempotency = Some(IdempotentAnswer {
+            key: name.into(),
+            status: 200,
+            body: "{\"decision\":\"allowed\"}".into(),
+            request: "ef".repeat(32),
+        });
+    }
+    let held = |sm: &StateMachine| {
+        ["first", "last"].map(|name| sm.idempotent_answer("bot", name).unwrap().is_some())
+    };
+    {
+        let (_, mut sm) = store::open(dir.path()).unwrap();
+        sm.apply(as_entries(&appends, 1)).await.unwrap();
+        sm.flush().unwrap();
+        let pruned = prune(&sm, secs_of(1));
+        assert_eq!(pruned.rows(), 0, "an answer went at its own second");
+        let pruned = prune(&sm, secs_of(1) + 1);
+        assert_eq!((pruned.answers, pruned.rows()), (1, 1));
+        // Not served from the rows of the last applies still held in memory either.
+        assert_eq!(held(&sm), [false, true]);
+    }
+    let (_, mut sm) = store::open(dir.path()).unwrap();
+    assert_eq!(held(&sm), [false, true]);
+    assert_eq!(prune(&sm, secs_of(3)).rows(), 0);
+
+    // A snapshot's answers are kept a window from their install.
+    let (meta, mut served) = spool::build_and_serve(&mut sm).await;
+    let bytes = spool::body_bytes(&mut served).await;
+    let empty = tempfile::tempdir().unwrap();
+    let (_fresh_log, mut fresh) = store::open(empty.path()).unwrap();
+    let before_install = now_secs();
+    fresh
+        .install_snapshot(&meta, spool::spool_of(&bytes))
+        .await
+        .unwrap();
+    assert_eq!(held(&fresh), [false, true]);
+    let pruned = prune(&fresh, before_install);
+    assert_eq!(
+        pruned.rows(),
+        0,
+        "an installed answer was indexed before its install"
+    );
+    assert_eq!(prune(&fresh, now_secs() + 1).answers, 1);
+    assert_eq!(held(&fresh), [false, false]);
+    drop((sm, fresh));
+
+    // A file from before the index, then one where an older build stored an answer
+    // without its index row: its answers are indexed as of the opening.
+    for older in ["no index", "an answer without its row"] {
+        {
+            let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            match older {
+                "no index" => assert!(txn.delete_table(IDEMPOTENCY_EXPIRY).unwrap()),
+                _ => {
+                    let mut index = txn.open_table(IDEMPOTENCY_EXPIRY).unwrap();
+                    let rows = index.retain(|_, _| false);
+                    assert!(rows.is_ok());
+                }
+            }
+            txn.commit().unwrap();
+        }
+        let before_open = now_secs();
+        let (_, sm) = store::open(dir.path()).unwrap();
+        assert_eq!(held(&sm), [false, true], "{older}");
+        assert_eq!(
+            prune(&sm, before_open).rows(),
+            0,
+            "{older}: an answer was taken as expired"
+        );
+        assert_eq!(prune(&sm, now_secs() + 1).answers, 1, "{older}");
+        assert_eq!(held(&sm), [false, false], "{older}");
+        drop(sm);
+        if older == "no index" {
+            // An answer stored again, under the same key, for the next case.
+            let (_, mut sm) = store::open(dir.path()).unwrap();
+            let mut again = entries_from(&key, 4, start, HOUR);
+            again[4].idempotency = appends[3].idempotency.clone();
+            sm.apply(as_entries(&again[4..], 5)).await.unwrap();
+            sm.flush().unwrap();
+            assert_eq!(held(&sm), [false, true]);
+        }
+    }
 }
 
 /// No second copy of the records: building a snapshot writes no body, and the body a

@@ -17,6 +17,8 @@
 //!                         `apt-get install wrk`; --clients connections, 2 threads)
 //!     [--tls]            (with --wrk: this build over plain HTTP, the baseline, against
 //!                         this build with TLS between nodes and to wrk, alternating)
+//!     [--idempotency-keys] (each request carries its own Idempotency-Key, as both
+//!                         clients send: every decision also stores its answer)
 //!
 //! Each node's line gives its CPU time per decision (user + system): on a shared machine
 //! that varies far less than decisions/s, so compare builds by it. The `machine` line
@@ -46,6 +48,8 @@ struct Args {
     wrk: bool,
     /// Compare this build over plain HTTP with this build over TLS (needs `wrk`).
     tls: bool,
+    /// Every request carries an Idempotency-Key of its own (built-in clients only).
+    idempotency_keys: bool,
     /// Another `lineage-node` build to measure against, in alternating rounds.
     baseline: Option<std::path::PathBuf>,
     /// The `lineage-node` build to measure (default: the one built beside this program).
@@ -65,6 +69,7 @@ fn parse_args() -> Result<Args, String> {
         reqwest: false,
         wrk: false,
         tls: false,
+        idempotency_keys: false,
         baseline: None,
         node: None,
         history: 0,
@@ -86,6 +91,10 @@ fn parse_args() -> Result<Args, String> {
             }
             "--tls" => {
                 args.tls = true;
+                continue;
+            }
+            "--idempotency-keys" => {
+                args.idempotency_keys = true;
                 continue;
             }
             "--baseline-node" => {
@@ -115,6 +124,9 @@ fn parse_args() -> Result<Args, String> {
     }
     if args.tls && !args.wrk {
         return Err("--tls needs --wrk (the built-in clients speak plain HTTP)".into());
+    }
+    if args.idempotency_keys && args.wrk {
+        return Err("--idempotency-keys is for the built-in clients, not --wrk".into());
     }
     Ok(args)
 }
@@ -388,7 +400,8 @@ async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> 
             &token,
             body,
             args.reqwest.then(|| http.clone()),
-        )?;
+        )?
+        .with_keys(args.idempotency_keys.then(|| format!("load-{c}")));
         let task = tokio::spawn(client.run_until(deadline));
         tasks.push(task);
     }
@@ -514,7 +527,8 @@ async fn preload(url: &str, tokens: &[String], args: &Args) -> Result<(), String
         let agent = c % args.agents;
         let path = format!("/v1/agents/agent-{agent}/actions");
         let body = json!({"tool": "work", "input": {"client": c, "history": true}}).to_string();
-        let client = ActionClient::new(url, &path, &tokens[agent], body, None)?;
+        let client = ActionClient::new(url, &path, &tokens[agent], body, None)?
+            .with_keys(args.idempotency_keys.then(|| format!("history-{c}")));
         tasks.push(tokio::spawn(client.run_count(per_client)));
     }
     let mut errors = 0;
@@ -683,6 +697,9 @@ struct ActionClient {
     authorization: hyper::header::HeaderValue,
     body: bytes::Bytes,
     via: Via,
+    /// With keys: each request's Idempotency-Key is this, a dash and its number.
+    key_prefix: Option<String>,
+    sent: u64,
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
@@ -720,7 +737,22 @@ impl ActionClient {
                 None => Via::Hyper(None),
             },
             addr,
+            key_prefix: None,
+            sent: 0,
         })
+    }
+
+    /// Each request then carries a key of its own, `PREFIX-N`.
+    fn with_keys(mut self, prefix: Option<String>) -> Self {
+        self.key_prefix = prefix;
+        self
+    }
+
+    /// The next request's Idempotency-Key, if keys are sent.
+    fn next_key(&mut self) -> Option<String> {
+        self.sent += 1;
+        let prefix = self.key_prefix.as_ref()?;
+        Some(format!("{prefix}-{}", self.sent))
     }
 
     async fn connect(addr: &str) -> Result<Sender, String> {
@@ -740,12 +772,17 @@ impl ActionClient {
     async fn act(&mut self) -> Result<bool, String> {
         use http_body_util::BodyExt;
         use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
+        let key = self.next_key();
         let connection = match &mut self.via {
             Via::Reqwest { http, url } => {
-                let reply = http
+                let mut request = http
                     .post(url.as_str())
                     .header(AUTHORIZATION, self.authorization.clone())
-                    .header(CONTENT_TYPE, "application/json")
+                    .header(CONTENT_TYPE, "application/json");
+                if let Some(key) = &key {
+                    request = request.header("Idempotency-Key", key.as_str());
+                }
+                let reply = request
                     .body(self.body.clone())
                     .send()
                     .await
@@ -764,10 +801,14 @@ impl ActionClient {
                 }
             },
         };
-        let request = hyper::Request::post(self.uri.clone())
+        let mut request = hyper::Request::post(self.uri.clone())
             .header(HOST, self.host.clone())
             .header(AUTHORIZATION, self.authorization.clone())
-            .header(CONTENT_TYPE, "application/json")
+            .header(CONTENT_TYPE, "application/json");
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        let request = request
             .body(http_body_util::Full::new(self.body.clone()))
             .map_err(|e| e.to_string())?;
         sender.ready().await.map_err(|e| e.to_string())?;

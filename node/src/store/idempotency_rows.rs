@@ -5,8 +5,14 @@
 //! Rows written before answers were checksummed are plain JSON; they are still read
 //! (`checked_row::unseal_json`), so an upgrade keeps every stored answer.
 
+use redb::TableDefinition;
+
 use super::checked_row;
 use crate::raft_types::IdempotentAnswer;
+
+/// "agent_id\n scoped key" → an answer with its checksum; kept for a window
+/// (`idempotency_expiry`).
+pub const IDEMPOTENCY: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
 
 /// What a snapshot carries for a row that cannot be read back: an answer that refuses
 /// (503), so a retry under that key is refused on every node rather than decided again.

@@ -9,6 +9,7 @@ pub mod heads_leaves;
 pub mod heads_meta;
 pub mod heads_round_sizes;
 pub mod heads_tree;
+pub mod idempotency_expiry;
 pub mod idempotency_rows;
 pub mod imports;
 mod log_recovery;

@@ -25,7 +25,8 @@ use redb::{Database, TableDefinition};
 pub struct RowBatch {
     pub seq: u64,
     pub records: Vec<(String, u64, String)>,
-    pub idempotency: Vec<(String, Vec<u8>)>,
+    /// Each answer's row key, its row, and when it was stored (seconds since the epoch).
+    pub idempotency: Vec<(String, Vec<u8>, u64)>,
     pub new_agents: Vec<String>,
     /// Serialized last applied log id and membership, as of this batch.
     pub applied: Vec<u8>,
@@ -303,6 +304,9 @@ fn write_rows<'a>(
         let mut idempotency = txn
             .open_table(tables.idempotency)
             .map_err(|e| text(e.into()))?;
+        let mut expiry = txn
+            .open_table(super::idempotency_expiry::IDEMPOTENCY_EXPIRY)
+            .map_err(|e| text(e.into()))?;
         let mut index = txn
             .open_table(tables.agent_index)
             .map_err(|e| text(e.into()))?;
@@ -313,9 +317,11 @@ fn write_rows<'a>(
             for (agent, seq, line) in &batch.records {
                 sorted_records.insert((agent.as_str(), *seq), line.as_str());
             }
-            for (key, value) in &batch.idempotency {
+            for (key, value, stored_secs) in &batch.idempotency {
                 idempotency
                     .insert(key.as_str(), value.as_slice())
+                    .map_err(|e| text(e.into()))?;
+                super::idempotency_expiry::put(&mut expiry, *stored_secs, key, value)
                     .map_err(|e| text(e.into()))?;
             }
             for agent in &batch.new_agents {

@@ -4,10 +4,11 @@
 use std::borrow::{Borrow, Cow};
 
 use lineage_core::guard::AgentState;
-use lineage_core::record::{Record, ZERO_HASH};
+use lineage_core::record::{timestamp, Record, ZERO_HASH};
 use openraft::{Entry, EntryPayload, LogId, StoredMembership};
 
 use super::super::agent_slot::AgentSlot;
+use super::super::idempotency_expiry;
 use super::super::idempotency_rows;
 use super::super::record_ends;
 use super::super::sm_writer::RowBatch;
@@ -506,11 +507,28 @@ fn add_rows(
     }
     if let Some(answer) = &append.idempotency {
         let bytes = idempotency_rows::encode(answer).map_err(sm_write_err)?;
-        rows.idempotency
-            .push((idempotency_key(&append.agent_id, &answer.key), bytes));
+        rows.idempotency.push((
+            idempotency_key(&append.agent_id, &answer.key),
+            bytes,
+            stored_secs(records),
+        ));
     }
     if records.first().is_some_and(|r| r.seq == 0) {
         rows.new_agents.push(append.agent_id.clone());
     }
     Ok(())
+}
+
+/// When a write's answer counts as stored, for its expiry (`idempotency_expiry`): the
+/// later of its last record's time, as the leader stamped it, and this node's clock
+/// now, so that no node keeps it less than a window by its own clock (a leader's clock
+/// behind, or a replica applying late). Pruning is each node's own; nothing applied
+/// reads this time.
+fn stored_secs(records: &[Cow<'_, Record>]) -> u64 {
+    let stamped = records
+        .last()
+        .and_then(|record| timestamp::parse(&record.timestamp))
+        .and_then(|micros| u64::try_from(micros / 1_000_000).ok())
+        .unwrap_or_default();
+    stamped.max(idempotency_expiry::now_secs())
 }

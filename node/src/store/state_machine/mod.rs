@@ -35,7 +35,8 @@ use super::heads::{self, HeadsLog};
 use super::heads_leaves;
 use super::heads_meta;
 use super::heads_tree::{self, StoredTree};
-use super::idempotency_rows;
+use super::idempotency_expiry;
+use super::idempotency_rows::{self, IDEMPOTENCY};
 use super::log_store::DurableLog;
 use super::record_ends;
 use super::record_rows;
@@ -48,8 +49,6 @@ use crate::snapshot_spool::SnapshotSpool;
 
 /// (agent_id, seq) → the record's line.
 const RECORDS: TableDefinition<(&str, u64), &str> = TableDefinition::new("records");
-/// "agent_id\n scoped key" → an IdempotentAnswer with its checksum (`idempotency_rows`).
-const IDEMPOTENCY: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
 const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
 /// Every agent that has records (written with its first record).
 const AGENT_INDEX: TableDefinition<&str, ()> = TableDefinition::new("agent_index");
@@ -201,6 +200,11 @@ impl StateMachine {
         {
             let txn = db.begin_write().map_err(sm_write_err)?;
             refill_stale_ends(&txn).map_err(sm_write_err)?;
+            if idempotency_expiry::needs_indexing(&txn).map_err(sm_err)? {
+                let indexed = idempotency_expiry::index_all(&txn, idempotency_expiry::now_secs())
+                    .map_err(sm_err)?;
+                tracing::info!(indexed, "idempotency answers indexed for expiry");
+            }
             txn.open_table(RECORDS).map_err(sm_write_err)?;
             txn.open_table(record_rows::PACKED_RUNS)
                 .map_err(sm_write_err)?;
@@ -542,6 +546,22 @@ impl StateMachine {
             Some(row) => idempotency_rows::decode(row.value(), key).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// Removes up to `limit` idempotency answers stored before `cutoff_secs`
+    /// (`idempotency_expiry`; one that no longer matches its index row is indexed again
+    /// at `now_secs`). Only committed rows are indexed, so an answer still waiting for
+    /// the writer is never among them; committed rows are dropped from the overlay
+    /// first, where reads would otherwise still find an answer removed here.
+    pub fn prune_idempotency_answers(
+        &self,
+        cutoff_secs: u64,
+        now_secs: u64,
+        limit: usize,
+    ) -> Result<idempotency_expiry::Pruned, String> {
+        let flushed = self.writer.flushed_through();
+        self.write_data().unflushed.prune(flushed);
+        idempotency_expiry::prune(&self.db, cutoff_secs, now_secs, limit)
     }
 
     /// Writes the state of every agent changed since its last checkpoint, durably. The

@@ -47,7 +47,7 @@ impl Unflushed {
             self.records.insert((agent.clone(), *seq), line.clone());
             keys.records.push((agent.clone(), *seq));
         }
-        for (key, value) in &rows.idempotency {
+        for (key, value, _) in &rows.idempotency {
             self.idempotency.insert(key.clone(), value.clone());
             keys.idempotency.push(key.clone());
         }

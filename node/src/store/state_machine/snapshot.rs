@@ -19,6 +19,7 @@ use std::path::Path;
 use openraft::storage::Snapshot;
 use openraft::{AnyError, BasicNode, RaftSnapshotBuilder, SnapshotMeta, StorageIOError};
 
+use super::super::idempotency_expiry;
 use super::snapshot_body::{install_body, write_body};
 use super::{sm_read_err, sm_write_err, write_applied, StateMachine};
 use crate::raft_types::{NodeId, StorageError, TypeConfig};
@@ -266,6 +267,8 @@ impl StateMachine {
                 )));
             }
         }
+        // The body carries answers without their times: each is kept a window from now.
+        idempotency_expiry::index_all(&txn, idempotency_expiry::now_secs()).map_err(failed)?;
         write_applied(&txn, &meta.last_log_id, &meta.last_membership)?;
         txn.commit().map_err(sm_write_err)?;
         *data = self.load_from_disk()?;

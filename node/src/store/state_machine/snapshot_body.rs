@@ -15,11 +15,12 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor
 use serde::{Deserializer, Serialize};
 
 use super::super::heads::{HeadsLog, HeadsSnapshot};
+use super::super::idempotency_rows::IDEMPOTENCY;
 use super::super::imports::{self, ImportPoint};
 use super::super::record_ends;
 use super::super::record_rows::{self, RunWriter};
 use super::super::{idempotency_rows, system_log};
-use super::{AGENT_CHECKPOINTS, AGENT_INDEX, IDEMPOTENCY, RECORDS};
+use super::{AGENT_CHECKPOINTS, AGENT_INDEX, RECORDS};
 use crate::raft_types::{IdempotentAnswer, ImportManifest, Tombstone};
 
 /// One value as JSON onto `out`.
