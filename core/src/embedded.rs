@@ -198,29 +198,44 @@ impl Guard {
     }
 
     /// One action. Its tool, input and cost are read back from the file (memory keeps
-    /// only its status, waiting or decided: `guard::ActionBook`).
+    /// only its status, waiting or decided: `guard::ActionBook`), from its request's
+    /// record alone (`AuditLog::records_at`).
     pub fn action(&self, action_id: &str) -> Result<Option<Action>, GuardFileError> {
         let Some(kept) = self.state.action_view(action_id) else {
             return Ok(None);
         };
-        let records = self.log.records()?;
-        let request = request_at(&records, kept.requested_seq, action_id)?;
+        let request = self.requests(&[(kept.requested_seq, action_id)])?;
+        let request = request.first().ok_or_else(|| not_in_file(action_id))?;
         Ok(Some(kept.view(action_id, request).map_err(ReplayError)?))
     }
 
-    /// The approval queue in log order, each entry's request read back from the file.
+    /// The approval queue in log order, each entry's request read back from the file
+    /// (those records alone, not the whole file).
     pub fn pending(&self) -> Result<Vec<PendingAction>, GuardFileError> {
         let queue = self.state.pending();
         if queue.is_empty() {
             return Ok(Vec::new());
         }
-        let records = self.log.records()?;
+        let wanted: Vec<(u64, &str)> = queue
+            .iter()
+            .map(|entry| (entry.seq, entry.action_id.as_str()))
+            .collect();
+        let requests = self.requests(&wanted)?;
         queue
             .iter()
-            .map(|entry| {
-                let request = request_at(&records, entry.seq, &entry.action_id)?;
-                Ok(entry.view(request).map_err(ReplayError)?)
-            })
+            .zip(&requests)
+            .map(|(entry, request)| Ok(entry.view(request).map_err(ReplayError)?))
+            .collect()
+    }
+
+    /// The request records at these seqs (in log order), each named for its action.
+    fn requests(&self, wanted: &[(u64, &str)]) -> Result<Vec<Record>, GuardFileError> {
+        let seqs: Vec<u64> = wanted.iter().map(|(seq, _)| *seq).collect();
+        let found = self.log.records_at(&seqs)?;
+        wanted
+            .iter()
+            .zip(found)
+            .map(|((_, action_id), record)| record.ok_or_else(|| not_in_file(action_id)))
             .collect()
     }
 
@@ -238,14 +253,53 @@ impl Guard {
     }
 }
 
-/// The record at `seq` (the file's records are in seq order): `action_id`'s request.
-fn request_at<'a>(
-    records: &'a [Record],
-    seq: u64,
-    action_id: &str,
-) -> Result<&'a Record, ReplayError> {
-    records
-        .binary_search_by_key(&seq, |r| r.seq)
-        .map(|i| &records[i])
-        .map_err(|_| ReplayError(format!("the request of {action_id} is not in the file")))
+/// An action whose request is not in the file.
+fn not_in_file(action_id: &str) -> GuardFileError {
+    ReplayError(format!("the request of {action_id} is not in the file")).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::ToolRule;
+
+    /// The approval queue and an action read back only their own requests: a record
+    /// damaged on disk long before them stops neither (a read of the whole file, as
+    /// before, would), while the action whose request it was cannot be shown.
+    #[test]
+    fn the_queue_and_an_action_read_their_requests_not_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.jsonl");
+        let key = AuditKey::from_seed([5; 32]);
+        let policy = Policy::new(10_000)
+            .allow("search", ToolRule::cost(1))
+            .allow("refund", ToolRule::cost(1).with_approval());
+        let mut guard = Guard::create(&path, key.clone(), "agent", policy).unwrap();
+        for n in 0..300 {
+            guard
+                .request("search", serde_json::json!({"n": n}), None)
+                .unwrap();
+        }
+        let Decision::PendingApproval { action_id } = guard
+            .request("refund", serde_json::json!({"order": 42}), None)
+            .unwrap()
+        else {
+            panic!("a refund waits for an approval");
+        };
+        // act-1's request, the third record, changed on disk (same length).
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        lines[2] = lines[2].replacen('{', "x", 1);
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        assert!(guard.records().is_err(), "the whole file no longer reads");
+
+        let queue = guard.pending().unwrap();
+        assert_eq!(queue.len(), 1);
+        assert_eq!(queue[0].action["action_id"], action_id.as_str());
+        assert_eq!(queue[0].action["input"], serde_json::json!({"order": 42}));
+        let late = guard.action("act-300").unwrap().unwrap();
+        assert_eq!(late.input, serde_json::json!({"n": 299}));
+        assert!(guard.action("act-1").is_err(), "a damaged request is shown");
+        assert!(guard.action("act-999").unwrap().is_none());
+    }
 }

@@ -11,7 +11,7 @@
 //! stay: they are valid, signed records.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufReader, Seek, SeekFrom, Write};
+use std::io::{self, BufRead, BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -36,6 +36,11 @@ pub enum AuditError {
     NotRepresentable(#[from] crate::record::RoundTripError),
 }
 
+/// Every this many records the log keeps where one starts in the file, so that reading
+/// a record back scans at most this many lines, never the whole file. Eight bytes per
+/// this many records: 62 KB for a million.
+const MARK_EVERY: u64 = 128;
+
 pub struct AuditLog {
     path: PathBuf,
     file: File,
@@ -43,6 +48,8 @@ pub struct AuditLog {
     log_id: String,
     head: Head,
     last_timestamp_micros: i64,
+    /// Where record `i * MARK_EVERY` starts in the file, for every `i` up to the head.
+    marks: Vec<u64>,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -107,6 +114,7 @@ impl AuditLog {
                 hash: ZERO_HASH.into(),
             },
             last_timestamp_micros: 0,
+            marks: Vec::new(),
         })
     }
 
@@ -154,6 +162,8 @@ impl AuditLog {
         let mut line = Vec::new();
         let mut log_id = String::new();
         let mut last_timestamp_micros = 0;
+        let mut marks = Vec::new();
+        let mut offset = 0u64;
         loop {
             match read_line_bounded(&mut reader, &mut line, MAX_RECORD_BYTES) {
                 Ok(false) => break,
@@ -167,6 +177,12 @@ impl AuditLog {
                 }
             }
             let record = verifier.push_line(&line).map_err(AuditError::Corrupt)?;
+            // Verified: the records run from seq 0 up, one a line, each line ending in
+            // its newline (`cut_partial_tail`).
+            if record.seq % MARK_EVERY == 0 {
+                marks.push(offset);
+            }
+            offset += line.len() as u64 + 1;
             if record.seq == 0 {
                 let log_key = record
                     .payload
@@ -213,6 +229,7 @@ impl AuditLog {
             log_id,
             head,
             last_timestamp_micros,
+            marks,
         })
     }
 
@@ -261,15 +278,23 @@ impl AuditLog {
         // Every line is checked to read back as the record it holds before any is
         // written, so a batch is written whole or not at all.
         let mut text = String::new();
+        let mut starts = Vec::new();
         for record in records {
             let (line, _) = record.to_checked_line()?;
+            if record.seq % MARK_EVERY == 0 {
+                starts.push(text.len() as u64);
+            }
             text.push_str(&line);
             text.push('\n');
         }
+        // Where the lines go (the file is opened for appending): its length now.
+        let end = self.file.metadata().map_err(io_error(&self.path))?.len();
         self.file
             .write_all(text.as_bytes())
             .map_err(io_error(&self.path))?;
         self.file.sync_data().map_err(io_error(&self.path))?;
+        self.marks
+            .extend(starts.into_iter().map(|start| end + start));
         if let Some(last) = records.last() {
             self.head = last.head();
             if let Some(at) = timestamp::parse(&last.timestamp) {
@@ -302,6 +327,74 @@ impl AuditLog {
     /// Reads every record back from disk.
     pub fn records(&self) -> Result<Vec<Record>, AuditError> {
         read_records(&self.path)
+    }
+
+    /// The records at `seqs` (in ascending order), read back from disk; `None` for a seq
+    /// past the head. Each is found from the mark before it: at most `MARK_EVERY`
+    /// lines are read for one, and seqs close together share the reading. A line that
+    /// does not hold the record its place says (the file changed since it was opened)
+    /// is an error.
+    pub fn records_at(&self, seqs: &[u64]) -> Result<Vec<Option<Record>>, AuditError> {
+        let path = &self.path;
+        let corrupt = |seq: u64, reason: String| {
+            AuditError::Corrupt(VerifyFailure {
+                line: Some(seq + 1),
+                seq: Some(seq),
+                reason,
+            })
+        };
+        let file = File::open(path).map_err(io_error(path))?;
+        let mut reader = BufReader::with_capacity(64 * 1024, file);
+        let mut line = Vec::new();
+        // The seq of the line the reader gives next, once it has been placed.
+        let mut next: Option<u64> = None;
+        let mut found = Vec::with_capacity(seqs.len());
+        for &seq in seqs {
+            let mark = seq / MARK_EVERY;
+            let Some(&mark_offset) = usize::try_from(mark).ok().and_then(|m| self.marks.get(m))
+            else {
+                found.push(None);
+                continue;
+            };
+            if seq > self.head.seq {
+                found.push(None);
+                continue;
+            }
+            let mark_seq = mark * MARK_EVERY;
+            // Read on from where the reader is, unless it is past `seq` or before the mark.
+            if next.is_none_or(|next| next > seq || next < mark_seq) {
+                reader
+                    .seek(SeekFrom::Start(mark_offset))
+                    .map_err(io_error(path))?;
+                next = Some(mark_seq);
+            }
+            let mut at = next.unwrap_or(mark_seq);
+            while at < seq {
+                let skipped = reader.skip_until(b'\n').map_err(io_error(path))?;
+                if skipped == 0 {
+                    return Err(corrupt(seq, "the file ends before this record".into()));
+                }
+                at += 1;
+            }
+            if !read_line_bounded(&mut reader, &mut line, MAX_RECORD_BYTES)
+                .map_err(|e| corrupt(seq, format!("malformed record: {e}")))?
+            {
+                return Err(corrupt(seq, "the file ends before this record".into()));
+            }
+            next = Some(seq + 1);
+            let record = std::str::from_utf8(&line)
+                .map_err(|e| e.to_string())
+                .and_then(|text| Record::from_line(text).map_err(|e| e.to_string()))
+                .map_err(|e| corrupt(seq, format!("malformed record: {e}")))?;
+            if record.seq != seq {
+                return Err(corrupt(
+                    seq,
+                    format!("the line in its place holds seq {}", record.seq),
+                ));
+            }
+            found.push(Some(record));
+        }
+        Ok(found)
     }
 }
 
@@ -359,4 +452,82 @@ fn cut_partial_tail(file: &mut File) -> io::Result<()> {
         return Ok(());
     }
     file.sync_data()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A log of `records` records (genesis and `records - 1` appends), and its records.
+    fn log_of(dir: &Path, records: u64) -> (AuditLog, Vec<Record>) {
+        let path = dir.join("a.jsonl");
+        let mut log = AuditLog::create(&path, AuditKey::from_seed([3; 32]), "a").unwrap();
+        for n in 1..records {
+            log.append("a", "note", serde_json::json!({"n": n}))
+                .unwrap();
+        }
+        let all = log.records().unwrap();
+        assert_eq!(all.len() as u64, records);
+        (log, all)
+    }
+
+    /// Replaces the line of record `seq` with text of the same length.
+    fn overwrite_line(path: &Path, seq: usize, with: impl Fn(&str) -> String) {
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let changed = with(&lines[seq]);
+        assert_eq!(changed.len(), lines[seq].len());
+        lines[seq] = changed;
+        std::fs::write(path, lines.join("\n") + "\n").unwrap();
+    }
+
+    #[test]
+    fn a_record_read_by_its_seq_is_the_record_in_the_file_before_and_after_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = 3 * MARK_EVERY + 5;
+        let (mut log, all) = log_of(dir.path(), records);
+        let every: Vec<u64> = (0..records).collect();
+        let want: Vec<Option<Record>> = all.iter().cloned().map(Some).collect();
+        assert_eq!(log.records_at(&every).unwrap(), want);
+        // Out of order, repeated, and past the head.
+        let mixed = [300, 2, 2, 129, 128, 127, records - 1, records, u64::MAX];
+        let read = log.records_at(&mixed).unwrap();
+        for (seq, record) in mixed.iter().zip(&read) {
+            assert_eq!(record.as_ref(), all.get(*seq as usize), "seq {seq}");
+        }
+        // Appends keep the marks: a record written after opening reads back too.
+        let appended = log
+            .append("a", "note", serde_json::json!({"late": true}))
+            .unwrap();
+        assert_eq!(log.records_at(&[records]).unwrap(), [Some(appended)]);
+        drop(log);
+        let log = AuditLog::open(dir.path().join("a.jsonl"), AuditKey::from_seed([3; 32])).unwrap();
+        assert_eq!(log.records_at(&every).unwrap(), want);
+    }
+
+    /// Reading one record scans from the mark before it, not the file: a line damaged
+    /// far before it does not stop it (it would stop a whole read), while the damaged
+    /// record itself, or one whose line holds another seq, is an error.
+    #[test]
+    fn a_read_by_seq_reads_from_the_mark_before_it_and_checks_what_it_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, all) = log_of(dir.path(), 2 * MARK_EVERY + 10);
+        let path = dir.path().join("a.jsonl");
+        overwrite_line(&path, 3, |line| line.replacen('{', "x", 1));
+        assert!(log.records().is_err());
+        let late = 2 * MARK_EVERY + 4;
+        assert_eq!(
+            log.records_at(&[late]).unwrap(),
+            [Some(all[late as usize].clone())]
+        );
+        let error = log.records_at(&[3]).unwrap_err().to_string();
+        assert!(error.contains("malformed record"), "{error}");
+        // A line moved: its place holds another seq.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.swap(200, 201);
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        let error = log.records_at(&[200]).unwrap_err().to_string();
+        assert!(error.contains("holds seq 201"), "{error}");
+    }
 }
