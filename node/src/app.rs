@@ -414,13 +414,20 @@ impl App {
     }
 
     /// An agent's approval queue in log order, each entry's request read back from the
-    /// log (memory keeps no inputs).
-    pub fn pending(&self, agent_id: &str) -> Result<Vec<PendingAction>, AppError> {
+    /// log (memory keeps no inputs). An entry whose request does not read back intact
+    /// here is listed apart, so the rest of the queue can still be decided.
+    pub fn pending(&self, agent_id: &str) -> Result<QueueView, AppError> {
         let queue = self.with_agent(agent_id, |s| s.pending())?;
-        queue
-            .iter()
-            .map(|entry| self.pending_view(agent_id, entry))
-            .collect()
+        let mut view = QueueView::default();
+        for entry in &queue {
+            match self.pending_view(agent_id, entry) {
+                Ok(shown) => view.pending.push(shown),
+                Err(error) => view
+                    .unreadable
+                    .push(UnreadableRequest::of(agent_id, entry, &error)),
+            }
+        }
+        Ok(view)
     }
 
     /// One approval queue entry, its request read back from the log (taken with no lock on
@@ -765,6 +772,43 @@ impl App {
             after,
             pipelined,
         })
+    }
+}
+
+/// An agent's approval queue as this node can show it.
+#[derive(Debug, Default)]
+pub struct QueueView {
+    pub pending: Vec<PendingAction>,
+    pub unreadable: Vec<UnreadableRequest>,
+}
+
+/// A waiting action whose request record does not read back intact on this node
+/// (damaged or missing here; the scrub quarantines such a copy): listed with why, never
+/// with an input, so the rest of a queue stays readable.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct UnreadableRequest {
+    pub agent_id: String,
+    pub action_id: String,
+    /// The `seq` of the request's record.
+    pub seq: u64,
+    pub error: String,
+}
+
+impl UnreadableRequest {
+    pub fn of(agent_id: &str, entry: &PendingRequest, error: &AppError) -> Self {
+        tracing::error!(
+            agent_id,
+            action_id = %entry.action_id,
+            seq = entry.seq,
+            %error,
+            "a waiting action's request does not read back intact on this node"
+        );
+        UnreadableRequest {
+            agent_id: agent_id.to_string(),
+            action_id: entry.action_id.clone(),
+            seq: entry.seq,
+            error: error.to_string(),
+        }
     }
 }
 

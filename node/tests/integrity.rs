@@ -20,6 +20,8 @@ const RECORDS: redb::TableDefinition<(&str, u64), &str> = redb::TableDefinition:
 
 struct Node {
     child: Option<Child>,
+    /// `LINEAGE_SCRUB_INTERVAL_SECS` (0: no scrub).
+    scrub_secs: &'static str,
     base: String,
     bind: String,
     data: tempfile::TempDir,
@@ -32,6 +34,7 @@ impl Node {
         let bind = format!("127.0.0.1:{port}");
         Node {
             child: None,
+            scrub_secs: "1",
             base: format!("http://{bind}"),
             bind,
             data: tempfile::tempdir().unwrap(),
@@ -47,7 +50,7 @@ impl Node {
             .env("GUARD_DATA_DIR", self.data.path())
             .env("GUARD_BIND", &self.bind)
             .env("GUARD_ADMIN_TOKEN", ADMIN)
-            .env("LINEAGE_SCRUB_INTERVAL_SECS", "1")
+            .env("LINEAGE_SCRUB_INTERVAL_SECS", self.scrub_secs)
             // Each apply committed durably, so the records are in the file when it is killed (by
             // default the state machine fsyncs every few seconds; the Raft log always).
             .env("LINEAGE_STATE_FSYNC_INTERVAL_MS", "0")
@@ -324,6 +327,107 @@ async fn a_record_edited_behind_a_checkpoint_is_caught_by_the_scrub() {
     assert_eq!(status, StatusCode::OK);
     // ...until the scrub re-verifies the stored records.
     assert_only_victim_quarantined(&node).await;
+}
+
+/// A waiting action whose request record no longer reads back intact (here edited on
+/// disk behind a checkpoint, with no scrub to quarantine the agent) is listed apart, with
+/// why, in both approval queue pages: never shown with the changed input, and never
+/// taking the rest of the queue (its agent's or anyone's) down with a 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_request_leaves_the_rest_of_the_approval_queue_readable() {
+    let mut node = Node::new();
+    node.scrub_secs = "0";
+    node.start().await;
+    let policy = json!({"budget": 100, "scar_limit": 10,
+        "tools": {"pay": {"cost": 1, "requires_approval": true}}});
+    for agent in ["victim", "bystander"] {
+        let (status, _) = node
+            .call(
+                reqwest::Method::POST,
+                "/v1/agents",
+                ADMIN,
+                Some(json!({"agent_id": agent, "policy": policy})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        for amount in [10, 20] {
+            let (status, body) = node
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/v1/agents/{agent}/actions"),
+                    ADMIN,
+                    Some(json!({"tool": "pay", "input": {"amount": amount}})),
+                )
+                .await;
+            assert_eq!(body["decision"], "pending_approval", "{status} {body}");
+        }
+    }
+    node.stop_gracefully();
+    tamper(node.data.path());
+    node.start().await;
+
+    let (status, queue) = node
+        .call(
+            reqwest::Method::GET,
+            "/v1/agents/victim/actions/pending",
+            ADMIN,
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{queue}");
+    let inputs: Vec<&Value> = queue["pending"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| &entry["action"]["input"])
+        .collect();
+    assert_eq!(inputs, [&json!({"amount": 20})], "{queue}");
+    let unreadable = &queue["unreadable"];
+    assert_eq!(unreadable.as_array().map(Vec::len), Some(1), "{queue}");
+    assert_eq!(unreadable[0]["action_id"], "act-1", "{queue}");
+    assert_eq!(unreadable[0]["seq"], 2, "{queue}");
+    assert!(
+        !queue.to_string().contains("1000"),
+        "the changed input shown: {queue}"
+    );
+
+    let (status, page) = node
+        .call(reqwest::Method::GET, "/v1/actions/pending", ADMIN, None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["total"], 4, "{page}");
+    let shown: Vec<(String, Value)> = page["pending"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            (
+                entry["agent_id"].as_str().unwrap().to_string(),
+                entry["action"]["input"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("bystander".to_string(), json!({"amount": 10})),
+            ("bystander".to_string(), json!({"amount": 20})),
+            ("victim".to_string(), json!({"amount": 20})),
+        ],
+        "{page}"
+    );
+    assert_eq!(page["unreadable"][0]["agent_id"], "victim", "{page}");
+    assert_eq!(page["unreadable"][0]["action_id"], "act-1", "{page}");
+    // An intact queue has no `unreadable` at all, as the reference answers.
+    let (_, intact) = node
+        .call(
+            reqwest::Method::GET,
+            "/v1/agents/bystander/actions/pending",
+            ADMIN,
+            None,
+        )
+        .await;
+    assert_eq!(intact.as_object().map(|o| o.len()), Some(1), "{intact}");
 }
 
 /// The newest record cut away leaves a log that verifies on its own: start-up holds it to

@@ -19,7 +19,7 @@ use super::auth::{path_agent_id, require, require_agent_or, validate_agent_id, N
 use super::error::ApiError;
 use super::idempotency::{IdempotencyKey, WriteBody};
 use super::query::Query;
-use crate::app::{Answer, App, Respond};
+use crate::app::{Answer, App, Respond, UnreadableRequest};
 use crate::store::AgentSlot;
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -268,10 +268,16 @@ pub async fn pending_actions(
     path_agent_id(&agent_id)?;
     // Each entry's request is read back from the store: off the async workers.
     let reader = app.clone();
-    let pending = tokio::task::spawn_blocking(move || reader.pending(&agent_id))
+    let queue = tokio::task::spawn_blocking(move || reader.pending(&agent_id))
         .await
         .map_err(|e| ApiError::Internal(format!("reading the approval queue: {e}")))??;
-    Ok(Json(json!({"pending": pending})))
+    let mut body = json!({"pending": queue.pending});
+    // Present only when some request could not be read back here (the reference's
+    // answer has `pending` alone).
+    if !queue.unreadable.is_empty() {
+        body["unreadable"] = json!(queue.unreadable);
+    }
+    Ok(Json(body))
 }
 
 /// Actions waiting for approval in one page of `GET /v1/actions/pending`, by default and
@@ -326,15 +332,21 @@ pub async fn all_pending_actions(
     // The requests are read back with the state's lock let go (the read takes it again),
     // off the async workers.
     let reader = app.clone();
-    let (chosen, page) = tokio::task::spawn_blocking(move || {
+    let (chosen, page, unreadable) = tokio::task::spawn_blocking(move || {
         let mut page = Vec::with_capacity(chosen.len());
+        let mut unreadable = Vec::new();
         for (agent_id, entry) in &chosen {
-            let mut value = serde_json::to_value(reader.pending_view(agent_id, entry)?)
-                .map_err(|e| ApiError::Internal(e.to_string()))?;
-            value["agent_id"] = json!(agent_id);
-            page.push(value);
+            match reader.pending_view(agent_id, entry) {
+                Ok(shown) => {
+                    let mut value = serde_json::to_value(shown)
+                        .map_err(|e| ApiError::Internal(e.to_string()))?;
+                    value["agent_id"] = json!(agent_id);
+                    page.push(value);
+                }
+                Err(error) => unreadable.push(UnreadableRequest::of(agent_id, entry, &error)),
+            }
         }
-        Ok::<_, ApiError>((chosen, page))
+        Ok::<_, ApiError>((chosen, page, unreadable))
     })
     .await
     .map_err(|e| ApiError::Internal(format!("reading the approval queue: {e}")))??;
@@ -342,7 +354,11 @@ pub async fn all_pending_actions(
         .then(|| chosen.last())
         .flatten()
         .map(|(agent_id, entry)| format!("{agent_id}:{}", entry.seq));
-    Ok(Json(json!({"pending": page, "total": total, "next": next})))
+    let mut body = json!({"pending": page, "total": total, "next": next});
+    if !unreadable.is_empty() {
+        body["unreadable"] = json!(unreadable);
+    }
+    Ok(Json(body))
 }
 
 fn parse_pending_cursor(cursor: &str) -> Result<(String, u64)> {
