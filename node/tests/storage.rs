@@ -452,21 +452,25 @@ async fn stored_answers_expire_by_their_records_time_across_reopen_and_install()
     drop((sm, fresh));
 
     // A file from before the index, then one where an older build stored an answer
-    // without its index row: its answers are indexed as of the opening.
-    for older in ["no index", "an answer without its row"] {
+    // (without its index row or count): the answers are indexed as of the opening.
+    for older in ["no index", "an answer stored by an older build"] {
         {
             let db = redb::Database::create(dir.path().join("node.redb")).unwrap();
             let txn = db.begin_write().unwrap();
             match older {
                 "no index" => assert!(txn.delete_table(IDEMPOTENCY_EXPIRY).unwrap()),
                 _ => {
-                    let mut index = txn.open_table(IDEMPOTENCY_EXPIRY).unwrap();
-                    let rows = index.retain(|_, _| false);
-                    assert!(rows.is_ok());
+                    let answer = appends[3].idempotency.clone().unwrap();
+                    let row = lineage_node::store::idempotency_rows::encode(&answer).unwrap();
+                    txn.open_table(lineage_node::store::idempotency_rows::IDEMPOTENCY)
+                        .unwrap()
+                        .insert("bot\nolder", row.as_slice())
+                        .unwrap();
                 }
             }
             txn.commit().unwrap();
         }
+        let stored = if older == "no index" { 1 } else { 2 };
         let before_open = now_secs();
         let (_, sm) = store::open(dir.path()).unwrap();
         assert_eq!(held(&sm), [false, true], "{older}");
@@ -475,7 +479,7 @@ async fn stored_answers_expire_by_their_records_time_across_reopen_and_install()
             0,
             "{older}: an answer was taken as expired"
         );
-        assert_eq!(prune(&sm, now_secs() + 1).answers, 1, "{older}");
+        assert_eq!(prune(&sm, now_secs() + 1).answers, stored, "{older}");
         assert_eq!(held(&sm), [false, false], "{older}");
         drop(sm);
         if older == "no index" {

@@ -174,9 +174,14 @@ async function loadQueue() {
   const count = $("queue-count");
   count.textContent = String(page.total);
   count.className = "count" + (page.total > 0 ? " waiting" : "");
-  $("queue-more").textContent = page.next
-    ? (page.total - page.pending.length) + " more are waiting beyond the first " + QUEUE_PAGE + "."
-    : "";
+  // Entries whose request does not read back intact on this node are named, never shown.
+  const unreadable = page.unreadable || [];
+  $("queue-more").textContent = (page.next
+    ? (page.total - page.pending.length - unreadable.length) + " more are waiting beyond the first " + QUEUE_PAGE + "."
+    : "") + (unreadable.length
+    ? " " + unreadable.length + " cannot be shown: the request does not read back intact on this node (" +
+      unreadable.map(u => u.agent_id + " " + u.action_id).join(", ") + ")."
+    : "");
   const key = (agent, action) => agent + "\u0000" + action;
   const list = $("pending");
   const wanted = new Set(page.pending.map(item => key(item.agent_id, item.action.action_id)));

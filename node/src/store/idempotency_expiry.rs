@@ -9,17 +9,22 @@
 //! written in the transaction that stores the answer (`sm_writer`), so no answer goes
 //! unindexed. Its time is the later of the write's record time and this node's clock
 //! when it applied the write, so each node keeps an answer a whole window by its own
-//! clock, whatever the leader's said. Pruning removes an answer only where its index row
-//! matches the answer under that key now: a changed index row (its time or key) or an
-//! answer stored again under the key after it expired never leads to removing an answer
-//! early. The answer is then indexed again as of now: at worst it outlives its window.
-//! (Two answers under one key never have the same bytes: each names what its write
-//! appended, an action id or the agent's new head.)
+//! clock, whatever the leader's said. That clock ([`now_secs`]) never runs faster than
+//! real time within a run: a wall clock stepped forward, or back and then forward again,
+//! does not make answers look older than they are. Pruning removes an answer only where
+//! its index row matches the answer under that key now: a changed index row (its time or
+//! key) or an answer stored again under the key after it expired never leads to
+//! removing an answer early. The answer is then indexed again as of now: at worst it
+//! outlives its window. (Two answers under one key never have the same bytes: each
+//! names what its write appended, an action id or the agent's new head.)
 //!
-//! A file from before the index has no `idempotency_expiry` table: opening it indexes
-//! every stored answer as of then (`index_all`), and so does installing a snapshot,
-//! whose answers come without their times. So does opening a file holding more answers
-//! than index rows, as a build from before the index leaves after running on it.
+//! Every transaction that changes the answers also stores how many there are
+//! (`idempotency_count`). A file from before the index has no `idempotency_expiry`
+//! table, and one a build from before the index has written to since holds another
+//! count than it stores: opening either indexes every stored answer as of then
+//! (`index_all`), and so does installing a snapshot, whose answers come without their
+//! times. Such a re-indexed answer is kept a window from the opening, never less than
+//! a window from when this node applied it.
 
 use redb::{
     ReadableTable, ReadableTableMetadata, Table, TableDefinition, TableHandle, WriteTransaction,
@@ -32,12 +37,55 @@ use super::idempotency_rows::IDEMPOTENCY;
 pub const IDEMPOTENCY_EXPIRY: TableDefinition<(u64, &str), &[u8]> =
     TableDefinition::new("idempotency_expiry");
 
+/// `answers` → how many rows `idempotency` held after the last transaction this build
+/// made to it. Unsealed: any difference, a damaged value included, only has every answer
+/// indexed again, which keeps answers longer, never shorter.
+const IDEMPOTENCY_COUNT: TableDefinition<&str, u64> = TableDefinition::new("idempotency_count");
+const COUNT_KEY: &str = "answers";
+
 /// Default for how long an answer is kept: a day.
 pub const DEFAULT_WINDOW_SECS: u64 = 24 * 60 * 60;
 
-/// Seconds since the epoch by this node's clock.
+/// Seconds since the epoch by this process's expiry clock: the wall clock, except that
+/// it never moves on faster than the monotonic clock since it was last read. A wall
+/// clock stepped back is followed; stepped forward again, it is not (this clock stays
+/// behind by the step until the process restarts). A process started with its clock
+/// ahead believes it.
 pub fn now_secs() -> u64 {
-    u64::try_from(lineage_core::record::timestamp::now_micros() / 1_000_000).unwrap_or_default()
+    static CLOCK: std::sync::Mutex<Option<SteadyWall>> = std::sync::Mutex::new(None);
+    let wall = lineage_core::record::timestamp::now_micros();
+    let mut clock = CLOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let now = match clock.as_mut() {
+        Some(clock) => clock.read(wall, std::time::Instant::now()),
+        None => {
+            *clock = Some(SteadyWall {
+                micros: wall,
+                at: std::time::Instant::now(),
+            });
+            wall
+        }
+    };
+    u64::try_from(now / 1_000_000).unwrap_or_default()
+}
+
+/// The last reading of [`now_secs`]'s clock, and when it was taken.
+struct SteadyWall {
+    micros: i64,
+    at: std::time::Instant,
+}
+
+impl SteadyWall {
+    /// The clock at `at`, given the wall clock then: never further on than the time
+    /// that passed since the last reading.
+    fn read(&mut self, wall_micros: i64, at: std::time::Instant) -> i64 {
+        let passed = at.saturating_duration_since(self.at).as_micros();
+        let steady = self
+            .micros
+            .saturating_add(i64::try_from(passed).unwrap_or(i64::MAX));
+        self.micros = wall_micros.min(steady);
+        self.at = at;
+        self.micros
+    }
 }
 
 /// What an index row holds: SHA-256 over its time, its key and the answer's stored row.
@@ -63,8 +111,8 @@ pub fn put(
 }
 
 /// Whether some stored answer may have no index row: the file has no index (from
-/// before it), or holds more answers than index rows (a build from before the index
-/// stored some). Both counts are kept by redb, so this reads no rows.
+/// before it), or the answers are not as many as this build last counted (a build from
+/// before the index stored some since). redb keeps the count, so this reads no rows.
 pub fn needs_indexing(txn: &WriteTransaction) -> Result<bool, String> {
     let text = |e: &dyn std::fmt::Display| format!("counting idempotency answers: {e}");
     let kept = txn
@@ -75,23 +123,45 @@ pub fn needs_indexing(txn: &WriteTransaction) -> Result<bool, String> {
         return Ok(true);
     }
     let answers = txn.open_table(IDEMPOTENCY).map_err(|e| text(&e))?;
-    let index = txn.open_table(IDEMPOTENCY_EXPIRY).map_err(|e| text(&e))?;
-    Ok(answers.len().map_err(|e| text(&e))? > index.len().map_err(|e| text(&e))?)
+    let counted = txn.open_table(IDEMPOTENCY_COUNT).map_err(|e| text(&e))?;
+    let counted = counted
+        .get(COUNT_KEY)
+        .map_err(|e| text(&e))?
+        .map(|c| c.value());
+    Ok(counted != Some(answers.len().map_err(|e| text(&e))?))
 }
 
-/// Replaces the index with every stored answer, as stored at `now_secs` (never earlier
-/// than it was); returns how many.
+/// Stores how many answers `txn` leaves (after every change to them).
+pub fn store_count(txn: &WriteTransaction) -> Result<(), String> {
+    let text = |e: &dyn std::fmt::Display| format!("counting idempotency answers: {e}");
+    let answers = txn
+        .open_table(IDEMPOTENCY)
+        .map_err(|e| text(&e))?
+        .len()
+        .map_err(|e| text(&e))?;
+    txn.open_table(IDEMPOTENCY_COUNT)
+        .map_err(|e| text(&e))?
+        .insert(COUNT_KEY, answers)
+        .map_err(|e| text(&e))?;
+    Ok(())
+}
+
+/// Replaces the index with every stored answer, as stored at `now_secs` (not before
+/// this node applied it); returns how many.
 pub fn index_all(txn: &WriteTransaction, now_secs: u64) -> Result<u64, String> {
     let text = |e: &dyn std::fmt::Display| format!("indexing idempotency answers: {e}");
     txn.delete_table(IDEMPOTENCY_EXPIRY).map_err(|e| text(&e))?;
-    let answers = txn.open_table(IDEMPOTENCY).map_err(|e| text(&e))?;
-    let mut index = txn.open_table(IDEMPOTENCY_EXPIRY).map_err(|e| text(&e))?;
     let mut count = 0;
-    for row in answers.iter().map_err(|e| text(&e))? {
-        let (key, answer) = row.map_err(|e| text(&e))?;
-        put(&mut index, now_secs, key.value(), answer.value()).map_err(|e| text(&e))?;
-        count += 1;
+    {
+        let answers = txn.open_table(IDEMPOTENCY).map_err(|e| text(&e))?;
+        let mut index = txn.open_table(IDEMPOTENCY_EXPIRY).map_err(|e| text(&e))?;
+        for row in answers.iter().map_err(|e| text(&e))? {
+            let (key, answer) = row.map_err(|e| text(&e))?;
+            put(&mut index, now_secs, key.value(), answer.value()).map_err(|e| text(&e))?;
+            count += 1;
+        }
     }
+    store_count(txn)?;
     Ok(count)
 }
 
@@ -172,6 +242,7 @@ pub fn prune(
             }
         }
     }
+    store_count(&txn)?;
     txn.commit().map_err(|e| text(&e))?;
     Ok(pruned)
 }
@@ -324,6 +395,31 @@ mod tests {
         }
     }
 
+    /// The clock follows a wall clock stepped back, but not one stepped forward, nor one
+    /// put right again after it was stepped back: it never runs ahead of real time.
+    #[test]
+    fn the_expiry_clock_never_runs_faster_than_real_time() {
+        let start = std::time::Instant::now();
+        let at = |secs: u64| start + std::time::Duration::from_secs(secs);
+        const S: i64 = 1_000_000;
+        let mut clock = SteadyWall {
+            micros: 1_000 * S,
+            at: start,
+        };
+        assert_eq!(clock.read(1_010 * S, at(10)), 1_010 * S);
+        // Stepped forward an hour: only the 10 s that passed count.
+        assert_eq!(clock.read(4_620 * S, at(20)), 1_020 * S);
+        // Stepped back an hour: followed.
+        assert_eq!(
+            clock.read(1_030 * S - 3_600 * S, at(30)),
+            1_030 * S - 3_600 * S
+        );
+        // Put right again: not followed.
+        assert_eq!(clock.read(1_040 * S, at(40)), 1_040 * S - 3_600 * S);
+        // Ten seconds on, ten seconds on.
+        assert_eq!(clock.read(1_050 * S, at(50)), 1_050 * S - 3_600 * S);
+    }
+
     #[test]
     fn a_file_from_before_the_index_gets_every_answer_indexed() {
         let (_dir, db) = db();
@@ -336,7 +432,15 @@ mod tests {
         assert!(needs_indexing(&txn).unwrap());
         assert_eq!(index_all(&txn, 50).unwrap(), 2);
         assert!(!needs_indexing(&txn).unwrap());
-        // An older build stores an answer without its index row.
+        // An older build stores an answer without its index row, nor its count; index
+        // rows outnumbering answers (as an answer stored again leaves) do not hide it.
+        put(
+            &mut txn.open_table(IDEMPOTENCY_EXPIRY).unwrap(),
+            10,
+            "gone\nk",
+            b"x",
+        )
+        .unwrap();
         txn.open_table(IDEMPOTENCY)
             .unwrap()
             .insert("c\nk3", b"three".as_slice())

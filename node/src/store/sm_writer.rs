@@ -359,6 +359,9 @@ fn write_rows<'a>(
         }
         ends
     };
+    if rows.iter().any(|batch| !batch.idempotency.is_empty()) {
+        super::idempotency_expiry::store_count(&txn)?;
+    }
     txn.commit().map_err(|e| text(e.into()))?;
     Ok(ends)
 }
