@@ -18,7 +18,8 @@
 //!     [--tls]            (with --wrk: this build over plain HTTP, the baseline, against
 //!                         this build with TLS between nodes and to wrk, alternating)
 //!     [--idempotency-keys] (each request carries its own Idempotency-Key, as both
-//!                         clients send: every decision also stores its answer)
+//!                         clients send: every decision also stores its answer; with
+//!                         --wrk too)
 //!
 //! Each node's line gives its CPU time per decision (user + system): on a shared machine
 //! that varies far less than decisions/s, so compare builds by it. The `machine` line
@@ -48,7 +49,7 @@ struct Args {
     wrk: bool,
     /// Compare this build over plain HTTP with this build over TLS (needs `wrk`).
     tls: bool,
-    /// Every request carries an Idempotency-Key of its own (built-in clients only).
+    /// Every request carries an Idempotency-Key of its own.
     idempotency_keys: bool,
     /// Another `lineage-node` build to measure against, in alternating rounds.
     baseline: Option<std::path::PathBuf>,
@@ -124,9 +125,6 @@ fn parse_args() -> Result<Args, String> {
     }
     if args.tls && !args.wrk {
         return Err("--tls needs --wrk (the built-in clients speak plain HTTP)".into());
-    }
-    if args.idempotency_keys && args.wrk {
-        return Err("--idempotency-keys is for the built-in clients, not --wrk".into());
     }
     Ok(args)
 }
@@ -620,10 +618,24 @@ fn run_wrk(url: &str, tokens: &[String], args: &Args) -> Result<LoadResult, Stri
             )
         })
         .collect();
-    let script = format!(
-        "local requests = {{}}\nlocal n = 0\ninit = function(args)\n  requests = {{ {} }}\nend\nrequest = function()\n  n = n + 1\n  return requests[n % #requests + 1]\nend\n",
-        requests.join(", ")
-    );
+    let script = if args.idempotency_keys {
+        // Each request built as it is sent, with a key of its own: the thread's number
+        // (given by `setup`) and the request's.
+        let agents: Vec<String> = tokens
+            .iter()
+            .enumerate()
+            .map(|(a, token)| format!("{{\"/v1/agents/agent-{a}/actions\", \"Bearer {token}\"}}"))
+            .collect();
+        format!(
+            "local threads = 0\nsetup = function(thread)\n  threads = threads + 1\n  thread:set(\"tid\", threads)\nend\nlocal agents = {{ {} }}\nlocal n = 0\nrequest = function()\n  n = n + 1\n  local agent = agents[n % #agents + 1]\n  return wrk.format(\"POST\", agent[1], {{[\"Authorization\"] = agent[2], [\"Content-Type\"] = \"application/json\", [\"Idempotency-Key\"] = \"wrk-\" .. tid .. \"-\" .. n}}, '{{\"tool\":\"work\",\"input\":{{}}}}')\nend\n",
+            agents.join(", ")
+        )
+    } else {
+        format!(
+            "local requests = {{}}\nlocal n = 0\ninit = function(args)\n  requests = {{ {} }}\nend\nrequest = function()\n  n = n + 1\n  return requests[n % #requests + 1]\nend\n",
+            requests.join(", ")
+        )
+    };
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let path = dir.path().join("decide.lua");
     std::fs::write(&path, script).map_err(|e| e.to_string())?;
