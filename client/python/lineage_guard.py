@@ -31,6 +31,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import warnings
 from http.client import HTTPException
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "AdminClient",
     "AgentClient",
     "GuardError",
+    "LineageWarning",
     "SetupError",
     "connect_admin",
     "find_admin_token",
@@ -70,6 +72,11 @@ class ActionDenied(GuardError):
         super().__init__(200, "denied", json.dumps(reason, sort_keys=True))
         self.reason = reason
         self.action_id = action_id
+
+
+class LineageWarning(UserWarning):
+    """Something the node answered that a caller should know of, though the call worked:
+    a waiting action it could not show (its request does not read back intact there)."""
 
 
 class SetupError(Exception):
@@ -433,8 +440,20 @@ class AdminClient(_Client):
         return self._call("POST", agent_id, "actions", body=_action_body(tool, input, cost))
 
     def pending(self, agent_id):
-        """Actions waiting for a human, in log order: ``[{"action", "requested_at", "seq"}]``."""
-        return self._call("GET", agent_id, "actions", "pending")["pending"]
+        """Actions waiting for a human, in log order: ``[{"action", "requested_at", "seq"}]``.
+
+        A waiting action whose request the node cannot read back intact is not in the
+        list; it is named in a warning (``LineageWarning``) instead.
+        """
+        answer = self._call("GET", agent_id, "actions", "pending")
+        for entry in answer.get("unreadable") or []:
+            warnings.warn(
+                "waiting action %s of %s cannot be shown: %s"
+                % (entry.get("action_id"), entry.get("agent_id"), entry.get("error")),
+                LineageWarning,
+                stacklevel=2,
+            )
+        return answer["pending"]
 
     def action(self, agent_id, action_id):
         return self._call("GET", agent_id, "actions", action_id)

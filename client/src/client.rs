@@ -37,6 +37,24 @@ pub enum ClientError {
     Config(String),
 }
 
+/// An agent's approval queue as a node answered it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingQueue {
+    pub pending: Vec<PendingAction>,
+    /// Waiting actions whose request the node could not read back intact: agent,
+    /// action, seq and why, never the input.
+    pub unreadable: Vec<UnreadableRequest>,
+}
+
+/// A waiting action a node could not show (`unreadable` in its answer).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct UnreadableRequest {
+    pub agent_id: String,
+    pub action_id: String,
+    pub seq: u64,
+    pub error: String,
+}
+
 pub struct Client {
     nodes: Vec<String>,
     token: String,
@@ -333,7 +351,14 @@ impl Client {
         .await
     }
 
+    /// The agent's approval queue. A waiting action whose request the node cannot read
+    /// back intact is left out: [`Client::pending_queue`] names those too.
     pub async fn pending(&self, agent_id: &str) -> Result<Vec<PendingAction>, ClientError> {
+        Ok(self.pending_queue(agent_id).await?.pending)
+    }
+
+    /// The agent's approval queue, with the waiting actions the node could not show.
+    pub async fn pending_queue(&self, agent_id: &str) -> Result<PendingQueue, ClientError> {
         let reply: Value = self
             .call(
                 Method::GET,
@@ -341,8 +366,18 @@ impl Client {
                 None,
             )
             .await?;
-        serde_json::from_value(reply["pending"].clone())
-            .map_err(|e| ClientError::Decode(e.to_string()))
+        let decode = |field: &str| {
+            reply
+                .get(field)
+                .cloned()
+                .unwrap_or(Value::Array(Vec::new()))
+        };
+        Ok(PendingQueue {
+            pending: serde_json::from_value(decode("pending"))
+                .map_err(|e| ClientError::Decode(e.to_string()))?,
+            unreadable: serde_json::from_value(decode("unreadable"))
+                .map_err(|e| ClientError::Decode(e.to_string()))?,
+        })
     }
 
     pub async fn report(

@@ -8,4 +8,4 @@ pub mod operator_cli;
 pub mod ops_cli;
 pub mod witnessed_cli;
 
-pub use client::{Client, ClientError};
+pub use client::{Client, ClientError, PendingQueue, UnreadableRequest};

@@ -439,7 +439,8 @@ pub fn agent_pending(
     let client = target.admin_client()?;
     let rt = runtime()?;
     let mut entries: Vec<Value> = Vec::new();
-    let mut pages = Vec::new();
+    // Waiting actions the node could not show: their request does not read back intact.
+    let mut unreadable: Vec<Value> = Vec::new();
     match agent_id {
         Some(id) => {
             let id = path_id(id, "agent")?;
@@ -449,7 +450,7 @@ pub fn agent_pending(
                 entry["agent_id"] = json!(id);
                 entries.push(entry);
             }
-            pages.push(answer);
+            unreadable.extend(answer["unreadable"].as_array().cloned().unwrap_or_default());
         }
         None => {
             // Every page: the queue is bounded by what operators can work through.
@@ -461,8 +462,8 @@ pub fn agent_pending(
                 };
                 let answer = rt.block_on(client.get_json(&path))?;
                 entries.extend(answer["pending"].as_array().cloned().unwrap_or_default());
+                unreadable.extend(answer["unreadable"].as_array().cloned().unwrap_or_default());
                 let next = answer["next"].as_str().map(str::to_string);
-                pages.push(answer);
                 match next {
                     Some(next) if Some(&next) != cursor.as_ref() => cursor = Some(next),
                     _ => break,
@@ -471,7 +472,11 @@ pub fn agent_pending(
         }
     }
     if target.json {
-        return print_json(out, &json!({"pending": entries}));
+        let mut body = json!({"pending": entries});
+        if !unreadable.is_empty() {
+            body["unreadable"] = json!(unreadable);
+        }
+        return print_json(out, &body);
     }
     let mut rows = vec![vec![
         "AGENT".to_string(),
@@ -497,9 +502,23 @@ pub fn agent_pending(
         ]);
     }
     table(out, &rows)?;
-    if entries.is_empty() {
-        writeln!(out, "(no action is waiting for approval)")
-            .map_err(|e| Failure::Usage(e.to_string()))?;
+    let write = |out: &mut dyn Write, line: String| {
+        writeln!(out, "{line}").map_err(|e| Failure::Usage(e.to_string()))
+    };
+    for entry in &unreadable {
+        write(
+            out,
+            format!(
+                "(cannot be shown: {} {} at seq {}: {})",
+                cell(&entry["agent_id"]),
+                cell(&entry["action_id"]),
+                cell(&entry["seq"]),
+                cell(&entry["error"])
+            ),
+        )?;
+    }
+    if entries.is_empty() && unreadable.is_empty() {
+        write(out, "(no action is waiting for approval)".to_string())?;
     }
     Ok(())
 }

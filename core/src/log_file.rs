@@ -293,19 +293,21 @@ impl AuditLog {
         if self.poisoned {
             return Err(AuditError::Poisoned(self.path.display().to_string()));
         }
-        // The next seq: 0 for a log with no record yet (`create_empty`).
-        let first = if self.marks.is_empty() {
-            0
+        // The next seq and hash: 0 and the zero hash for a log with no record yet
+        // (`create_empty`).
+        let (first, mut prev_hash) = if self.marks.is_empty() {
+            (0, ZERO_HASH)
         } else {
-            self.head.seq + 1
+            (self.head.seq + 1, self.head.hash.as_str())
         };
         for (record, next) in records.iter().zip(first..) {
-            if record.seq != next {
+            if record.seq != next || record.prev_hash != prev_hash {
                 return Err(AuditError::NotExtending(format!(
-                    "record seq {} where seq {next} comes next",
-                    record.seq
+                    "record seq {} (prev_hash {}) where seq {next} after {prev_hash} comes next",
+                    record.seq, record.prev_hash
                 )));
             }
+            prev_hash = &record.hash;
         }
         // Every line is checked to read back as the record it holds before any is
         // written, so a batch is written whole or not at all.
@@ -384,15 +386,15 @@ impl AuditLog {
                 reason,
             })
         };
+        if self.poisoned {
+            return Err(AuditError::Poisoned(path.display().to_string()));
+        }
         let file = File::open(path).map_err(io_error(path))?;
         let mut reader = BufReader::with_capacity(64 * 1024, file);
         let mut line = Vec::new();
         // The seq of the line the reader gives next, once it has been placed.
         let mut next: Option<u64> = None;
         let mut found = Vec::with_capacity(seqs.len());
-        if self.poisoned {
-            return Err(AuditError::Poisoned(path.display().to_string()));
-        }
         for &seq in seqs {
             if self.marks.is_empty() || seq > self.head.seq {
                 found.push(None);
@@ -548,9 +550,6 @@ mod tests {
         assert_eq!(log.records_at(&every).unwrap(), want);
     }
 
-    /// Reading one record scans from the mark before it, not the file: a line damaged
-    /// far before it does not stop it (it would stop a whole read), while the damaged
-    /// record itself, or one whose line holds another seq, is an error.
     /// The marks count the file as opened: after a partial last line was cut, after a
     /// complete last record got its missing newline, and with lines ending in CRLF.
     #[test]
@@ -590,10 +589,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut log, all) = log_of(dir.path(), 5);
         let before = std::fs::read(dir.path().join("a.jsonl")).unwrap();
+        // The right seq, the wrong prev_hash.
+        let mut forged = all[4].clone();
+        forged.seq = 5;
         for batch in [
             &all[4..5],
             &all[0..1],
             &[all[3].clone(), all[3].clone()][..],
+            std::slice::from_ref(&forged),
         ] {
             let error = log.write_records(batch).unwrap_err();
             assert!(matches!(error, AuditError::NotExtending(_)), "{error}");
@@ -601,6 +604,9 @@ mod tests {
         assert_eq!(std::fs::read(dir.path().join("a.jsonl")).unwrap(), before);
     }
 
+    /// Reading one record scans from the mark before it, not the file: a line damaged
+    /// far before it does not stop it (it would stop a whole read), while the damaged
+    /// record itself, or one whose line holds another seq, is an error.
     #[test]
     fn a_read_by_seq_reads_from_the_mark_before_it_and_checks_what_it_reads() {
         let dir = tempfile::tempdir().unwrap();

@@ -26,6 +26,7 @@ use crate::raft_types::{
 };
 use crate::store::agent_slot::AgentSlot;
 use crate::store::log_store::DurableLog;
+use crate::store::state_machine::RecordError;
 use crate::store::StateMachine;
 
 /// Longest wait for an agent's turn, or for the writes ahead of a refusal (`execute`):
@@ -422,9 +423,10 @@ impl App {
         for entry in &queue {
             match self.pending_view(agent_id, entry) {
                 Ok(shown) => view.pending.push(shown),
-                Err(error) => view
+                Err(EntryError::Unreadable(why)) => view
                     .unreadable
-                    .push(UnreadableRequest::of(agent_id, entry, &error)),
+                    .push(UnreadableRequest::of(agent_id, entry, why)),
+                Err(EntryError::Failed(error)) => return Err(error),
             }
         }
         Ok(view)
@@ -436,9 +438,9 @@ impl App {
         &self,
         agent_id: &str,
         entry: &PendingRequest,
-    ) -> Result<PendingAction, AppError> {
+    ) -> Result<PendingAction, EntryError> {
         let request = self.request_record(agent_id, entry.seq, &entry.action_id)?;
-        entry.view(&request).map_err(AppError::Internal)
+        entry.view(&request).map_err(EntryError::Unreadable)
     }
 
     /// The `action_requested` record at `seq`, `action_id`'s.
@@ -447,14 +449,21 @@ impl App {
         agent_id: &str,
         seq: u64,
         action_id: &str,
-    ) -> Result<Record, AppError> {
-        let records = self
-            .sm
-            .records(agent_id, seq, 1)
-            .map_err(|e| AppError::Internal(format!("reading the request of {action_id}: {e}")))?;
-        records.into_iter().next().ok_or_else(|| {
-            AppError::Internal(format!("the request of {action_id} is not stored here"))
-        })
+    ) -> Result<Record, EntryError> {
+        match self.sm.record_at(agent_id, seq) {
+            Ok(Some(record)) => Ok(record),
+            Ok(None) => Err(EntryError::Unreadable(format!(
+                "the request of {action_id} is not stored here"
+            ))),
+            Err(RecordError::Damaged(why)) => Err(EntryError::Unreadable(format!(
+                "the request of {action_id} does not read back: {why}"
+            ))),
+            // Nothing about this entry: the node cannot serve the page (503, so clients
+            // ask another node).
+            Err(RecordError::Store(why)) => Err(EntryError::Failed(AppError::Unavailable(
+                format!("reading the request of {action_id}: the store cannot be read: {why}"),
+            ))),
+        }
     }
 
     /// The leader's write path for one command. `respond` turns the decision and the
@@ -775,6 +784,24 @@ impl App {
     }
 }
 
+/// Why one queue entry (or action) could not be shown.
+#[derive(Debug)]
+pub enum EntryError {
+    /// Its request record does not read back intact here: the entry alone.
+    Unreadable(String),
+    /// The node cannot read its store at all: the whole answer fails.
+    Failed(AppError),
+}
+
+impl From<EntryError> for AppError {
+    fn from(error: EntryError) -> AppError {
+        match error {
+            EntryError::Unreadable(why) => AppError::Internal(why),
+            EntryError::Failed(error) => error,
+        }
+    }
+}
+
 /// An agent's approval queue as this node can show it.
 #[derive(Debug, Default)]
 pub struct QueueView {
@@ -795,7 +822,7 @@ pub struct UnreadableRequest {
 }
 
 impl UnreadableRequest {
-    pub fn of(agent_id: &str, entry: &PendingRequest, error: &AppError) -> Self {
+    pub fn of(agent_id: &str, entry: &PendingRequest, error: String) -> Self {
         tracing::error!(
             agent_id,
             action_id = %entry.action_id,
@@ -807,7 +834,7 @@ impl UnreadableRequest {
             agent_id: agent_id.to_string(),
             action_id: entry.action_id.clone(),
             seq: entry.seq,
-            error: error.to_string(),
+            error,
         }
     }
 }

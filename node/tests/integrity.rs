@@ -338,30 +338,7 @@ async fn a_damaged_request_leaves_the_rest_of_the_approval_queue_readable() {
     let mut node = Node::new();
     node.scrub_secs = "0";
     node.start().await;
-    let policy = json!({"budget": 100, "scar_limit": 10,
-        "tools": {"pay": {"cost": 1, "requires_approval": true}}});
-    for agent in ["victim", "bystander"] {
-        let (status, _) = node
-            .call(
-                reqwest::Method::POST,
-                "/v1/agents",
-                ADMIN,
-                Some(json!({"agent_id": agent, "policy": policy})),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK);
-        for amount in [10, 20] {
-            let (status, body) = node
-                .call(
-                    reqwest::Method::POST,
-                    &format!("/v1/agents/{agent}/actions"),
-                    ADMIN,
-                    Some(json!({"tool": "pay", "input": {"amount": amount}})),
-                )
-                .await;
-            assert_eq!(body["decision"], "pending_approval", "{status} {body}");
-        }
-    }
+    two_agents_waiting_for_approvals(&node).await;
     node.stop_gracefully();
     tamper(node.data.path());
     node.start().await;
@@ -418,6 +395,7 @@ async fn a_damaged_request_leaves_the_rest_of_the_approval_queue_readable() {
     );
     assert_eq!(page["unreadable"][0]["agent_id"], "victim", "{page}");
     assert_eq!(page["unreadable"][0]["action_id"], "act-1", "{page}");
+    the_cli_names_the_unreadable_request(&node);
     // An intact queue has no `unreadable` at all, as the reference answers.
     let (_, intact) = node
         .call(
@@ -428,6 +406,64 @@ async fn a_damaged_request_leaves_the_rest_of_the_approval_queue_readable() {
         )
         .await;
     assert_eq!(intact.as_object().map(|o| o.len()), Some(1), "{intact}");
+}
+
+/// Agents "victim" and "bystander", each with two payments (10, 20) waiting for approval.
+async fn two_agents_waiting_for_approvals(node: &Node) {
+    let policy = json!({"budget": 100, "scar_limit": 10,
+        "tools": {"pay": {"cost": 1, "requires_approval": true}}});
+    for agent in ["victim", "bystander"] {
+        let (status, _) = node
+            .call(
+                reqwest::Method::POST,
+                "/v1/agents",
+                ADMIN,
+                Some(json!({"agent_id": agent, "policy": policy})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        for amount in [10, 20] {
+            let (status, body) = node
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/v1/agents/{agent}/actions"),
+                    ADMIN,
+                    Some(json!({"tool": "pay", "input": {"amount": amount}})),
+                )
+                .await;
+            assert_eq!(body["decision"], "pending_approval", "{status} {body}");
+        }
+    }
+}
+
+/// `lineage agent pending` names the victim's unreadable request, in its table and in its
+/// JSON, and does not call the queue empty.
+fn the_cli_names_the_unreadable_request(node: &Node) {
+    let token_file = node.data.path().join("admin.token");
+    std::fs::write(&token_file, ADMIN).unwrap();
+    let cli = |args: &[&str]| {
+        let output = Command::new(util::lineage_bin())
+            .args(args)
+            .args(["--url", &node.base, "--token-file"])
+            .arg(&token_file)
+            .output()
+            .expect("run lineage");
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let text = cli(&["agent", "pending", "victim"]);
+    assert!(
+        text.contains("cannot be shown: victim act-1 at seq 2"),
+        "{text}"
+    );
+    assert!(!text.contains("no action is waiting"), "{text}");
+    let listed: Value = serde_json::from_str(&cli(&["agent", "pending", "--json"])).unwrap();
+    assert_eq!(
+        listed["pending"].as_array().map(Vec::len),
+        Some(3),
+        "{listed}"
+    );
+    assert_eq!(listed["unreadable"][0]["action_id"], "act-1", "{listed}");
 }
 
 /// The newest record cut away leaves a log that verifies on its own: start-up holds it to

@@ -19,7 +19,7 @@ use super::auth::{path_agent_id, require, require_agent_or, validate_agent_id, N
 use super::error::ApiError;
 use super::idempotency::{IdempotencyKey, WriteBody};
 use super::query::Query;
-use crate::app::{Answer, App, Respond, UnreadableRequest};
+use crate::app::{Answer, App, EntryError, Respond, UnreadableRequest};
 use crate::store::AgentSlot;
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -343,7 +343,10 @@ pub async fn all_pending_actions(
                     value["agent_id"] = json!(agent_id);
                     page.push(value);
                 }
-                Err(error) => unreadable.push(UnreadableRequest::of(agent_id, entry, &error)),
+                Err(EntryError::Unreadable(why)) => {
+                    unreadable.push(UnreadableRequest::of(agent_id, entry, why))
+                }
+                Err(EntryError::Failed(error)) => return Err(ApiError::from(error)),
             }
         }
         Ok::<_, ApiError>((chosen, page, unreadable))

@@ -102,6 +102,26 @@ pub fn mark_format(db: &Database) -> Result<(), String> {
     txn.commit().map_err(|e| e.to_string())
 }
 
+/// Why a stored record could not be read back ([`StateMachine::record_at`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordError {
+    /// The store cannot be read at all here (a read transaction or a table would not
+    /// open): nothing about this record in particular.
+    Store(String),
+    /// What is stored for this record does not read back: its row is damaged, or its
+    /// line is not a record.
+    Damaged(String),
+}
+
+impl std::fmt::Display for RecordError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecordError::Store(why) => write!(f, "the store cannot be read: {why}"),
+            RecordError::Damaged(why) => f.write_str(why),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct SmData {
     pub last_applied: Option<LogId<NodeId>>,
@@ -396,7 +416,9 @@ impl StateMachine {
     ) -> Result<VerifyReport, String> {
         let mut from = 0;
         loop {
-            let batch = self.record_lines(agent_id, from, BATCH_RECORDS)?;
+            let batch = self
+                .record_lines(agent_id, from, BATCH_RECORDS)
+                .map_err(|e| e.to_string())?;
             let Some(&(last, _)) = batch.last() else {
                 break;
             };
@@ -415,10 +437,31 @@ impl StateMachine {
 
     /// An agent's records with seq in `from..` (at most `limit`), read from this node's copy.
     pub fn records(&self, agent_id: &str, from: u64, limit: usize) -> Result<Vec<Record>, String> {
-        self.record_lines(agent_id, from, limit)?
+        self.record_lines(agent_id, from, limit)
+            .map_err(|e| e.to_string())?
             .iter()
             .map(|(_, line)| Record::from_line(line).map_err(|e| e.to_string()))
             .collect()
+    }
+
+    /// The record at `seq` of `agent_id`, telling a store that cannot be read at all
+    /// apart from what is stored for this record not reading back (its row damaged,
+    /// or its line not a record). A parse error names no content of the line.
+    pub fn record_at(&self, agent_id: &str, seq: u64) -> Result<Option<Record>, RecordError> {
+        let lines = self.record_lines(agent_id, seq, 1)?;
+        let Some((found, line)) = lines.into_iter().next() else {
+            return Ok(None);
+        };
+        if found != seq {
+            return Ok(None);
+        }
+        Record::from_line(&line).map(Some).map_err(|e| {
+            RecordError::Damaged(format!(
+                "record {seq} does not parse (line {}, column {})",
+                e.line(),
+                e.column()
+            ))
+        })
     }
 
     /// [`Self::records`] as (seq, line), unparsed.
@@ -427,7 +470,7 @@ impl StateMachine {
         agent_id: &str,
         from: u64,
         limit: usize,
-    ) -> Result<Vec<(u64, String)>, String> {
+    ) -> Result<Vec<(u64, String)>, RecordError> {
         // The overlay first, then the tables: a row leaves the overlay only after it is
         // committed, so every applied row is in one or the other (or both).
         let mut lines: BTreeMap<u64, String> = self
@@ -438,18 +481,19 @@ impl StateMachine {
             .take(limit)
             .map(|((_, seq), line)| (*seq, line.clone()))
             .collect();
-        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
-        let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+        let store = |e: &dyn std::fmt::Display| RecordError::Store(e.to_string());
+        let txn = self.db.begin_read().map_err(|e| store(&e))?;
+        let table = txn.open_table(RECORDS).map_err(|e| store(&e))?;
         let packed = txn
             .open_table(record_rows::PACKED_RUNS)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| store(&e))?;
         let mut taken = 0;
         record_rows::visit_lines(&table, &packed, agent_id, from, |seq, line| {
             lines.entry(seq).or_insert_with(|| line.to_string());
             taken += 1;
             taken < limit
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| RecordError::Damaged(e.to_string()))?;
         Ok(lines.into_iter().take(limit).collect())
     }
 
