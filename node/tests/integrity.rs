@@ -111,7 +111,15 @@ impl Node {
     }
 
     async fn setup_agents(&self) -> String {
-        let policy = json!({"budget": 100, "scar_limit": 10, "tools": {"pay": {"cost": 1}}});
+        self.two_agents_with(json!({"cost": 1})).await;
+        ADMIN.to_string()
+    }
+
+    /// Agents "victim" and "bystander" whose one tool, `pay`, has `rule`, each asked to
+    /// pay 10 and 20: the decisions, in that order.
+    async fn two_agents_with(&self, rule: Value) -> Vec<Value> {
+        let policy = json!({"budget": 100, "scar_limit": 10, "tools": {"pay": rule}});
+        let mut decisions = Vec::new();
         for agent in ["victim", "bystander"] {
             let (status, _) = self
                 .call(
@@ -123,16 +131,18 @@ impl Node {
                 .await;
             assert_eq!(status, StatusCode::OK);
             for amount in [10, 20] {
-                self.call(
-                    reqwest::Method::POST,
-                    &format!("/v1/agents/{agent}/actions"),
-                    ADMIN,
-                    Some(json!({"tool": "pay", "input": {"amount": amount}})),
-                )
-                .await;
+                let (_, decision) = self
+                    .call(
+                        reqwest::Method::POST,
+                        &format!("/v1/agents/{agent}/actions"),
+                        ADMIN,
+                        Some(json!({"tool": "pay", "input": {"amount": amount}})),
+                    )
+                    .await;
+                decisions.push(decision);
             }
         }
-        ADMIN.to_string()
+        decisions
     }
 }
 
@@ -338,7 +348,12 @@ async fn a_damaged_request_leaves_the_rest_of_the_approval_queue_readable() {
     let mut node = Node::new();
     node.scrub_secs = "0";
     node.start().await;
-    two_agents_waiting_for_approvals(&node).await;
+    let decisions = node
+        .two_agents_with(json!({"cost": 1, "requires_approval": true}))
+        .await;
+    for decision in decisions {
+        assert_eq!(decision["decision"], "pending_approval", "{decision}");
+    }
     node.stop_gracefully();
     tamper(node.data.path());
     node.start().await;
@@ -406,34 +421,6 @@ async fn a_damaged_request_leaves_the_rest_of_the_approval_queue_readable() {
         )
         .await;
     assert_eq!(intact.as_object().map(|o| o.len()), Some(1), "{intact}");
-}
-
-/// Agents "victim" and "bystander", each with two payments (10, 20) waiting for approval.
-async fn two_agents_waiting_for_approvals(node: &Node) {
-    let policy = json!({"budget": 100, "scar_limit": 10,
-        "tools": {"pay": {"cost": 1, "requires_approval": true}}});
-    for agent in ["victim", "bystander"] {
-        let (status, _) = node
-            .call(
-                reqwest::Method::POST,
-                "/v1/agents",
-                ADMIN,
-                Some(json!({"agent_id": agent, "policy": policy})),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK);
-        for amount in [10, 20] {
-            let (status, body) = node
-                .call(
-                    reqwest::Method::POST,
-                    &format!("/v1/agents/{agent}/actions"),
-                    ADMIN,
-                    Some(json!({"tool": "pay", "input": {"amount": amount}})),
-                )
-                .await;
-            assert_eq!(body["decision"], "pending_approval", "{status} {body}");
-        }
-    }
 }
 
 /// `lineage agent pending` names the victim's unreadable request, in its table and in its

@@ -48,10 +48,10 @@ const COUNT_KEY: &str = "answers";
 pub const DEFAULT_WINDOW_SECS: u64 = 24 * 60 * 60;
 
 /// Seconds since the epoch by this process's expiry clock: the wall clock, except that
-/// it never moves on faster than the monotonic clock since it was last read. A wall
-/// clock stepped back is followed; stepped forward again, it is not (this clock stays
-/// behind by the step until the process restarts). A process started with its clock
-/// ahead believes it.
+/// it never moves on faster than the monotonic clock since its anchor (its first
+/// reading, or the last time it followed the wall clock back). A wall clock stepped back
+/// is followed; stepped forward again, it is not (this clock stays behind by the step
+/// until the process restarts). A process started with its clock ahead believes it.
 pub fn now_secs() -> u64 {
     static CLOCK: std::sync::Mutex<Option<SteadyWall>> = std::sync::Mutex::new(None);
     let wall = lineage_core::record::timestamp::now_micros();
