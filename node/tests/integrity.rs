@@ -424,8 +424,30 @@ async fn a_damaged_request_leaves_the_rest_of_the_approval_queue_readable() {
 }
 
 /// `lineage agent pending` names the victim's unreadable request, in its table and in its
-/// JSON, and does not call the queue empty.
+/// JSON, and does not call the queue empty; the Python client warns of it.
 fn the_cli_names_the_unreadable_request(node: &Node) {
+    let script = "import sys, warnings, lineage_guard\n\
+        admin = lineage_guard.AdminClient(sys.argv[1], sys.argv[2], retry_for=5)\n\
+        with warnings.catch_warnings(record=True) as caught:\n\
+        \x20   warnings.simplefilter('always')\n\
+        \x20   pending = admin.pending('victim')\n\
+        named = [str(w.message) for w in caught if issubclass(w.category, lineage_guard.LineageWarning)]\n\
+        print(len(pending), named)\n";
+    let output = Command::new("python3")
+        .args(["-c", script, &node.base, ADMIN])
+        .env(
+            "PYTHONPATH",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/python"),
+        )
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run python3 (it is needed for this test): {e}"));
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        said.starts_with("1 ") && said.contains("act-1 of victim cannot be shown"),
+        "{said}"
+    );
     let token_file = node.data.path().join("admin.token");
     std::fs::write(&token_file, ADMIN).unwrap();
     let cli = |args: &[&str]| {
