@@ -401,6 +401,33 @@ mod tests {
         }
     }
 
+    /// The stored count read back changed (any bit of it), or lost, has every answer
+    /// indexed again: never taken as "nothing to index".
+    #[test]
+    fn a_changed_or_lost_count_has_the_answers_indexed_again() {
+        let (_dir, db) = db();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(IDEMPOTENCY)
+            .unwrap()
+            .insert("a\nk1", b"one".as_slice())
+            .unwrap();
+        index_all(&txn, 50).unwrap();
+        assert!(!needs_indexing(&txn).unwrap());
+        for bit in 0..64 {
+            txn.open_table(IDEMPOTENCY_COUNT)
+                .unwrap()
+                .insert(COUNT_KEY, 1u64 ^ (1 << bit))
+                .unwrap();
+            assert!(needs_indexing(&txn).unwrap(), "bit {bit}");
+        }
+        txn.open_table(IDEMPOTENCY_COUNT)
+            .unwrap()
+            .remove(COUNT_KEY)
+            .unwrap();
+        assert!(needs_indexing(&txn).unwrap(), "lost");
+        txn.abort().unwrap();
+    }
+
     /// The clock follows a wall clock stepped back, but not one stepped forward, nor one
     /// put right again after it was stepped back: it never runs ahead of real time.
     #[test]
