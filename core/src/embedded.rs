@@ -210,22 +210,56 @@ impl Guard {
     }
 
     /// The approval queue in log order, each entry's request read back from the file
-    /// (those records alone, not the whole file).
+    /// (those records alone, not the whole file). An entry whose request does not read
+    /// back intact fails the whole call: [`Guard::pending_queue`] lists such entries
+    /// apart and returns the rest.
     pub fn pending(&self) -> Result<Vec<PendingAction>, GuardFileError> {
-        let queue = self.state.pending();
-        if queue.is_empty() {
-            return Ok(Vec::new());
+        let queue = self.pending_queue()?;
+        match queue.unreadable.first() {
+            None => Ok(queue.pending),
+            Some(entry) => Err(ReplayError(format!(
+                "the request of {} (seq {}) does not read back: {}",
+                entry.action_id, entry.seq, entry.error
+            ))
+            .into()),
         }
-        let wanted: Vec<(u64, &str)> = queue
-            .iter()
-            .map(|entry| (entry.seq, entry.action_id.as_str()))
-            .collect();
-        let requests = self.requests(&wanted)?;
-        queue
-            .iter()
-            .zip(&requests)
-            .map(|(entry, request)| Ok(entry.view(request).map_err(ReplayError)?))
-            .collect()
+    }
+
+    /// The approval queue in log order, with the entries whose request record does not
+    /// read back intact (changed or cut on disk since the guard opened it) listed apart,
+    /// named but never shown, so that the rest can still be decided. A file that cannot
+    /// be read at all is an error.
+    pub fn pending_queue(&self) -> Result<PendingQueue, GuardFileError> {
+        let entries = self.state.pending();
+        let seqs: Vec<u64> = entries.iter().map(|entry| entry.seq).collect();
+        // All of them in one pass; only if one of them is damaged, each on its own.
+        let requests = match self.log.records_at(&seqs) {
+            Ok(found) => found.into_iter().map(Ok).collect(),
+            Err(AuditError::Corrupt(_)) => seqs
+                .iter()
+                .map(|&seq| match self.log.records_at(&[seq]) {
+                    Ok(mut found) => Ok(Ok(found.pop().flatten())),
+                    Err(AuditError::Corrupt(failure)) => Ok(Err(failure.to_string())),
+                    Err(other) => Err(other),
+                })
+                .collect::<Result<Vec<_>, AuditError>>()?,
+            Err(other) => return Err(other.into()),
+        };
+        let mut queue = PendingQueue::default();
+        for (entry, request) in entries.iter().zip(requests) {
+            let shown = request
+                .and_then(|found| found.ok_or_else(|| "not in the file".to_string()))
+                .and_then(|request| entry.view(&request));
+            match shown {
+                Ok(action) => queue.pending.push(action),
+                Err(error) => queue.unreadable.push(UnreadableRequest {
+                    action_id: entry.action_id.clone(),
+                    seq: entry.seq,
+                    error,
+                }),
+            }
+        }
+        Ok(queue)
     }
 
     /// The request records at these seqs (in log order), each named for its action.
@@ -251,6 +285,23 @@ impl Guard {
     pub fn records(&self) -> Result<Vec<Record>, GuardFileError> {
         Ok(self.log.records()?)
     }
+}
+
+/// An approval queue read back from the file ([`Guard::pending_queue`]).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct PendingQueue {
+    /// The entries shown, in log order.
+    pub pending: Vec<PendingAction>,
+    /// The waiting actions whose request record does not read back intact.
+    pub unreadable: Vec<UnreadableRequest>,
+}
+
+/// A waiting action whose request cannot be shown: which one, and why (never its input).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableRequest {
+    pub action_id: String,
+    pub seq: u64,
+    pub error: String,
 }
 
 /// An action whose request is not in the file.
@@ -304,5 +355,55 @@ mod tests {
             "an action whose request was damaged was shown"
         );
         assert!(guard.action("act-999").unwrap().is_none());
+    }
+
+    /// Queued requests damaged on disk (one no longer parses, one parses but holds
+    /// another input) are listed apart by `pending_queue`, never shown, while the rest of
+    /// the queue is; `pending` refuses, naming one.
+    #[test]
+    fn damaged_queued_requests_are_listed_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.jsonl");
+        let key = AuditKey::from_seed([6; 32]);
+        let policy = Policy::new(10_000).allow("refund", ToolRule::cost(1).with_approval());
+        let mut guard = Guard::create(&path, key, "agent", policy).unwrap();
+        for order in 0..200 {
+            guard
+                .request("refund", serde_json::json!({"order": order}), None)
+                .unwrap();
+        }
+        let queue = guard.pending_queue().unwrap();
+        assert_eq!((queue.pending.len(), queue.unreadable.len()), (200, 0));
+        let seq_of = |action: &str| {
+            queue
+                .pending
+                .iter()
+                .find(|entry| entry.action["action_id"] == action)
+                .unwrap()
+                .seq
+        };
+        let (broken, changed) = (seq_of("act-5"), seq_of("act-150"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        lines[broken as usize] = lines[broken as usize].replacen('{', "x", 1);
+        let line = &lines[changed as usize];
+        assert!(line.contains(r#""order":149"#), "{line}");
+        lines[changed as usize] = line.replacen(r#""order":149"#, r#""order":999"#, 1);
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+
+        let queue = guard.pending_queue().unwrap();
+        let named: Vec<(&str, u64)> = queue
+            .unreadable
+            .iter()
+            .map(|entry| (entry.action_id.as_str(), entry.seq))
+            .collect();
+        assert_eq!(named, [("act-5", broken), ("act-150", changed)]);
+        assert_eq!(queue.pending.len(), 198);
+        let shown = serde_json::to_string(&queue.pending).unwrap();
+        assert!(!shown.contains("999"), "the changed input was shown");
+        assert!(!shown.contains(r#""order":4}"#) && !shown.contains(r#""order":149}"#));
+        assert!(shown.contains(r#""order":3}"#) && shown.contains(r#""order":199}"#));
+        let refused = guard.pending().unwrap_err().to_string();
+        assert!(refused.contains("act-5"), "{refused}");
     }
 }

@@ -411,6 +411,7 @@ async fn a_damaged_request_leaves_the_rest_of_the_approval_queue_readable() {
     assert_eq!(page["unreadable"][0]["agent_id"], "victim", "{page}");
     assert_eq!(page["unreadable"][0]["action_id"], "act-1", "{page}");
     the_cli_names_the_unreadable_request(&node);
+    the_rust_client_names_the_unreadable_request(&node).await;
     // An intact queue has no `unreadable` at all, as the reference answers.
     let (_, intact) = node
         .call(
@@ -421,6 +422,27 @@ async fn a_damaged_request_leaves_the_rest_of_the_approval_queue_readable() {
         )
         .await;
     assert_eq!(intact.as_object().map(|o| o.len()), Some(1), "{intact}");
+}
+
+/// The Rust client's `pending_queue` names the unreadable request beside the readable
+/// one; `pending` returns the readable one alone.
+async fn the_rust_client_names_the_unreadable_request(node: &Node) {
+    let client = lineage_client::Client::new(std::slice::from_ref(&node.base), ADMIN)
+        .unwrap()
+        .with_retry_for(Duration::from_secs(5));
+    let queue = client.pending_queue("victim").await.unwrap();
+    let inputs: Vec<&Value> = queue.pending.iter().map(|p| &p.action["input"]).collect();
+    assert_eq!(inputs, [&json!({"amount": 20})], "{queue:?}");
+    let named: Vec<(&str, &str, u64)> = queue
+        .unreadable
+        .iter()
+        .map(|u| (u.agent_id.as_str(), u.action_id.as_str(), u.seq))
+        .collect();
+    assert_eq!(named, [("victim", "act-1", 2)], "{queue:?}");
+    assert!(!queue.unreadable[0].error.is_empty(), "{queue:?}");
+    assert_eq!(client.pending("victim").await.unwrap(), queue.pending);
+    let intact = client.pending_queue("bystander").await.unwrap();
+    assert_eq!((intact.pending.len(), intact.unreadable.len()), (2, 0));
 }
 
 /// `lineage agent pending` names the victim's unreadable request, in its table and in its
