@@ -35,6 +35,45 @@ fn an_input_of_exactly_the_limit_is_decided_and_one_byte_more_is_refused() {
     );
 }
 
+/// An outcome's detail is bounded by the same limit as a request's input (a failure
+/// logs it twice: in the outcome and in its scar), so one token cannot grow the log by
+/// megabytes per allowed action: at the limit it is logged, one byte more is refused
+/// and leaves no record.
+#[test]
+fn an_outcome_detail_past_the_input_limit_is_refused() {
+    let mut agent = Agent::create(json!({
+        "budget": 10, "scar_limit": 10, "tools": {"t": {"cost": 0}},
+        "limits": {"max_input_bytes": 100}
+    }));
+    let first = allowed_id(agent.request("t", json!(1)).unwrap());
+    let second = allowed_id(agent.request("t", json!(2)).unwrap());
+    let records = agent.records.len();
+    let report = |action_id: &str, detail: String| Command::Report {
+        action_id: action_id.into(),
+        outcome: lineage_core::guard::Outcome {
+            status: lineage_core::guard::OutcomeStatus::Failure,
+            detail,
+        },
+    };
+    assert_eq!(
+        agent.run(report(&first, "x".repeat(101))).unwrap_err(),
+        GuardError::DetailTooLarge {
+            size: 101,
+            max: 100
+        }
+    );
+    assert_eq!(agent.records.len(), records, "a refusal left a record");
+    // Counted in bytes, not characters: 34 three-byte characters are 102 bytes.
+    assert!(agent.run(report(&first, "€".repeat(34))).is_err());
+    agent.run(report(&first, "x".repeat(100))).unwrap();
+    agent.run(report(&second, String::new())).unwrap();
+    assert_eq!(
+        agent.records.len(),
+        records + 4,
+        "each failure: an outcome and a scar"
+    );
+}
+
 /// Actions waiting for an approval keep their input in memory: at the policy's cap a
 /// request that would wait is refused and leaves no record; others go on, one that is
 /// denied anyway is denied (and logged) as before, and an approval makes room again.

@@ -125,6 +125,49 @@ async fn a_terminated_agent_cannot_flood_the_log() {
         (200, &json!("allowed")),
         "{answer}"
     );
+    outcome_details_are_held_to_the_input_limit(&cluster, &other, &answer).await;
+}
+
+/// An outcome's detail (logged twice when it scars) is held to the policy's input limit:
+/// one byte over is 413 and leaves no record; at the limit it is logged.
+async fn outcome_details_are_held_to_the_input_limit(
+    cluster: &Cluster,
+    token: &str,
+    allowed: &serde_json::Value,
+) {
+    const DEFAULT_MAX_INPUT: usize = 65_536;
+    let action_id = allowed["action_id"].as_str().expect("an action id");
+    let path = format!("/v1/agents/neighbour/actions/{action_id}/outcome");
+    let head = || async {
+        let (_, body) = cluster
+            .get(0, "/v1/agents/neighbour", &cluster.admin.clone())
+            .await;
+        body["head"]["seq"].as_u64().expect("head seq")
+    };
+    let before = head().await;
+    let (status, answer) = cluster
+        .post(
+            0,
+            &path,
+            token,
+            json!({"status": "failure", "detail": "x".repeat(DEFAULT_MAX_INPUT + 1)}),
+            None,
+        )
+        .await;
+    assert_eq!(status, 413, "{answer}");
+    assert_eq!(answer["code"], "detail_too_large", "{answer}");
+    assert_eq!(head().await, before, "a refused detail left a record");
+    let (status, answer) = cluster
+        .post(
+            0,
+            &path,
+            token,
+            json!({"status": "failure", "detail": "x".repeat(DEFAULT_MAX_INPUT)}),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(head().await, before + 2, "an outcome and its scar");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

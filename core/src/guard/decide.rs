@@ -86,6 +86,10 @@ pub enum GuardError {
     /// Past the policy's `max_input_bytes`: refused, nothing recorded.
     #[error("input is {size} bytes; this agent's policy allows at most {max}")]
     InputTooLarge { size: u64, max: u64 },
+    /// An outcome's detail past the policy's `max_input_bytes` (it is logged twice when
+    /// it scars: in the outcome and in the scar's reason): refused, nothing recorded.
+    #[error("outcome detail is {size} bytes; this agent's policy allows at most {max}")]
+    DetailTooLarge { size: u64, max: u64 },
     /// A tool that needs an approval while the policy's `max_pending_approvals` wait:
     /// refused, nothing recorded.
     #[error(
@@ -262,6 +266,14 @@ pub fn decide(
             })
         }
         Command::Report { action_id, outcome } => {
+            let policy = state.policy.as_ref().ok_or(GuardError::NoPolicy)?;
+            let size = outcome.detail.len() as u64;
+            if size > policy.max_input_bytes() {
+                return Err(GuardError::DetailTooLarge {
+                    size,
+                    max: policy.max_input_bytes(),
+                });
+            }
             let status = state
                 .action(action_id)
                 .ok_or_else(|| GuardError::UnknownAction(action_id.clone()))?

@@ -99,10 +99,14 @@ fn app_status_and_code(error: &AppError) -> (StatusCode, &'static str) {
             GuardError::AgentExists => (StatusCode::CONFLICT, "agent_exists"),
             GuardError::InputTooDeep { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
             GuardError::InputTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "input_too_large"),
+            GuardError::DetailTooLarge { .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "detail_too_large")
+            }
             GuardError::TooManyPendingApprovals { .. } => {
                 (StatusCode::CONFLICT, "too_many_pending_approvals")
             }
-            GuardError::NoPolicy => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            // A log imported with a genesis and no policy yet: nothing can be decided.
+            GuardError::NoPolicy => (StatusCode::CONFLICT, "invalid_state"),
         },
         AppError::InsufficientStorage(_) => {
             (StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage")

@@ -38,7 +38,7 @@ pub async fn track(State(app): State<Arc<App>>, request: Request, next: Next) ->
         .extensions()
         .get::<MatchedPath>()
         .map_or("unmatched".to_string(), |p| p.as_str().to_string());
-    let method = request.method().to_string();
+    let method = method_label(request.method());
     let (agent_id, action_id) = ids_in_path(request.uri().path());
     let term = app.raft.metrics().borrow().current_term;
     let span = tracing::info_span!(
@@ -65,9 +65,25 @@ pub async fn track(State(app): State<Arc<App>>, request: Request, next: Next) ->
     });
     app.metrics
         .http_request_duration
-        .with_label_values(&[&method, &route, status.as_str()])
+        .with_label_values(&[method, &route, status.as_str()])
         .observe(elapsed.as_secs_f64());
     response
+}
+
+/// A request's method as a metrics label: the standard ones by name, any other token
+/// (hyper accepts any) as `other`, so that no client can add series without end.
+fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
 }
 
 /// The agent id and action id in a `/v1/agents/{id}/actions/{action_id}/…` path.
@@ -86,6 +102,16 @@ fn ids_in_path(path: &str) -> (Option<&str>, Option<&str>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn methods_outside_the_standard_ones_share_one_label() {
+        use axum::http::Method;
+        assert_eq!(super::method_label(&Method::POST), "POST");
+        for name in ["A1", "A2", "PROPFIND", "CONNECT", "TRACE"] {
+            let method = Method::from_bytes(name.as_bytes()).unwrap();
+            assert_eq!(super::method_label(&method), "other", "{name}");
+        }
+    }
+
     #[test]
     fn ids_come_from_agent_paths_only() {
         use super::ids_in_path;
