@@ -5,7 +5,10 @@
 //! "Too many open files", after which it stops serving peers and `/healthz` alike. Here:
 //! - **A request head has [`Limits::header_timeout`]** from its first byte (for a new
 //!   connection, from the accept) to arrive complete. A request body may not stall for
-//!   longer than that between bytes either.
+//!   longer than that between bytes either, and must arrive whole within
+//!   [`BODY_TIMEOUT_FACTOR`] times it (a minute by default: a 2 MiB body at 35 KB/s), so
+//!   a body sent a byte at a time cannot hold its connection, which is never evictable
+//!   while its request is in progress, for good.
 //! - **An idle keep-alive connection is closed after [`Limits::idle_timeout`]** with no
 //!   byte in either direction. A request in progress (a commit wait, a long admin call)
 //!   is never idle: its handler bounds it.
@@ -48,6 +51,8 @@ use crate::tls::{PeerCertificate, TlsServer};
 
 /// Default [`Limits::header_timeout`].
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request body must arrive whole within this many header timeouts.
+pub const BODY_TIMEOUT_FACTOR: u32 = 6;
 /// Default [`Limits::idle_timeout`]: longer than clients' usual pool idle time would cut
 /// their reuse short; reqwest keeps idle connections 90 s, and retries a request whose
 /// pooled connection the server closed before the request was written.
@@ -147,6 +152,8 @@ struct Activity {
     in_flight: AtomicU32,
     /// A request body is being read (from its head until its last frame).
     reading_body: AtomicBool,
+    /// When the body being read began (its head arrived).
+    body_started: AtomicU64,
     /// Whether any request has completed (before that, the first head is pending).
     served_one: AtomicBool,
     evict: tokio::sync::Notify,
@@ -253,6 +260,7 @@ pub async fn serve(
             head_started: AtomicU64::new(now),
             in_flight: AtomicU32::new(0),
             reading_body: AtomicBool::new(false),
+            body_started: AtomicU64::new(now),
             served_one: AtomicBool::new(false),
             evict: tokio::sync::Notify::new(),
         });
@@ -447,6 +455,9 @@ impl Connection {
                         })
                     };
                     let has_body = !hyper::body::Body::is_end_stream(request.body());
+                    activity
+                        .body_started
+                        .store(clock.now_ms(), Ordering::Relaxed);
                     activity.reading_body.store(has_body, Ordering::Relaxed);
                     let mut request = request.map(|body| {
                         Body::new(TrackedBody {
@@ -508,9 +519,11 @@ impl Connection {
         let idle_ms = self.limits.idle_timeout.as_millis() as u64;
         let last_io = a.last_io.load(Ordering::Relaxed);
         if a.in_flight.load(Ordering::Relaxed) > 0 {
-            let body_stalled =
-                a.reading_body.load(Ordering::Relaxed) && now.saturating_sub(last_io) >= header_ms;
-            return body_stalled.then_some(Closed::BodyTimeout);
+            let body_ms = header_ms.saturating_mul(u64::from(BODY_TIMEOUT_FACTOR));
+            let body_late = a.reading_body.load(Ordering::Relaxed)
+                && (now.saturating_sub(last_io) >= header_ms
+                    || now.saturating_sub(a.body_started.load(Ordering::Relaxed)) >= body_ms);
+            return body_late.then_some(Closed::BodyTimeout);
         }
         let head_started = a.head_started.load(Ordering::Relaxed);
         if head_started != 0 && now.saturating_sub(head_started) >= header_ms {

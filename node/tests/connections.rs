@@ -127,6 +127,41 @@ async fn open_stalled_bodies(addr: &str, n: usize) -> Vec<(TcpStream, Instant)> 
     stalled_bodies
 }
 
+/// `n` connections that send a head promising a long body, then a byte of it every
+/// tenth of the header timeout: never stalled between bytes, never finished.
+async fn open_trickled_bodies(
+    addr: &str,
+    n: usize,
+) -> Vec<(
+    tokio::net::tcp::OwnedReadHalf,
+    Instant,
+    tokio::task::JoinHandle<()>,
+)> {
+    let mut trickled = Vec::new();
+    for _ in 0..n {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        let started = Instant::now();
+        let (read, mut write) = stream.into_split();
+        let trickle = tokio::spawn(async move {
+            write
+                .write_all(
+                    b"POST /v1/agents HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n\
+                      Content-Length: 100000\r\n\r\n\"",
+                )
+                .await
+                .ok();
+            while started.elapsed() < CLOSE_BOUND {
+                if write.write_all(b"x").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(HEADER_TIMEOUT_MS / 10)).await;
+            }
+        });
+        trickled.push((read, started, trickle));
+    }
+    trickled
+}
+
 /// One connection that asks every half idle timeout, so it is never idle that long;
 /// how many answers it got over three idle timeouts.
 async fn ask_every_half_idle_timeout(addr: String) -> Result<u32, String> {
@@ -175,6 +210,7 @@ async fn silent_slow_and_idle_connections_are_closed_and_a_busy_one_is_not() {
     }
     let slow_heads = open_slow_heads(&addr, 10).await;
     let stalled_bodies = open_stalled_bodies(&addr, 5).await;
+    let trickled_bodies = open_trickled_bodies(&addr, 5).await;
     let busy = tokio::spawn(ask_every_half_idle_timeout(addr.clone()));
 
     let silent_closes: Vec<_> = silent
@@ -213,6 +249,14 @@ async fn silent_slow_and_idle_connections_are_closed_and_a_busy_one_is_not() {
             "a stalled body (connection {i}) was still open after {CLOSE_BOUND:?}"
         );
     }
+    for (i, (read, since, trickle)) in trickled_bodies.into_iter().enumerate() {
+        let took = closed_after(read, since).await;
+        trickle.abort();
+        assert!(
+            took.is_some(),
+            "a body sent a byte at a time (connection {i}) was still open after {CLOSE_BOUND:?}"
+        );
+    }
     let served = busy.await.expect("join").expect("the busy connection");
     assert!(served >= 5, "the busy connection was served {served} times");
 
@@ -231,7 +275,7 @@ async fn silent_slow_and_idle_connections_are_closed_and_a_busy_one_is_not() {
     );
     assert!(closed("idle") >= 20.0, "idle closes: {}", closed("idle"));
     assert!(
-        closed("body_timeout") >= 5.0,
+        closed("body_timeout") >= 10.0,
         "body timeouts: {}",
         closed("body_timeout")
     );

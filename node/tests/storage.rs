@@ -307,6 +307,12 @@ async fn applied_rows_are_readable_at_once_and_on_disk_after_reopen() {
             let applied: usize = appends[..=i].iter().map(|a| a.records.len()).sum();
             assert_eq!(seen.len(), applied, "after apply {i}");
             assert!(seen.iter().enumerate().all(|(n, r)| r.seq == n as u64));
+            // Proofs' leaves, read without the records, across the same two places.
+            assert_eq!(
+                sm.record_hashes("bot", applied as u64).unwrap(),
+                hashes_of(&seen),
+                "after apply {i}"
+            );
         }
         let answer = sm
             .idempotent_answer("bot", "retry-me")
@@ -329,6 +335,29 @@ async fn applied_rows_are_readable_at_once_and_on_disk_after_reopen() {
     assert_eq!(sm.idempotent_answer("bot", "never-used"), Ok(None));
     let (applied, _) = sm.applied_state().await.unwrap();
     assert_eq!(applied.map(|l| l.index), Some(41));
+    let all = sm.records("bot", 0, usize::MAX).unwrap();
+    assert_eq!(
+        sm.record_hashes("bot", expected_records as u64).unwrap(),
+        hashes_of(&all)
+    );
+    assert_eq!(sm.record_hashes("bot", 7).unwrap(), hashes_of(&all[..7]));
+    // More leaves than records is an error, never a shorter list.
+    let beyond = sm
+        .record_hashes("bot", expected_records as u64 + 1)
+        .unwrap_err();
+    assert!(beyond.contains("not stored here"), "{beyond}");
+    assert!(sm.record_hashes("nobody", 1).is_err());
+}
+
+fn hashes_of(records: &[lineage_core::Record]) -> Vec<[u8; 32]> {
+    records
+        .iter()
+        .map(|r| {
+            let mut hash = [0u8; 32];
+            hex::decode_to_slice(&r.hash, &mut hash).unwrap();
+            hash
+        })
+        .collect()
 }
 
 /// A stored idempotent answer whose bytes change on disk is an error when read, never

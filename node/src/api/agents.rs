@@ -612,26 +612,27 @@ async fn proof_over_records(
         )));
     }
     argument?;
-    whole_log_read(app, move |app| build(&record_hashes(app, &agent_id, size)?))
-        .await
-        .map(Json)
+    // Anyone may ask for a proof: one that finds every slot taken is refused at once
+    // (503, retry), rather than holding its connection while it waits.
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || {
+        let Ok(_slot) = app.whole_log_reads.try_acquire() else {
+            return Err(ApiError::unavailable(
+                "every whole-log read slot is busy; retry shortly",
+            ));
+        };
+        build(&record_hashes(&app, &agent_id, size)?)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("proof read: {e}")))?
+    .map(Json)
 }
 
 /// The agent's first `size` record hashes (the leaves of its tree of that size).
 fn record_hashes(app: &App, agent_id: &str, size: u64) -> Result<Vec<Hash>> {
-    let records = app
-        .sm
-        .records(agent_id, 0, size as usize)
-        .map_err(ApiError::Internal)?;
-    records
-        .iter()
-        .map(|r| {
-            let mut hash = [0u8; 32];
-            hex::decode_to_slice(&r.hash, &mut hash)
-                .map(|()| hash)
-                .map_err(|e| ApiError::Internal(format!("stored hash: {e}")))
-        })
-        .collect()
+    app.sm
+        .record_hashes(agent_id, size)
+        .map_err(ApiError::Internal)
 }
 
 pub(super) fn b64(hash: &Hash) -> String {

@@ -444,6 +444,70 @@ impl StateMachine {
             .collect()
     }
 
+    /// The `hash` of each of `agent_id`'s first `size` records (the leaves of its tree of
+    /// that size), read row by row: 32 bytes a record in memory, never the records
+    /// themselves (a proof over a long log held every line and every parsed record
+    /// before). Each line must parse as a record's seq and hash, in order, all `size`
+    /// of them, else it is an error, never a shorter list.
+    pub fn record_hashes(&self, agent_id: &str, size: u64) -> Result<Vec<[u8; 32]>, String> {
+        #[derive(serde::Deserialize)]
+        struct Leaf<'a> {
+            seq: u64,
+            #[serde(borrow)]
+            hash: std::borrow::Cow<'a, str>,
+        }
+        let capacity = usize::try_from(size).map_err(|e| e.to_string())?;
+        let mut hashes: Vec<Option<[u8; 32]>> = vec![None; capacity];
+        let mut take = |seq: u64, line: &str| -> Result<(), String> {
+            let leaf: Leaf = serde_json::from_str(line)
+                .map_err(|e| format!("record {seq} does not parse: {e}"))?;
+            if leaf.seq != seq {
+                return Err(format!(
+                    "the line stored as record {seq} holds {}",
+                    leaf.seq
+                ));
+            }
+            let mut hash = [0u8; 32];
+            hex::decode_to_slice(leaf.hash.as_bytes(), &mut hash)
+                .map_err(|e| format!("record {seq}'s hash: {e}"))?;
+            if let Some(slot) = usize::try_from(seq).ok().and_then(|i| hashes.get_mut(i)) {
+                slot.get_or_insert(hash);
+            }
+            Ok(())
+        };
+        // The overlay first, then the tables, as `record_lines` reads them.
+        for ((_, seq), line) in self
+            .read_data()
+            .unflushed
+            .records
+            .range((agent_id.to_string(), 0)..(agent_id.to_string(), size))
+        {
+            take(*seq, line)?;
+        }
+        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+        let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+        let packed = txn
+            .open_table(record_rows::PACKED_RUNS)
+            .map_err(|e| e.to_string())?;
+        let mut failed = None;
+        record_rows::visit_lines(&table, &packed, agent_id, 0, |seq, line| {
+            if seq >= size {
+                return false;
+            }
+            failed = take(seq, line).err();
+            failed.is_none()
+        })
+        .map_err(|e| e.to_string())?;
+        if let Some(error) = failed {
+            return Err(error);
+        }
+        hashes
+            .into_iter()
+            .enumerate()
+            .map(|(seq, hash)| hash.ok_or_else(|| format!("record {seq} is not stored here")))
+            .collect()
+    }
+
     /// The record at `seq` of `agent_id`, telling a store that cannot be read at all
     /// apart from what is stored for this record not reading back (its row damaged,
     /// or its line not a record). A parse error names no content of the line.
