@@ -5,7 +5,12 @@
 //! (`add-log`), never learned from requests. Check-old-size, verify, sign and persist run
 //! under one lock and one durable redb transaction, so no two requests can both extend
 //! the same size. A request signed by the log's key that is inconsistent with what was
-//! cosigned is kept whole as evidence of misbehaviour.
+//! cosigned is kept whole as evidence of misbehaviour: a checkpoint of the cosigned size
+//! with another root (a fork, whatever proof came with it), or a larger one whose proof
+//! from the cosigned root fails. Each signed note is kept once, and at most
+//! [`MAX_EVIDENCE`] in all: anyone may post, and a proof is not signed, so neither a
+//! replayed old checkpoint (the log signed it; not misbehaviour) nor the same note sent
+//! again with other proofs adds a row.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -15,7 +20,7 @@ use base64::Engine;
 use lineage_core::heads::Cosigner;
 use lineage_core::transparency::{verify_consistency, Checkpoint, Hash};
 use lineage_core::AuditKey;
-use redb::{Database, ReadableTable, TableDefinition};
+use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -23,6 +28,10 @@ use sha2::{Digest, Sha256};
 const LOGS: TableDefinition<&str, &[u8]> = TableDefinition::new("logs");
 /// sequence → the full body of a signed but inconsistent request.
 const EVIDENCE: TableDefinition<u64, &[u8]> = TableDefinition::new("evidence");
+/// SHA-256 of each kept request's signed note → its `evidence` row.
+const EVIDENCE_NOTES: TableDefinition<&[u8; 32], u64> = TableDefinition::new("evidence_notes");
+/// The most requests kept as evidence (each at most `MAX_REQUEST_BYTES`).
+pub const MAX_EVIDENCE: u64 = 1_000;
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const LAST_SIGNED_AT: &str = "last_signed_at";
 /// The spec caps consistency proofs at 63 lines.
@@ -92,6 +101,7 @@ impl Witness {
         let txn = db.begin_write().map_err(storage)?;
         txn.open_table(LOGS).map_err(storage)?;
         txn.open_table(EVIDENCE).map_err(storage)?;
+        txn.open_table(EVIDENCE_NOTES).map_err(storage)?;
         txn.open_table(META).map_err(storage)?;
         txn.commit().map_err(storage)?;
         Ok(Witness {
@@ -246,10 +256,17 @@ impl Witness {
                 "old size is larger than the checkpoint's size\n",
             ));
         }
+        let stored_root: Hash = B64
+            .decode(&state.root)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| WitnessError::Storage("stored root is not 32 bytes".into()))?;
+        // Two roots the log signed for one size: a fork, whatever else the request says.
+        let fork = checkpoint.size == state.size && checkpoint.root != stored_root;
         if request.old != state.size {
-            if checkpoint.size < state.size {
-                // A signed checkpoint smaller than one already cosigned: a rollback.
-                self.keep_evidence(body)?;
+            // A smaller checkpoint may be one the log signed before: not evidence.
+            if fork {
+                self.keep_evidence(body, &request.note)?;
             }
             return Ok(Reply {
                 status: 409,
@@ -269,11 +286,6 @@ impl Witness {
                 "no consistency proof is sent from size 0\n",
             ));
         }
-        let stored_root: Hash = B64
-            .decode(&state.root)
-            .ok()
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| WitnessError::Storage("stored root is not 32 bytes".into()))?;
         if let Err(e) = verify_consistency(
             &stored_root,
             state.size,
@@ -281,8 +293,11 @@ impl Witness {
             checkpoint.size,
             &request.proof,
         ) {
-            // Signed by the log, yet not an extension of what was cosigned: keep it.
-            self.keep_evidence(body)?;
+            // Signed by the log, yet not shown to extend what was cosigned: keep it,
+            // unless it is the cosigned checkpoint itself sent with a needless proof.
+            if fork || checkpoint.size > state.size {
+                self.keep_evidence(body, &request.note)?;
+            }
             return Ok(Reply::text(
                 422,
                 format!("checkpoint is not consistent with the cosigned one: {e}\n"),
@@ -328,15 +343,29 @@ impl Witness {
             .map_or(0, |v| v.value()))
     }
 
-    fn keep_evidence(&self, body: &[u8]) -> Result<(), WitnessError> {
+    /// Keeps `body` as evidence, once per signed `note` and up to [`MAX_EVIDENCE`] rows.
+    fn keep_evidence(&self, body: &[u8], note: &str) -> Result<(), WitnessError> {
+        let digest: [u8; 32] = Sha256::digest(note.as_bytes()).into();
         let txn = self.db.begin_write().map_err(storage)?;
         {
+            let mut notes = txn.open_table(EVIDENCE_NOTES).map_err(storage)?;
+            if notes.get(&digest).map_err(storage)?.is_some() {
+                return Ok(());
+            }
             let mut table = txn.open_table(EVIDENCE).map_err(storage)?;
             let next = table
                 .last()
                 .map_err(storage)?
                 .map_or(0, |(k, _)| k.value() + 1);
+            if table.len().map_err(storage)? >= MAX_EVIDENCE {
+                tracing::warn!(
+                    kept = MAX_EVIDENCE,
+                    "evidence of log misbehaviour not kept: the witness holds its most"
+                );
+                return Ok(());
+            }
             table.insert(next, body).map_err(storage)?;
+            notes.insert(&digest, next).map_err(storage)?;
         }
         txn.commit().map_err(storage)
     }

@@ -250,6 +250,18 @@ async fn every_case_of_the_protocol_and_a_kill_between_requests() {
         .submit(sign_as(ORIGIN, 8, &forged[..8], Some(Vec::new())))
         .await;
     assert_eq!(status, 422);
+    // None of these is kept (anyone may post, and a proof is not signed): the forged
+    // note again with another proof, an older checkpoint the log signed, and the
+    // cosigned one with a needless proof.
+    let junk = Some(vec![[9u8; 32]]);
+    let (status, _, _) = witness
+        .submit(sign_as(ORIGIN, 8, &forged, junk.clone()))
+        .await;
+    assert_eq!(status, 422);
+    let (status, _, _) = witness.submit(sign_as(ORIGIN, 4, &tree[..6], None)).await;
+    assert_eq!(status, 409);
+    let (status, _, _) = witness.submit(sign_as(ORIGIN, 8, &tree[..8], junk)).await;
+    assert_eq!(status, 422);
 
     // Size 0 with a wrong root, and a proof sent with old 0 (fresh origin, still at 0).
     let zero_body = sign_as(FRESH, 0, &[], None);
@@ -359,10 +371,13 @@ async fn every_case_of_the_protocol_and_a_kill_between_requests() {
         lineage_checkpointer::witness::Witness::open(witness.dir.path(), "witness.test/w1", seed)
             .unwrap();
     let evidence = state.evidence().unwrap();
-    assert!(evidence.len() >= 2, "{}", evidence.len());
+    assert_eq!(evidence.len(), 2, "{evidence:#?}");
     assert!(evidence
         .iter()
         .any(|e| e.contains(&format!("{ORIGIN}\n10\n"))));
+    assert!(evidence
+        .iter()
+        .any(|e| e.contains(&format!("{ORIGIN}\n8\n"))));
 }
 
 #[test]
@@ -561,4 +576,44 @@ fn the_witness_name_is_stored_with_its_key() {
         .unwrap();
     assert!(!out.status.success());
     assert!(!fresh.path().join("witness.key").exists());
+}
+
+/// Evidence is bounded: once `MAX_EVIDENCE` requests are kept, more inconsistent
+/// checkpoints are still refused (422) but add no row, and the witness goes on
+/// cosigning the honest log.
+#[test]
+fn evidence_is_kept_up_to_its_bound() {
+    use lineage_checkpointer::witness::{Witness, MAX_EVIDENCE};
+    let dir = tempfile::tempdir().unwrap();
+    let witness = Witness::open(dir.path(), "witness.test/w3", [6; 32]).unwrap();
+    let log_key = AuditKey::from_seed([13; 32]);
+    witness
+        .add_log(ORIGIN, &NoteSigner::new(ORIGIN, &log_key).unwrap().vkey())
+        .unwrap();
+    let tree = leaves(4, "bounded");
+    let clock = || 2_000_000_000;
+    let first = witness
+        .add_checkpoint(
+            request(&log_key, ORIGIN, 0, &tree[..2], None).as_bytes(),
+            clock,
+        )
+        .unwrap();
+    assert_eq!(first.status, 200, "{}", first.body);
+    // Each a checkpoint the log signed, larger than the cosigned one, that no proof
+    // joins to it: a distinct note each time.
+    for n in 0..MAX_EVIDENCE + 5 {
+        let forged = leaves(3, &format!("fork-{n}"));
+        let reply = witness
+            .add_checkpoint(
+                request(&log_key, ORIGIN, 2, &forged, Some(vec![[1u8; 32]])).as_bytes(),
+                clock,
+            )
+            .unwrap();
+        assert_eq!(reply.status, 422, "{}", reply.body);
+    }
+    assert_eq!(witness.evidence().unwrap().len() as u64, MAX_EVIDENCE);
+    let honest = witness
+        .add_checkpoint(request(&log_key, ORIGIN, 2, &tree, None).as_bytes(), clock)
+        .unwrap();
+    assert_eq!(honest.status, 200, "{}", honest.body);
 }

@@ -524,6 +524,14 @@ async fn a_witnessed_checkpoint_is_stored_only_when_a_trusted_witness_cosigned_i
     assert_eq!((status, answer.as_str()), (200, r#"{"stored":true}"#));
     let (status, stored) = text(&cluster.url(0, "/v1/transparency/checkpoint/witnessed")).await;
     assert_eq!((status, stored), (200, good.clone()));
+    // The same checkpoint again with a line by a key nobody here knows: accepted for the
+    // trusted cosignature, but that line is neither stored nor served (posted again and
+    // again, it grew the served note past what auditors could parse).
+    let with_stranger = format!("{good}{}", stranger.cosign(&checkpoint_text, time + 1));
+    let (status, answer) = store_witnessed(&cluster, &with_stranger).await;
+    assert_eq!(status, 200, "{answer}");
+    let (_, stored) = text(&cluster.url(0, "/v1/transparency/checkpoint/witnessed")).await;
+    assert_eq!(stored, good, "an unchecked line was stored");
     cli_fetches_and_verifies(&cluster, &good, &trusted.vkey(), &stranger.vkey()).await;
 
     let output = Command::new(env!("CARGO_BIN_EXE_lineage-node"))

@@ -28,6 +28,9 @@ use super::heads_tree::{
 pub const HEADS_LEAVES: TableDefinition<u64, &str> = TableDefinition::new("heads_leaves");
 /// Largest cosigned note accepted (a checkpoint with many cosignatures is ~2 KiB).
 pub const MAX_WITNESSED_NOTE: usize = 64 * 1024;
+/// Most signature lines a stored note may hold: `signed_note` refuses to parse one with
+/// more, so a stored note past it could not be verified by anyone.
+const MAX_NOTE_SIGNATURES: usize = 100;
 
 /// What memory holds of the heads log: the tree's right edge, the last round, and per
 /// agent the size it was last stated at; statements, interior nodes and rounds stay on
@@ -242,7 +245,16 @@ impl HeadsLog {
                 lines.push(line);
             }
         }
-        Ok(format!("{text}\n{}\n", lines.join("\n")))
+        let merged = format!("{text}\n{}\n", lines.join("\n"));
+        // Within what a note may hold, or auditors could not read it.
+        if lines.len() > MAX_NOTE_SIGNATURES || merged.len() > MAX_WITNESSED_NOTE {
+            return Err(format!(
+                "merged with the stored note it would hold {} signatures in {} bytes (at most {MAX_NOTE_SIGNATURES} in {MAX_WITNESSED_NOTE})",
+                lines.len(),
+                merged.len()
+            ));
+        }
+        Ok(merged)
     }
 
     /// The leaves `start..end`, each checked; a run missing inside the range is an error,
@@ -517,4 +529,39 @@ pub fn split_note(note: &str) -> Result<(&str, &str), String> {
         return Err("a signature line does not start with an em dash and a space".into());
     }
     Ok((&note[..at + 1], signatures))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Cosignatures of one size merge, but never past what a note may hold: a merged
+    /// note of more than `MAX_NOTE_SIGNATURES` lines (which `signed_note` would refuse to
+    /// parse) is refused and the stored one kept.
+    #[test]
+    fn merged_cosignatures_stay_within_what_a_note_may_hold() {
+        let text = format!("log.test/heads\n5\n{}\n", "A".repeat(43) + "=");
+        let line = |n: usize| format!("\u{2014} w{n}.test AAAA{n:04}\n");
+        let note_with = |lines: std::ops::Range<usize>| {
+            format!("{text}\n{}", lines.map(line).collect::<String>())
+        };
+        let mut heads = HeadsLog {
+            origin: Some("log.test/heads".into()),
+            witnessed: Some(note_with(0..2)),
+            ..HeadsLog::default()
+        };
+        let merged = heads.accept_witnessed(&note_with(1..4), true).unwrap();
+        assert_eq!(merged, note_with(0..4));
+        heads.witnessed = Some(note_with(0..MAX_NOTE_SIGNATURES));
+        assert_eq!(
+            heads
+                .accept_witnessed(&note_with(0..MAX_NOTE_SIGNATURES), true)
+                .unwrap(),
+            note_with(0..MAX_NOTE_SIGNATURES)
+        );
+        let refused = heads
+            .accept_witnessed(&note_with(50..MAX_NOTE_SIGNATURES + 1), true)
+            .unwrap_err();
+        assert!(refused.contains("signatures"), "{refused}");
+    }
 }
