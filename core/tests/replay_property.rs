@@ -1,7 +1,9 @@
 //! Property: for any sequence of commands, the state built while deciding equals the
 //! state replayed from the written log, the log verifies, and the guard's invariants hold.
 
-use lineage_core::guard::{decide, seal, AgentState, Command, Decision, Outcome, Severity};
+use lineage_core::guard::{
+    decide, seal, AgentState, Command, Decision, GuardError, Outcome, Severity,
+};
 use lineage_core::record::Record;
 use lineage_core::verify::{verify_records, VerifyOptions};
 use lineage_core::{AuditKey, Policy, ToolRule};
@@ -77,6 +79,38 @@ fn policy_strategy() -> impl Strategy<Value = Policy> {
         })
 }
 
+/// Whether `decide` refusing `command` with `e` is what `state` calls for: the action
+/// it names is missing or not waiting for this command, the agent is already
+/// terminated, or the pending approvals are at their cap.
+fn refusal_is_grounded(state: &AgentState, command: &Command, e: &GuardError) -> bool {
+    let named = match command {
+        Command::Approve { action_id, .. }
+        | Command::Reject { action_id, .. }
+        | Command::Report { action_id, .. } => Some(action_id),
+        Command::Scar { action_id, .. } => action_id.as_ref(),
+        _ => None,
+    };
+    match e {
+        GuardError::UnknownAction(id) | GuardError::ActionNotFound(id) => {
+            named == Some(id) && state.action(id).is_none()
+        }
+        GuardError::InvalidState { action_id, status } => {
+            named == Some(action_id) && state.action(action_id).map(|a| a.status()) == Some(*status)
+        }
+        GuardError::AlreadyTerminated(reason) => {
+            matches!(command, Command::Terminate { .. })
+                && state.termination_reason.as_ref() == Some(reason)
+        }
+        GuardError::TooManyPendingApprovals { pending, max } => {
+            matches!(command, Command::Request { .. })
+                && *pending == state.pending_count()
+                && state.policy.as_ref().map(|p| p.max_pending_approvals()) == Some(*max)
+        }
+        // No other refusal fits these commands (small inputs, a policy from the start).
+        _ => false,
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
@@ -97,7 +131,12 @@ proptest! {
             let before = state.clone();
             let decided = match decide(&state, &command, now, key.public_key_hex()) {
                 Ok(d) => d,
-                Err(_) => { prop_assert_eq!(&state, &before); continue; }
+                Err(e) => {
+                    // A refusal writes nothing, so what it can be checked for is its
+                    // reason: one the state it was refused on shows.
+                    prop_assert!(refusal_is_grounded(&state, &command, &e), "{command:?} refused: {e:?}");
+                    continue;
+                }
             };
             let records = seal(&state, decided.drafts, &key, now);
             for record in &records {

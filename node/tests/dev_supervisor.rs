@@ -11,21 +11,30 @@ mod util;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-/// The pid of the process whose command line contains `needle`, if exactly one.
-fn pid_of(needle: &str) -> Option<u32> {
+/// The pids of every process whose command line contains `needle`.
+fn pids_of(needle: &str) -> Vec<u32> {
     let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").ok()? {
-        let entry = entry.ok()?;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
+        // A process that exited meanwhile reads as empty: not a match.
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         if cmdline.contains(needle) {
             found.push(pid);
         }
     }
-    (found.len() == 1).then(|| found[0])
+    found
+}
+
+/// The pid of the process whose command line contains `needle`, if exactly one (two
+/// would be a leaked child: which one to kill is not known).
+fn pid_of(needle: &str) -> Option<u32> {
+    match pids_of(needle)[..] {
+        [pid] => Some(pid),
+        _ => None,
+    }
 }
 
 async fn healthy(http: &reqwest::Client, addr: &str) -> bool {
@@ -66,22 +75,23 @@ fn output_path(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("dev.out")
 }
 
-/// Every child of `dev` on these ports: the nodes by their listen address, the witness
-/// and checkpointer by theirs.
+/// What tells each child of `dev` on these ports: the nodes by their listen address,
+/// the witness and checkpointer by theirs.
+fn child_needles(base: u16) -> Vec<String> {
+    let mut needles: Vec<String> = (0..4)
+        .map(|i| format!("--listen 127.0.0.1:{}", base + i))
+        .collect();
+    needles.push(format!("--metrics-listen 127.0.0.1:{}", base + 4));
+    needles
+}
+
+/// Every child of `dev` on these ports, once per process: a leaked second copy of a
+/// child is listed twice, not hidden.
 fn children_running(base: u16) -> Vec<String> {
     let mut running = Vec::new();
-    for i in 0..3 {
-        let needle = format!("--listen 127.0.0.1:{}", base + i);
-        if pid_of(&needle).is_some() {
-            running.push(needle);
-        }
-    }
-    for needle in [
-        format!("--listen 127.0.0.1:{}", base + 3),
-        format!("--metrics-listen 127.0.0.1:{}", base + 4),
-    ] {
-        if pid_of(&needle).is_some() {
-            running.push(needle);
+    for needle in child_needles(base) {
+        for _ in pids_of(&needle) {
+            running.push(needle.clone());
         }
     }
     running
@@ -98,7 +108,7 @@ async fn all_up(http: &reqwest::Client, base: u16) {
     wait_until(
         "witness and checkpointer up",
         Duration::from_secs(30),
-        async || children_running(base).len() == 5,
+        async || children_running(base) == child_needles(base),
     )
     .await;
 }

@@ -202,6 +202,31 @@ async fn the_cluster_secret_rotates_in_three_phases_without_a_failed_request() {
     assert_eq!(view["term"], term, "no election was needed: {view}");
 }
 
+/// Waits until every node reports `until` as its own previous admin token's not_after
+/// (in its `GET /v1/cluster`): each has reloaded the file that says so.
+async fn previous_until_confirmed(cluster: &Cluster, token: &str, until: &str) {
+    for i in 0..3 {
+        let start = Instant::now();
+        loop {
+            let (status, view) = cluster.get(i, "/v1/cluster", token).await;
+            assert_eq!(status, 200, "{view}");
+            let me = view["nodes"]
+                .as_array()
+                .and_then(|nodes| nodes.iter().find(|n| n["id"] == view["node_id"]))
+                .cloned()
+                .unwrap_or_default();
+            if me["secrets"]["admin_previous_until"] == until {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "node {i} did not report admin_previous_until {until}: {view}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_token_rolls_over_and_the_previous_one_ends_at_its_not_after() {
     let cluster = Cluster::start(3).await;
@@ -212,8 +237,9 @@ async fn the_admin_token_rolls_over_and_the_previous_one_ends_at_its_not_after()
         "admin-{}",
         lineage_core::operators::generate_token().expect("random")
     );
-    let until = timestamp::now_micros() + 4_000_000;
-    let not_after = timestamp::format(until);
+    // An hour ahead, so the old token is still good whenever the checks below run, on
+    // however slow a machine; its end is tested after, with a not_after a moment away.
+    let not_after = timestamp::format(timestamp::now_micros() + 3_600_000_000);
     replace(
         &keys.join("admin.token.previous"),
         &format!("{old}\nnot_after={not_after}\n"),
@@ -232,23 +258,13 @@ async fn the_admin_token_rolls_over_and_the_previous_one_ends_at_its_not_after()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let status = cluster.get(i, "/v1/agents?local=true", &old).await.0;
+        assert_eq!(
+            status, 200,
+            "node {i} refused the old token before its not_after"
+        );
     }
-    if timestamp::now_micros() < until - 500_000 {
-        for i in 0..3 {
-            assert_eq!(cluster.get(i, "/v1/agents", &old).await.0, 200, "node {i}");
-        }
-    }
-    let (_, view) = cluster.get(leader, "/v1/cluster", &new).await;
-    let me = view["nodes"]
-        .as_array()
-        .and_then(|nodes| nodes.iter().find(|n| n["id"] == view["node_id"]))
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(
-        me["secrets"]["admin_previous_until"],
-        json!(not_after),
-        "{view}"
-    );
+    previous_until_confirmed(&cluster, &new, &not_after).await;
 
     // A malformed file is refused on reload, counted, and changes nothing.
     replace(&keys.join("admin.token.previous"), &format!("{old}\n"));
@@ -268,8 +284,23 @@ async fn the_admin_token_rolls_over_and_the_previous_one_ends_at_its_not_after()
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(cluster.get(leader, "/v1/agents", &new).await.0, 200);
+    assert_eq!(
+        cluster.get(leader, "/v1/agents?local=true", &old).await.0,
+        200
+    );
 
-    // Past its not_after, the old token is refused everywhere (no reload needed).
+    // A not_after two seconds away, taken by every node; past it, the old token is
+    // refused everywhere (no reload needed).
+    let until = timestamp::now_micros() + 2_000_000;
+    let soon = timestamp::format(until);
+    replace(
+        &keys.join("admin.token.previous"),
+        &format!("{old}\nnot_after={soon}\n"),
+    );
+    for i in 0..3 {
+        cluster.hangup(i);
+    }
+    previous_until_confirmed(&cluster, &new, &soon).await;
     while timestamp::now_micros() <= until {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -11,7 +11,7 @@ use lineage_node::raft_types::{Proposal, TypeConfig};
 use lineage_node::store::LogStore;
 use openraft::storage::RaftLogStorage;
 use openraft::testing::log_id;
-use openraft::{Entry, EntryPayload, RaftLogReader};
+use openraft::{Entry, EntryPayload, RaftLogReader, Vote};
 use proptest::prelude::*;
 
 /// Small segments, so a handful of entries spans several files.
@@ -55,6 +55,9 @@ fn check(count: u64, segment_pick: usize, fault: Fault) -> Result<(), TestCaseEr
         {
             let mut log =
                 LogStore::open_with_segment_bytes(dir.path(), SEGMENT_BYTES).expect("open");
+            // The vote a node saves before it holds entries of term 1: without it every
+            // reopen has a repair floor, lost entries or not.
+            log.save_vote(&Vote::new(1, 1)).await.expect("vote");
             for e in &written {
                 // One at a time: each append acknowledged (durable) before the next.
                 log.append_and_wait(vec![e.clone()]).await.expect("append");
@@ -65,6 +68,8 @@ fn check(count: u64, segment_pick: usize, fault: Fault) -> Result<(), TestCaseEr
         // Faults land where the frames are, or just past them (frames end well inside
         // the first few hundred bytes; zeros follow).
         let len = std::fs::metadata(file).expect("metadata").len();
+        // A cut at or past the end leaves the file as it was: that log must open whole.
+        let untouched = matches!(fault, Fault::Cut(at) if at >= len);
         match fault {
             Fault::Cut(at) => {
                 let f = std::fs::OpenOptions::new()
@@ -86,8 +91,12 @@ fn check(count: u64, segment_pick: usize, fault: Fault) -> Result<(), TestCaseEr
                 f.write_all_at(&byte, at).expect("flip");
             }
         }
-        let Ok(mut log) = LogStore::open_with_segment_bytes(dir.path(), SEGMENT_BYTES) else {
-            return Ok(()); // refusing to open is a safe answer
+        let mut log = match LogStore::open_with_segment_bytes(dir.path(), SEGMENT_BYTES) {
+            Ok(log) => log,
+            Err(e) => {
+                prop_assert!(!untouched, "a log nothing was done to did not open: {e:?}");
+                return Ok(()); // refusing to open a damaged log is a safe answer
+            }
         };
         let mut reader = log.get_log_reader().await;
         let read = reader.try_get_log_entries(0..).await.expect("read entries");
@@ -96,6 +105,14 @@ fn check(count: u64, segment_pick: usize, fault: Fault) -> Result<(), TestCaseEr
             "not a prefix of what was acknowledged: {:?}",
             read.iter().map(|e| e.log_id.index).collect::<Vec<_>>()
         );
+        if untouched {
+            prop_assert_eq!(
+                read.len(),
+                written.len(),
+                "entries lost from an untouched log"
+            );
+            prop_assert!(log.durability().repair_floor().is_none());
+        }
         if read.len() < written.len() {
             prop_assert!(
                 log.durability().repair_floor().is_some(),
@@ -120,5 +137,17 @@ proptest! {
         ],
     ) {
         check(count, segment_pick, fault)?;
+    }
+}
+
+/// Every case above passes on a refusal to open, so a store refusing every log would
+/// pass them all: a log nothing was done to opens with every entry, whatever the
+/// generator happened to pick.
+#[test]
+fn a_cut_at_or_past_the_end_changes_nothing() {
+    for count in [1, 5, 12] {
+        for segment_pick in 0..3 {
+            check(count, segment_pick, Fault::Cut(u64::MAX)).unwrap();
+        }
     }
 }

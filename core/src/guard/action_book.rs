@@ -401,15 +401,31 @@ mod tests {
 
     #[test]
     fn a_settled_action_keeps_its_status_not_its_input() {
+        // What a request brings besides its seq (tool, time, record hash), marked so
+        // that a copy of it left in the checkpoint can be seen.
+        let marked = |seq| ActionState {
+            tool: "tool-xxxx".into(),
+            requested_at: "at-xxxx".into(),
+            request_hash: Some([0xee; 32]),
+            ..requested(seq)
+        };
         let mut book = ActionBook::default();
-        book.request("act-1".into(), requested(2)).unwrap();
-        book.request("custom".into(), requested(5)).unwrap();
-        book.request("act-7".into(), requested(8)).unwrap(); // out of order: named
+        book.request("act-1".into(), marked(2)).unwrap();
+        book.request("custom".into(), marked(5)).unwrap();
+        book.request("act-7".into(), marked(8)).unwrap(); // out of order: named
         assert!(matches!(book.lookup("act-1"), Some(ActionLookup::Open(_))));
+        let json = serde_json::to_string(&book).unwrap();
+        assert!(json.contains("xxxx") && json.contains("238,238"), "{json}");
         book.settle("act-1", ActionStatus::Allowed).unwrap();
         book.settle("custom", ActionStatus::Denied).unwrap();
         book.settle("act-7", ActionStatus::Allowed).unwrap();
         book.complete("act-1", OutcomeStatus::Harmful).unwrap();
+        // The checkpoint of settled actions holds none of their requests.
+        let json = serde_json::to_string(&book).unwrap();
+        assert!(
+            !json.contains("xxxx") && !json.contains("238,238"),
+            "a settled action's request stays out: {json}"
+        );
         assert!(book.open.is_empty());
         assert_eq!(
             book.lookup("act-1"),
@@ -436,10 +452,61 @@ mod tests {
         named.sort();
         assert_eq!(named, ["act-7", "custom"]);
         assert_eq!(book.numbered_status.len(), 1);
-        let json = serde_json::to_string(&book).unwrap();
+    }
+
+    /// Through the guard, as a node runs it: an input is in its `action_requested` record
+    /// only, never in the state a checkpoint saves, while its action waits or once decided.
+    #[test]
+    fn an_input_stays_in_the_log_not_in_the_checkpoint() {
+        use crate::guard::{decide, seal, AgentState, Command};
+        use crate::{AuditKey, Policy, ToolRule};
+        let key = AuditKey::from_seed([5; 32]);
+        let mut state = AgentState::new();
+        let mut log = String::new();
+        let mut run = |state: &mut AgentState, command: Command| {
+            let decided = decide(state, &command, 1_800_000_000_000_000, key.public_key_hex());
+            for record in seal(state, decided.unwrap().drafts, &key, 1_800_000_000_000_000) {
+                state.apply(&record).unwrap();
+                log.push_str(&record.to_line());
+            }
+        };
+        let policy = Policy::new(10).allow("pay", ToolRule::cost(1).with_approval());
+        let agent_id = "a".into();
+        run(&mut state, Command::Create { agent_id, policy });
+        run(
+            &mut state,
+            Command::Request {
+                tool: "pay".into(),
+                input: serde_json::json!({"iban": "input-xxxx"}),
+                cost: None,
+            },
+        );
+        let waiting = serde_json::to_string(&state).unwrap();
         assert!(
-            !json.contains("xxxx"),
-            "a settled action's input stays out: {json}"
+            !waiting.contains("input-xxxx"),
+            "a waiting input kept: {waiting}"
+        );
+        run(
+            &mut state,
+            Command::Approve {
+                action_id: "act-1".into(),
+                approver: "alice".into(),
+                claimed_by: None,
+                note: None,
+            },
+        );
+        assert_eq!(
+            state.action("act-1").map(|a| a.status()),
+            Some(ActionStatus::Allowed)
+        );
+        let settled = serde_json::to_string(&state).unwrap();
+        assert!(
+            !settled.contains("input-xxxx"),
+            "a settled input kept: {settled}"
+        );
+        assert!(
+            log.contains("input-xxxx"),
+            "the input was never requested: {log}"
         );
     }
 
