@@ -106,9 +106,18 @@ impl ClusterClient {
         Err(FetchError::Unreachable(last))
     }
 
+    /// A GET, with the publish token when there is one: the nodes let a caller with a
+    /// valid token wait for a busy whole-log read (agents' proofs), where anonymous
+    /// callers are refused at once.
     pub async fn get_text(&self, path: &str) -> Result<String, FetchError> {
-        self.send(|base| self.http.get(format!("{base}{path}")))
-            .await
+        self.send(|base| {
+            let request = self.http.get(format!("{base}{path}"));
+            match &self.publish_token {
+                Some(token) => request.bearer_auth(token),
+                None => request,
+            }
+        })
+        .await
     }
 
     async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, FetchError> {

@@ -6,11 +6,13 @@
 //! under one lock and one durable redb transaction, so no two requests can both extend
 //! the same size. A request signed by the log's key that is inconsistent with what was
 //! cosigned is kept whole as evidence of misbehaviour: a checkpoint of the cosigned size
-//! with another root (a fork, whatever proof came with it), or a larger one whose proof
-//! from the cosigned root fails. Each signed note is kept once, and at most
-//! [`MAX_EVIDENCE`] in all: anyone may post, and a proof is not signed, so neither a
-//! replayed old checkpoint (the log signed it; not misbehaviour) nor the same note sent
-//! again with other proofs adds a row.
+//! with another root (a fork: only the log's key can make one), or a larger one whose
+//! proof from the cosigned root fails (unproven: a proof is not signed, so anyone can
+//! send a true checkpoint with a wrong one). Each is kept once per signed checkpoint
+//! (its text and the log's own signature lines: other lines are anyone's to vary);
+//! unproven ones at most [`MAX_UNPROVEN_EVIDENCE`], in a table of their own, so they
+//! can never crowd out a fork. A replayed older checkpoint is not kept: the log did
+//! sign it once.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -28,10 +30,21 @@ use sha2::{Digest, Sha256};
 const LOGS: TableDefinition<&str, &[u8]> = TableDefinition::new("logs");
 /// sequence → the full body of a signed but inconsistent request.
 const EVIDENCE: TableDefinition<u64, &[u8]> = TableDefinition::new("evidence");
-/// SHA-256 of each kept request's signed note → its `evidence` row.
+/// Requests with a larger checkpoint whose proof failed (see the module's docs).
+const EVIDENCE_UNPROVEN: TableDefinition<u64, &[u8]> = TableDefinition::new("evidence_unproven");
+/// SHA-256 of each kept request's signed checkpoint (text and the log's lines) → 1.
 const EVIDENCE_NOTES: TableDefinition<&[u8; 32], u64> = TableDefinition::new("evidence_notes");
-/// The most requests kept as evidence (each at most `MAX_REQUEST_BYTES`).
-pub const MAX_EVIDENCE: u64 = 1_000;
+/// The most unproven requests kept (each at most `MAX_REQUEST_BYTES`).
+pub const MAX_UNPROVEN_EVIDENCE: u64 = 1_000;
+
+/// What a kept request shows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Evidence {
+    /// Two roots signed for one size.
+    Fork,
+    /// A larger checkpoint that the proof sent does not join to the cosigned one.
+    Unproven,
+}
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const LAST_SIGNED_AT: &str = "last_signed_at";
 /// The spec caps consistency proofs at 63 lines.
@@ -102,6 +115,7 @@ impl Witness {
         txn.open_table(LOGS).map_err(storage)?;
         txn.open_table(EVIDENCE).map_err(storage)?;
         txn.open_table(EVIDENCE_NOTES).map_err(storage)?;
+        txn.open_table(EVIDENCE_UNPROVEN).map_err(storage)?;
         txn.open_table(META).map_err(storage)?;
         txn.commit().map_err(storage)?;
         Ok(Witness {
@@ -173,14 +187,16 @@ impl Witness {
         Ok(None)
     }
 
-    /// Evidence kept so far (full request bodies).
+    /// Evidence kept so far (full request bodies): forks, then unproven requests.
     pub fn evidence(&self) -> Result<Vec<String>, WitnessError> {
         let txn = self.db.begin_read().map_err(storage)?;
-        let table = txn.open_table(EVIDENCE).map_err(storage)?;
         let mut out = Vec::new();
-        for item in table.iter().map_err(storage)? {
-            let (_, v) = item.map_err(storage)?;
-            out.push(String::from_utf8_lossy(v.value()).into_owned());
+        for table in [EVIDENCE, EVIDENCE_UNPROVEN] {
+            let table = txn.open_table(table).map_err(storage)?;
+            for item in table.iter().map_err(storage)? {
+                let (_, v) = item.map_err(storage)?;
+                out.push(String::from_utf8_lossy(v.value()).into_owned());
+            }
         }
         Ok(out)
     }
@@ -263,10 +279,12 @@ impl Witness {
             .ok_or_else(|| WitnessError::Storage("stored root is not 32 bytes".into()))?;
         // Two roots the log signed for one size: a fork, whatever else the request says.
         let fork = checkpoint.size == state.size && checkpoint.root != stored_root;
+        // What the log itself signed: the text and its own lines.
+        let signed = format!("{}\n{}", verified.text, verified.lines_by(&verifier));
         if request.old != state.size {
             // A smaller checkpoint may be one the log signed before: not evidence.
             if fork {
-                self.keep_evidence(body, &request.note)?;
+                self.keep_evidence(body, &signed, Evidence::Fork)?;
             }
             return Ok(Reply {
                 status: 409,
@@ -295,8 +313,10 @@ impl Witness {
         ) {
             // Signed by the log, yet not shown to extend what was cosigned: keep it,
             // unless it is the cosigned checkpoint itself sent with a needless proof.
-            if fork || checkpoint.size > state.size {
-                self.keep_evidence(body, &request.note)?;
+            if fork {
+                self.keep_evidence(body, &signed, Evidence::Fork)?;
+            } else if checkpoint.size > state.size {
+                self.keep_evidence(body, &signed, Evidence::Unproven)?;
             }
             return Ok(Reply::text(
                 422,
@@ -343,29 +363,36 @@ impl Witness {
             .map_or(0, |v| v.value()))
     }
 
-    /// Keeps `body` as evidence, once per signed `note` and up to [`MAX_EVIDENCE`] rows.
-    fn keep_evidence(&self, body: &[u8], note: &str) -> Result<(), WitnessError> {
-        let digest: [u8; 32] = Sha256::digest(note.as_bytes()).into();
+    /// Keeps `body` as evidence of `kind`, once per `signed` checkpoint; unproven ones
+    /// up to [`MAX_UNPROVEN_EVIDENCE`].
+    fn keep_evidence(&self, body: &[u8], signed: &str, kind: Evidence) -> Result<(), WitnessError> {
+        let digest: [u8; 32] = Sha256::digest(signed.as_bytes()).into();
         let txn = self.db.begin_write().map_err(storage)?;
         {
             let mut notes = txn.open_table(EVIDENCE_NOTES).map_err(storage)?;
             if notes.get(&digest).map_err(storage)?.is_some() {
                 return Ok(());
             }
-            let mut table = txn.open_table(EVIDENCE).map_err(storage)?;
+            let mut table = txn
+                .open_table(match kind {
+                    Evidence::Fork => EVIDENCE,
+                    Evidence::Unproven => EVIDENCE_UNPROVEN,
+                })
+                .map_err(storage)?;
+            if kind == Evidence::Unproven && table.len().map_err(storage)? >= MAX_UNPROVEN_EVIDENCE
+            {
+                tracing::warn!(
+                    kept = MAX_UNPROVEN_EVIDENCE,
+                    "a checkpoint whose proof failed was not kept: the witness holds its most"
+                );
+                return Ok(());
+            }
             let next = table
                 .last()
                 .map_err(storage)?
                 .map_or(0, |(k, _)| k.value() + 1);
-            if table.len().map_err(storage)? >= MAX_EVIDENCE {
-                tracing::warn!(
-                    kept = MAX_EVIDENCE,
-                    "evidence of log misbehaviour not kept: the witness holds its most"
-                );
-                return Ok(());
-            }
             table.insert(next, body).map_err(storage)?;
-            notes.insert(&digest, next).map_err(storage)?;
+            notes.insert(&digest, 1).map_err(storage)?;
         }
         txn.commit().map_err(storage)
     }

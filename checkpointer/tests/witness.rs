@@ -262,6 +262,16 @@ async fn every_case_of_the_protocol_and_a_kill_between_requests() {
     assert_eq!(status, 409);
     let (status, _, _) = witness.submit(sign_as(ORIGIN, 8, &tree[..8], junk)).await;
     assert_eq!(status, 422);
+    // Nor the forked note again with a line of anyone's added: not the log's to vary.
+    for n in 0..3u8 {
+        let with_line = format!(
+            "{}\u{2014} anyone.test {}\n",
+            sign_as(ORIGIN, 8, &forged[..8], Some(Vec::new())),
+            B64.encode([n; 40])
+        );
+        let (status, _, _) = witness.submit(with_line).await;
+        assert_eq!(status, 422);
+    }
 
     // Size 0 with a wrong root, and a proof sent with old 0 (fresh origin, still at 0).
     let zero_body = sign_as(FRESH, 0, &[], None);
@@ -578,12 +588,12 @@ fn the_witness_name_is_stored_with_its_key() {
     assert!(!fresh.path().join("witness.key").exists());
 }
 
-/// Evidence is bounded: once `MAX_EVIDENCE` requests are kept, more inconsistent
-/// checkpoints are still refused (422) but add no row, and the witness goes on
-/// cosigning the honest log.
+/// Unproven evidence is bounded: once `MAX_UNPROVEN_EVIDENCE` requests are kept, more
+/// larger checkpoints with failing proofs are still refused (422) but add no row; a fork
+/// is kept all the same, and the witness goes on cosigning the honest log.
 #[test]
 fn evidence_is_kept_up_to_its_bound() {
-    use lineage_checkpointer::witness::{Witness, MAX_EVIDENCE};
+    use lineage_checkpointer::witness::{Witness, MAX_UNPROVEN_EVIDENCE};
     let dir = tempfile::tempdir().unwrap();
     let witness = Witness::open(dir.path(), "witness.test/w3", [6; 32]).unwrap();
     let log_key = AuditKey::from_seed([13; 32]);
@@ -601,7 +611,7 @@ fn evidence_is_kept_up_to_its_bound() {
     assert_eq!(first.status, 200, "{}", first.body);
     // Each a checkpoint the log signed, larger than the cosigned one, that no proof
     // joins to it: a distinct note each time.
-    for n in 0..MAX_EVIDENCE + 5 {
+    for n in 0..MAX_UNPROVEN_EVIDENCE + 5 {
         let forged = leaves(3, &format!("fork-{n}"));
         let reply = witness
             .add_checkpoint(
@@ -611,7 +621,25 @@ fn evidence_is_kept_up_to_its_bound() {
             .unwrap();
         assert_eq!(reply.status, 422, "{}", reply.body);
     }
-    assert_eq!(witness.evidence().unwrap().len() as u64, MAX_EVIDENCE);
+    assert_eq!(
+        witness.evidence().unwrap().len() as u64,
+        MAX_UNPROVEN_EVIDENCE
+    );
+    // A fork (the cosigned size, another root) is kept all the same.
+    let fork = witness
+        .add_checkpoint(
+            request(&log_key, ORIGIN, 2, &leaves(2, "fork"), Some(Vec::new())).as_bytes(),
+            clock,
+        )
+        .unwrap();
+    assert_eq!(fork.status, 422, "{}", fork.body);
+    let evidence = witness.evidence().unwrap();
+    assert_eq!(evidence.len() as u64, MAX_UNPROVEN_EVIDENCE + 1);
+    assert!(
+        evidence[0].contains(&format!("{ORIGIN}\n2\n")),
+        "{}",
+        evidence[0]
+    );
     let honest = witness
         .add_checkpoint(request(&log_key, ORIGIN, 2, &tree, None).as_bytes(), clock)
         .unwrap();

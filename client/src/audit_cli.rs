@@ -14,6 +14,7 @@ use lineage_core::verify::{read_line_bounded, verify_file_with, BatchVerifier, V
 /// When `audit verify` starts saying how far it has got, and how often.
 const PROGRESS_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+use crate::terminal_text::printable;
 use lineage_core::{AuditKey, AuditLog};
 
 pub const EXIT_OK: i32 = 0;
@@ -161,7 +162,7 @@ pub fn verify(
             serde_json::to_string_pretty(&report).unwrap_or_default()
         );
     } else if let Some(failure) = &report.failure {
-        let _ = writeln!(out, "FAILED  {failure}");
+        let _ = writeln!(out, "FAILED  {}", printable(&failure.to_string()));
     } else {
         let _ = writeln!(
             out,
@@ -217,14 +218,15 @@ pub fn show(log: &Path, json: bool, out: &mut dyn Write, err: &mut dyn Write) ->
         let _ = if json {
             writeln!(out, "{}", record.to_line())
         } else {
+            // From a file nothing has verified: every field shown as text only.
             writeln!(
                 out,
                 "{:>5}  {:<27}  {:<16}  {:<18}  {}",
                 record.seq,
-                record.timestamp,
-                record.actor,
-                record.kind,
-                lineage_core::canonical::to_string(&record.payload)
+                printable(&record.timestamp),
+                printable(&record.actor),
+                printable(&record.kind),
+                printable(&lineage_core::canonical::to_string(&record.payload))
             )
         };
     }

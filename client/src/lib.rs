@@ -6,6 +6,7 @@ pub mod client;
 pub mod import_cli;
 pub mod operator_cli;
 pub mod ops_cli;
+pub mod terminal_text;
 pub mod witnessed_cli;
 
 pub use client::{Client, ClientError, PendingQueue, UnreadableRequest};

@@ -13,6 +13,7 @@ use lineage_core::Record;
 use serde_json::{json, Value};
 
 use crate::client::{Client, ClientError};
+use crate::terminal_text::printable;
 
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_NEGATIVE: i32 = 1;
@@ -191,37 +192,13 @@ pub(crate) fn print_json(out: &mut dyn Write, value: &Value) -> Result<(), Failu
 }
 
 /// A cell of a table: the value as text, `-` when absent. Strings come from agents
-/// (tool names, scar reasons), so they pass through [`printable`].
+/// (tool names, scar reasons), so they pass through [`printable`] (`terminal_text`).
 pub(crate) fn cell(value: &Value) -> String {
     match value {
         Value::Null => "-".into(),
         Value::String(s) => printable(s),
         other => other.to_string(),
     }
-}
-
-/// `text` safe to print on an operator's terminal: control characters (escape
-/// sequences can rewrite the line, retitle the window or set the clipboard) and the
-/// invisible characters that reorder or hide text (bidi controls, zero-width marks) are
-/// shown as `\u{..}` escapes rather than sent raw. Everything else, non-ASCII
-/// letters included, is kept as it is.
-pub fn printable(text: &str) -> String {
-    let hidden = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
-    };
-    if !text.chars().any(hidden) {
-        return text.to_string();
-    }
-    let mut shown = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if hidden(c) {
-            shown.extend(c.escape_unicode());
-        } else {
-            shown.push(c);
-        }
-    }
-    shown
 }
 
 /// Writes rows as columns padded to their widest cell.
@@ -513,7 +490,9 @@ pub fn agent_pending(
     ]];
     for entry in &entries {
         let action = &entry["action"];
-        let mut input = lineage_core::canonical::to_string(&action["input"]);
+        // Canonical JSON escapes only C0 controls: DEL, C1 (CSI among them) and the
+        // invisible characters still need escaping for the terminal.
+        let mut input = printable(&lineage_core::canonical::to_string(&action["input"]));
         if input.chars().count() > 60 {
             input = input.chars().take(57).collect::<String>() + "...";
         }
@@ -733,20 +712,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn agent_text_reaches_the_terminal_without_escape_sequences() {
-        let tool = "\u{1b}[2K\u{1b}[1Gread_file";
-        assert_eq!(printable(tool), "\\u{1b}[2K\\u{1b}[1Gread_file");
+    fn cells_show_agent_text_without_escape_sequences() {
         assert_eq!(
             cell(&Value::String("pay\u{202e}exe.txt\u{7}".into())),
             "pay\\u{202e}exe.txt\\u{7}"
-        );
-        // Clipboard writes (OSC 52) and newlines that forge extra rows are escaped too.
-        assert!(!printable("\u{1b}]52;c;aGk=\u{7}").contains('\u{1b}'));
-        assert_eq!(printable("a\nb"), "a\\u{a}b");
-        // Ordinary text, non-ASCII letters included, is left alone.
-        assert_eq!(
-            printable("envoyer_courriel é 名前"),
-            "envoyer_courriel é 名前"
         );
         assert_eq!(cell(&Value::Null), "-");
         assert_eq!(cell(&serde_json::json!(12)), "12");

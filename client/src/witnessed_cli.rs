@@ -15,6 +15,7 @@ use std::path::Path;
 
 use crate::audit_cli::{EXIT_FAILED, EXIT_OK, EXIT_USAGE};
 use crate::client::{Client, ClientError};
+use crate::terminal_text::printable;
 
 /// Earlier statements fetched to narrow down where a log was rewritten.
 const MAX_EARLIER_STATEMENTS: usize = 64;
@@ -78,7 +79,7 @@ pub fn verify_log(
     match log_agent_id(log, public_key) {
         Ok(agent_id) => verify_verified_log(log, &agent_id, public_key, input, proofs, out, err),
         Err(e) => {
-            let _ = writeln!(out, "FAILED  {e}");
+            let _ = writeln!(out, "FAILED  {}", printable(&e));
             EXIT_FAILED
         }
     }
@@ -98,7 +99,7 @@ pub fn verify_verified_log(
     let witnessed = match verify_note(input.note, public_key, input.witness_keys, input.quorum) {
         Ok(w) => w,
         Err(e) => {
-            let _ = writeln!(out, "FAILED  witnessed checkpoint: {e}");
+            let _ = writeln!(out, "FAILED  witnessed checkpoint: {}", printable(&e));
             return EXIT_FAILED;
         }
     };
@@ -190,7 +191,7 @@ pub fn verify_verified_log(
             EXIT_FAILED
         }
         HeadCheck::BadStatement(e) => {
-            let _ = writeln!(out, "FAILED  {e}");
+            let _ = writeln!(out, "FAILED  {}", printable(&e));
             EXIT_FAILED
         }
     }

@@ -400,7 +400,10 @@ mod tests {
         assert_eq!(named, [("act-5", broken), ("act-150", changed)]);
         assert_eq!(queue.pending.len(), 198);
         let shown = serde_json::to_string(&queue.pending).unwrap();
-        assert!(!shown.contains("999"), "the changed input was shown");
+        assert!(
+            !shown.contains(r#""order":999"#),
+            "the changed input was shown"
+        );
         assert!(!shown.contains(r#""order":4}"#) && !shown.contains(r#""order":149}"#));
         assert!(shown.contains(r#""order":3}"#) && shown.contains(r#""order":199}"#));
         let refused = guard.pending().unwrap_err().to_string();

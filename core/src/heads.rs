@@ -179,9 +179,6 @@ pub struct Witnessed {
     pub checkpoint: Checkpoint,
     /// Names of the witnesses whose cosignatures verified.
     pub witnesses: Vec<String>,
-    /// The note with only the lines that verified (the log's and the known witnesses'):
-    /// what is safe to store and serve, never a line nobody here checked.
-    pub verified_note: String,
 }
 
 /// Verifies a witnessed checkpoint note: signed by `log_vkey`, cosigned by at least
@@ -222,7 +219,6 @@ pub fn verify_witnessed(
     Ok(Witnessed {
         checkpoint: Checkpoint::parse(&verified.text)?,
         witnesses,
-        verified_note: verified.with_verified_lines(),
     })
 }
 

@@ -37,17 +37,15 @@ fn an_input_of_exactly_the_limit_is_decided_and_one_byte_more_is_refused() {
 
 /// An outcome's detail is bounded by the same limit as a request's input (a failure
 /// logs it twice: in the outcome and in its scar), so one token cannot grow the log by
-/// megabytes per allowed action: at the limit it is logged, one byte more is refused
-/// and leaves no record.
+/// megabytes per allowed action. Past the limit it is cut, never refused: the outcome
+/// and its scar are still recorded, saying how much was cut. Counted as canonical JSON
+/// escapes it, so control characters cannot stretch it sixfold.
 #[test]
-fn an_outcome_detail_past_the_input_limit_is_refused() {
+fn an_outcome_detail_past_the_input_limit_is_cut_not_refused() {
     let mut agent = Agent::create(json!({
-        "budget": 10, "scar_limit": 10, "tools": {"t": {"cost": 0}},
+        "budget": 10, "scar_limit": 100, "tools": {"t": {"cost": 0}},
         "limits": {"max_input_bytes": 100}
     }));
-    let first = allowed_id(agent.request("t", json!(1)).unwrap());
-    let second = allowed_id(agent.request("t", json!(2)).unwrap());
-    let records = agent.records.len();
     let report = |action_id: &str, detail: String| Command::Report {
         action_id: action_id.into(),
         outcome: lineage_core::guard::Outcome {
@@ -55,23 +53,57 @@ fn an_outcome_detail_past_the_input_limit_is_refused() {
             detail,
         },
     };
+    let logged = |agent: &Agent| -> (String, String) {
+        let n = agent.records.len();
+        let outcome = agent.records[n - 2].payload["detail"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let scar = agent.records[n - 1].payload["reason"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        (outcome, scar)
+    };
+    let escaped = |text: &str| serde_json::to_string(text).unwrap().len() - 2;
+    // At the limit: whole, in the outcome and in the scar.
+    let whole = allowed_id(agent.request("t", json!(1)).unwrap());
+    agent.run(report(&whole, "x".repeat(100))).unwrap();
     assert_eq!(
-        agent.run(report(&first, "x".repeat(101))).unwrap_err(),
-        GuardError::DetailTooLarge {
-            size: 101,
-            max: 100
-        }
+        logged(&agent),
+        (
+            "x".repeat(100),
+            format!("action failed: {}", "x".repeat(100))
+        )
     );
-    assert_eq!(agent.records.len(), records, "a refusal left a record");
-    // Counted in bytes, not characters: 34 three-byte characters are 102 bytes.
-    assert!(agent.run(report(&first, "€".repeat(34))).is_err());
-    agent.run(report(&first, "x".repeat(100))).unwrap();
-    agent.run(report(&second, String::new())).unwrap();
-    assert_eq!(
-        agent.records.len(),
-        records + 4,
-        "each failure: an outcome and a scar"
-    );
+    // Past it, by one byte or by a megabyte: cut, and marked.
+    for (n, detail) in [
+        "y".repeat(101),
+        "z".repeat(1 << 20),
+        "€".repeat(40),
+        "\u{1}".repeat(30),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let action = allowed_id(agent.request("t", json!(n + 2)).unwrap());
+        let records = agent.records.len();
+        agent.run(report(&action, detail.clone())).unwrap();
+        assert_eq!(agent.records.len(), records + 2, "an outcome and a scar");
+        let (outcome, scar) = logged(&agent);
+        assert!(
+            escaped(&outcome) <= 100,
+            "{n}: {} bytes logged",
+            escaped(&outcome)
+        );
+        let cut = detail.len() - outcome.find('…').unwrap();
+        assert!(
+            outcome.ends_with(&format!("… [{cut} bytes cut]")),
+            "{n}: {outcome}"
+        );
+        assert!(detail.starts_with(&outcome[..outcome.find('…').unwrap()]));
+        assert_eq!(scar, format!("action failed: {outcome}"));
+    }
 }
 
 /// Actions waiting for an approval keep their input in memory: at the policy's cap a

@@ -106,11 +106,10 @@ impl WitnessPolicy {
         Ok(WitnessPolicy { vkeys, quorum })
     }
 
-    /// Checks `note` against the cluster's log verifier key and these witnesses; the
-    /// note with only the lines that verified (what may be stored).
-    pub fn check(&self, note: &str, log_vkey: &str) -> Result<String, String> {
+    /// Checks `note` against the cluster's log verifier key and these witnesses.
+    pub fn check(&self, note: &str, log_vkey: &str) -> Result<(), String> {
         lineage_core::heads::verify_witnessed(note, log_vkey, &self.vkeys, self.quorum)
-            .map(|witnessed| witnessed.verified_note)
+            .map(|_| ())
             .map_err(|e| e.to_string())
     }
 }

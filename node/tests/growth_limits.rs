@@ -129,7 +129,8 @@ async fn a_terminated_agent_cannot_flood_the_log() {
 }
 
 /// An outcome's detail (logged twice when it scars) is held to the policy's input limit:
-/// one byte over is 413 and leaves no record; at the limit it is logged.
+/// a longer one is logged cut, and marked, never refused (a client reporting a long
+/// exception text keeps its outcome and scar).
 async fn outcome_details_are_held_to_the_input_limit(
     cluster: &Cluster,
     token: &str,
@@ -138,36 +139,45 @@ async fn outcome_details_are_held_to_the_input_limit(
     const DEFAULT_MAX_INPUT: usize = 65_536;
     let action_id = allowed["action_id"].as_str().expect("an action id");
     let path = format!("/v1/agents/neighbour/actions/{action_id}/outcome");
-    let head = || async {
-        let (_, body) = cluster
-            .get(0, "/v1/agents/neighbour", &cluster.admin.clone())
-            .await;
-        body["head"]["seq"].as_u64().expect("head seq")
-    };
-    let before = head().await;
     let (status, answer) = cluster
         .post(
             0,
             &path,
             token,
-            json!({"status": "failure", "detail": "x".repeat(DEFAULT_MAX_INPUT + 1)}),
-            None,
-        )
-        .await;
-    assert_eq!(status, 413, "{answer}");
-    assert_eq!(answer["code"], "detail_too_large", "{answer}");
-    assert_eq!(head().await, before, "a refused detail left a record");
-    let (status, answer) = cluster
-        .post(
-            0,
-            &path,
-            token,
-            json!({"status": "failure", "detail": "x".repeat(DEFAULT_MAX_INPUT)}),
+            json!({"status": "failure", "detail": "x".repeat(2 * DEFAULT_MAX_INPUT)}),
             None,
         )
         .await;
     assert_eq!(status, 200, "{answer}");
-    assert_eq!(head().await, before + 2, "an outcome and its scar");
+    let admin = cluster.admin.clone();
+    let (status, log) = cluster
+        .get(0, "/v1/agents/neighbour/log?limit=1000", &admin)
+        .await;
+    assert_eq!(status, 200, "{log}");
+    let records = log["records"].as_array().expect("records");
+    let outcome = records
+        .iter()
+        .find(|r| r["kind"] == "outcome")
+        .unwrap_or_else(|| panic!("no outcome: {log}"));
+    let detail = outcome["payload"]["detail"].as_str().expect("detail");
+    assert!(
+        detail.len() <= DEFAULT_MAX_INPUT,
+        "{} bytes logged",
+        detail.len()
+    );
+    assert!(
+        detail.ends_with(" bytes cut]"),
+        "{}",
+        &detail[detail.len() - 40..]
+    );
+    let scar = records
+        .iter()
+        .find(|r| r["kind"] == "scar")
+        .unwrap_or_else(|| panic!("no scar: {log}"));
+    assert_eq!(
+        scar["payload"]["reason"],
+        format!("action failed: {detail}")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -296,7 +306,9 @@ async fn a_request_decided_again_spends_one_request_of_the_minute() {
 /// request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stored_answers_leave_every_replica_after_their_window() {
-    const WINDOW_SECS: u64 = 5;
+    // Long enough that a loaded CI machine cannot stall past it between the first two
+    // requests (the retry check below always runs).
+    const WINDOW_SECS: u64 = 15;
     const EXPIRED: &str = "lineage_idempotency_answers_expired_total";
     let window = WINDOW_SECS.to_string();
     let cluster = Cluster::start_with(3, &["--idempotency-window-secs", &window]).await;

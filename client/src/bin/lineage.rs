@@ -440,7 +440,11 @@ fn report(result: Result<(), Failure>, err: &mut dyn std::io::Write) -> i32 {
     match result {
         Ok(()) => ops_cli::EXIT_OK,
         Err(failure) => {
-            let _ = writeln!(err, "error: {}", ops_cli::printable(failure.message()));
+            let _ = writeln!(
+                err,
+                "error: {}",
+                lineage_client::terminal_text::printable(failure.message())
+            );
             failure.exit_code()
         }
     }
@@ -536,7 +540,11 @@ fn checkpoint(
             match ops_cli::checkpoint_fetch(target, path.as_deref(), out) {
                 Ok(()) => audit_cli::EXIT_OK,
                 Err(failure) => {
-                    let _ = writeln!(err, "error: {}", ops_cli::printable(failure.message()));
+                    let _ = writeln!(
+                        err,
+                        "error: {}",
+                        lineage_client::terminal_text::printable(failure.message())
+                    );
                     failure.exit_code()
                 }
             }

@@ -86,10 +86,6 @@ pub enum GuardError {
     /// Past the policy's `max_input_bytes`: refused, nothing recorded.
     #[error("input is {size} bytes; this agent's policy allows at most {max}")]
     InputTooLarge { size: u64, max: u64 },
-    /// An outcome's detail past the policy's `max_input_bytes` (it is logged twice when
-    /// it scars: in the outcome and in the scar's reason): refused, nothing recorded.
-    #[error("outcome detail is {size} bytes; this agent's policy allows at most {max}")]
-    DetailTooLarge { size: u64, max: u64 },
     /// A tool that needs an approval while the policy's `max_pending_approvals` wait:
     /// refused, nothing recorded.
     #[error(
@@ -97,6 +93,42 @@ pub enum GuardError {
          {max} at once (approve or reject some first)"
     )]
     TooManyPendingApprovals { pending: usize, max: u32 },
+}
+
+/// An outcome's detail as it is logged: whole when its JSON string (quotes aside, as
+/// canonical JSON escapes it) fits in `max` bytes, the policy's input limit; else cut
+/// at a character boundary and marked with how many bytes of the detail were cut. It is
+/// logged twice when it scars (the outcome and the scar's reason), so without a bound
+/// one allowed action could add megabytes to every replica's log. Cut rather than
+/// refused: a client that reports an exception's text (as the reference's clients do)
+/// must not lose the outcome, and its scar, to a long message.
+fn bounded_detail(detail: &str, max: u64) -> std::borrow::Cow<'_, str> {
+    let escaped_len = |c: char| match c {
+        '"' | '\\' | '\u{8}' | '\t' | '\n' | '\u{c}' | '\r' => 2,
+        '\0'..='\u{1f}' => 6,
+        _ => c.len_utf8(),
+    };
+    let total: usize = detail.chars().map(escaped_len).sum();
+    let max = usize::try_from(max).unwrap_or(usize::MAX);
+    if total <= max {
+        return std::borrow::Cow::Borrowed(detail);
+    }
+    // Room for the marker, whose own length depends on the count it carries.
+    let marker_room = 40;
+    let budget = max.saturating_sub(marker_room);
+    let (mut used, mut end) = (0, 0);
+    for (at, c) in detail.char_indices() {
+        if used + escaped_len(c) > budget {
+            break;
+        }
+        used += escaped_len(c);
+        end = at + c.len_utf8();
+    }
+    std::borrow::Cow::Owned(format!(
+        "{}… [{} bytes cut]",
+        &detail[..end],
+        detail.len() - end
+    ))
 }
 
 /// A record before sealing: its kind and payload (and, for a scar, its severity as the
@@ -267,13 +299,7 @@ pub fn decide(
         }
         Command::Report { action_id, outcome } => {
             let policy = state.policy.as_ref().ok_or(GuardError::NoPolicy)?;
-            let size = outcome.detail.len() as u64;
-            if size > policy.max_input_bytes() {
-                return Err(GuardError::DetailTooLarge {
-                    size,
-                    max: policy.max_input_bytes(),
-                });
-            }
+            let detail = bounded_detail(&outcome.detail, policy.max_input_bytes());
             let status = state
                 .action(action_id)
                 .ok_or_else(|| GuardError::UnknownAction(action_id.clone()))?
@@ -286,18 +312,16 @@ pub fn decide(
             }
             let mut drafts = vec![draft(
                 RecordKind::Outcome,
-                json!({"action_id": action_id, "detail": outcome.detail, "status": outcome.status.as_str()}),
+                json!({"action_id": action_id, "detail": detail, "status": outcome.status.as_str()}),
             )];
             let scar = match outcome.status {
                 OutcomeStatus::Success => None,
-                OutcomeStatus::Failure => Some((
-                    Severity::Minor,
-                    format!("action failed: {}", outcome.detail),
-                )),
-                OutcomeStatus::Harmful => Some((
-                    Severity::Severe,
-                    format!("action caused harm: {}", outcome.detail),
-                )),
+                OutcomeStatus::Failure => {
+                    Some((Severity::Minor, format!("action failed: {detail}")))
+                }
+                OutcomeStatus::Harmful => {
+                    Some((Severity::Severe, format!("action caused harm: {detail}")))
+                }
             };
             if let Some((severity, text)) = scar {
                 scar_drafts(state, severity, &text, Some(action_id), None, &mut drafts);

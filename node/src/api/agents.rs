@@ -595,11 +595,19 @@ pub(super) fn query_numbers(query: &Query, names: &[&str]) -> Result<Vec<u64>> {
         .collect()
 }
 
+/// How long a proof asked for with a valid token (the checkpointer's, an operator's,
+/// an agent's) may wait for a whole-log slot before it is refused.
+const PROOF_SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A proof over the agent's first `size` record hashes. The cheap checks come first, in
 /// this order: the agent, the tree size, then the request's own `argument` check; only
-/// then is the log read, on a whole-log slot, and `build` given the leaves.
+/// then is the log read, on a whole-log slot, and `build` given the leaves. Anyone may
+/// ask: a request with no valid token finding both slots taken is refused at once (503,
+/// retry) rather than holding its connection while it waits; one with a token (the
+/// checkpointer's rounds depend on these proofs) waits up to [`PROOF_SLOT_WAIT`].
 async fn proof_over_records(
     app: &Arc<App>,
+    headers: &HeaderMap,
     agent_id: String,
     size: u64,
     argument: Result<()>,
@@ -612,20 +620,20 @@ async fn proof_over_records(
         )));
     }
     argument?;
-    // Anyone may ask for a proof: one that finds every slot taken is refused at once
-    // (503, retry), rather than holding its connection while it waits.
+    let busy = || ApiError::unavailable("every whole-log read slot is busy; retry shortly");
+    let _slot = if crate::api::auth::principal(headers, app).is_ok() {
+        tokio::time::timeout(PROOF_SLOT_WAIT, app.whole_log_reads.acquire())
+            .await
+            .map_err(|_| busy())?
+            .map_err(|_| ApiError::unavailable("the node is shutting down"))?
+    } else {
+        app.whole_log_reads.try_acquire().map_err(|_| busy())?
+    };
     let app = app.clone();
-    tokio::task::spawn_blocking(move || {
-        let Ok(_slot) = app.whole_log_reads.try_acquire() else {
-            return Err(ApiError::unavailable(
-                "every whole-log read slot is busy; retry shortly",
-            ));
-        };
-        build(&record_hashes(&app, &agent_id, size)?)
-    })
-    .await
-    .map_err(|e| ApiError::Internal(format!("proof read: {e}")))?
-    .map(Json)
+    tokio::task::spawn_blocking(move || build(&record_hashes(&app, &agent_id, size)?))
+        .await
+        .map_err(|e| ApiError::Internal(format!("proof read: {e}")))?
+        .map(Json)
 }
 
 /// The agent's first `size` record hashes (the leaves of its tree of that size).
@@ -644,6 +652,7 @@ pub(super) fn b64(hash: &Hash) -> String {
 pub async fn inclusion_proof(
     State(app): State<Arc<App>>,
     Path(agent_id): Path<String>,
+    headers: HeaderMap,
     query: Query,
 ) -> Result<Json<Value>> {
     path_agent_id(&agent_id)?;
@@ -657,7 +666,7 @@ pub async fn inclusion_proof(
             "index must be below size {size}"
         )))
     };
-    proof_over_records(&app, agent_id, size, argument, move |leaves| {
+    proof_over_records(&app, &headers, agent_id, size, argument, move |leaves| {
         let proof = transparency::inclusion_proof(leaves, index)
             .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         Ok(json!({
@@ -676,6 +685,7 @@ pub async fn inclusion_proof(
 pub async fn consistency_proof(
     State(app): State<Arc<App>>,
     Path(agent_id): Path<String>,
+    headers: HeaderMap,
     query: Query,
 ) -> Result<Json<Value>> {
     path_agent_id(&agent_id)?;
@@ -689,7 +699,7 @@ pub async fn consistency_proof(
             "old must be between 1 and {size}"
         )))
     };
-    proof_over_records(&app, agent_id, size, argument, move |leaves| {
+    proof_over_records(&app, &headers, agent_id, size, argument, move |leaves| {
         let proof = transparency::consistency_proof(leaves, old)
             .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         Ok(json!({

@@ -99,9 +99,6 @@ fn app_status_and_code(error: &AppError) -> (StatusCode, &'static str) {
             GuardError::AgentExists => (StatusCode::CONFLICT, "agent_exists"),
             GuardError::InputTooDeep { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
             GuardError::InputTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "input_too_large"),
-            GuardError::DetailTooLarge { .. } => {
-                (StatusCode::PAYLOAD_TOO_LARGE, "detail_too_large")
-            }
             GuardError::TooManyPendingApprovals { .. } => {
                 (StatusCode::CONFLICT, "too_many_pending_approvals")
             }

@@ -96,10 +96,7 @@ pub async fn store_witnessed(
     // configured with different witnesses, and apply must be the same everywhere.
     let log_vkey = lineage_core::heads::log_vkey(&origin(&app), app.keys.audit.public_key_hex())
         .map_err(|e| ApiError::Internal(e.to_string()))?;
-    // Only the lines that verified are proposed: a line by an unknown key would be
-    // stored and served unchecked, and merged again at each post of the same size.
-    let note = app
-        .witnesses
+    app.witnesses
         .check(&note, &log_vkey)
         .map_err(|e| ApiError::BadRequest(format!("witnessed checkpoint refused: {e}")))?;
     app.check_disk()?;

@@ -239,10 +239,16 @@ impl HeadsLog {
         if checkpoint.size > current_size {
             return Ok(note.to_string());
         }
+        // One line per signer: a signer's new line (a witness cosigning the same size
+        // again, at a later time) takes the place of its old one.
         let mut lines: Vec<&str> = current_signatures.lines().collect();
         for line in signatures.lines() {
-            if !lines.contains(&line) {
-                lines.push(line);
+            match lines
+                .iter()
+                .position(|kept| signer_of(kept) == signer_of(line))
+            {
+                Some(at) => lines[at] = line,
+                None => lines.push(line),
             }
         }
         let merged = format!("{text}\n{}\n", lines.join("\n"));
@@ -517,6 +523,26 @@ pub struct HeadsSnapshot {
 }
 
 /// Splits a signed note into its text (with final newline) and its signature lines.
+/// Who signed a note's signature line (`— name base64(key id ‖ signature)`): its name
+/// and key id. A line that does not decode is its own signer.
+fn signer_of(line: &str) -> (&str, Option<[u8; 4]>) {
+    use base64::Engine;
+    let Some((name, blob)) = line
+        .strip_prefix("\u{2014} ")
+        .and_then(|rest| rest.rsplit_once(' '))
+    else {
+        return (line, None);
+    };
+    let key_id = base64::engine::general_purpose::STANDARD
+        .decode(blob)
+        .ok()
+        .and_then(|bytes| bytes.get(..4).and_then(|id| id.try_into().ok()));
+    match key_id {
+        Some(id) => (name, Some(id)),
+        None => (line, None),
+    }
+}
+
 pub fn split_note(note: &str) -> Result<(&str, &str), String> {
     let at = note
         .rfind("\n\n")
@@ -535,7 +561,8 @@ pub fn split_note(note: &str) -> Result<(&str, &str), String> {
 mod tests {
     use super::*;
 
-    /// Cosignatures of one size merge, but never past what a note may hold: a merged
+    /// Cosignatures of one size merge, one line per signer, but never past what a note
+    /// may hold: a merged
     /// note of more than `MAX_NOTE_SIGNATURES` lines (which `signed_note` would refuse to
     /// parse) is refused and the stored one kept.
     #[test]
@@ -552,6 +579,12 @@ mod tests {
         };
         let merged = heads.accept_witnessed(&note_with(1..4), true).unwrap();
         assert_eq!(merged, note_with(0..4));
+        // A signer's later line (same name and key id) replaces its earlier one.
+        let again = format!("{text}\n\u{2014} w1.test AAAA0999\n");
+        assert_eq!(
+            heads.accept_witnessed(&again, true).unwrap(),
+            format!("{text}\n{}\u{2014} w1.test AAAA0999\n", line(0))
+        );
         heads.witnessed = Some(note_with(0..MAX_NOTE_SIGNATURES));
         assert_eq!(
             heads
