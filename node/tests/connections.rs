@@ -81,33 +81,44 @@ async fn healthz_on(stream: &mut TcpStream) -> Result<(), String> {
     }
 }
 
-/// `n` connections that send a head one byte at a time, forever (slowloris): bytes keep
-/// moving, and still the head never completes.
-async fn open_slow_heads(
-    addr: &str,
-    n: usize,
-) -> Vec<(
+/// A connection that sends `first`, then one byte every tenth of the header timeout
+/// until [`CLOSE_BOUND`]: its read half, when it started, and the sending task.
+type Trickle = (
     tokio::net::tcp::OwnedReadHalf,
     Instant,
     tokio::task::JoinHandle<()>,
-)> {
-    let mut slow_heads = Vec::new();
+);
+
+/// `n` connections that send `first` and then trickle `byte`s: bytes keep moving, and
+/// still what they began never completes.
+async fn open_trickles(
+    addr: &str,
+    n: usize,
+    first: &'static [u8],
+    byte: &'static [u8],
+) -> Vec<Trickle> {
+    let mut trickles = Vec::new();
     for _ in 0..n {
         let stream = TcpStream::connect(addr).await.expect("connect");
         let started = Instant::now();
         let (read, mut write) = stream.into_split();
         let trickle = tokio::spawn(async move {
-            write.write_all(b"GET /healthz HTTP/1.1\r\n").await.ok();
+            write.write_all(first).await.ok();
             while started.elapsed() < CLOSE_BOUND {
-                if write.write_all(b"X").await.is_err() {
+                if write.write_all(byte).await.is_err() {
                     return;
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(HEADER_TIMEOUT_MS / 10)).await;
             }
         });
-        slow_heads.push((read, started, trickle));
+        trickles.push((read, started, trickle));
     }
-    slow_heads
+    trickles
+}
+
+/// `n` connections that send a head one byte at a time (slowloris).
+async fn open_slow_heads(addr: &str, n: usize) -> Vec<Trickle> {
+    open_trickles(addr, n, b"GET /healthz HTTP/1.1\r\n", b"X").await
 }
 
 /// `n` connections that send a head promising a body, then stall in it.
@@ -127,39 +138,17 @@ async fn open_stalled_bodies(addr: &str, n: usize) -> Vec<(TcpStream, Instant)> 
     stalled_bodies
 }
 
-/// `n` connections that send a head promising a long body, then a byte of it every
-/// tenth of the header timeout: never stalled between bytes, never finished.
-async fn open_trickled_bodies(
-    addr: &str,
-    n: usize,
-) -> Vec<(
-    tokio::net::tcp::OwnedReadHalf,
-    Instant,
-    tokio::task::JoinHandle<()>,
-)> {
-    let mut trickled = Vec::new();
-    for _ in 0..n {
-        let stream = TcpStream::connect(addr).await.expect("connect");
-        let started = Instant::now();
-        let (read, mut write) = stream.into_split();
-        let trickle = tokio::spawn(async move {
-            write
-                .write_all(
-                    b"POST /v1/agents HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n\
-                      Content-Length: 100000\r\n\r\n\"",
-                )
-                .await
-                .ok();
-            while started.elapsed() < CLOSE_BOUND {
-                if write.write_all(b"x").await.is_err() {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(HEADER_TIMEOUT_MS / 10)).await;
-            }
-        });
-        trickled.push((read, started, trickle));
-    }
-    trickled
+/// `n` connections that send a head promising a long body, then a byte of it at a time:
+/// never stalled between bytes, never finished.
+async fn open_trickled_bodies(addr: &str, n: usize) -> Vec<Trickle> {
+    open_trickles(
+        addr,
+        n,
+        b"POST /v1/agents HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n\
+          Content-Length: 100000\r\n\r\n\"",
+        b"x",
+    )
+    .await
 }
 
 /// One connection that asks every half idle timeout, so it is never idle that long;
