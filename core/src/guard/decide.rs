@@ -298,8 +298,6 @@ pub fn decide(
             })
         }
         Command::Report { action_id, outcome } => {
-            let policy = state.policy.as_ref().ok_or(GuardError::NoPolicy)?;
-            let detail = bounded_detail(&outcome.detail, policy.max_input_bytes());
             let status = state
                 .action(action_id)
                 .ok_or_else(|| GuardError::UnknownAction(action_id.clone()))?
@@ -310,6 +308,8 @@ pub fn decide(
                     status,
                 });
             }
+            let policy = state.policy.as_ref().ok_or(GuardError::NoPolicy)?;
+            let detail = bounded_detail(&outcome.detail, policy.max_input_bytes());
             let mut drafts = vec![draft(
                 RecordKind::Outcome,
                 json!({"action_id": action_id, "detail": detail, "status": outcome.status.as_str()}),
