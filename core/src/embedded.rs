@@ -204,9 +204,13 @@ impl Guard {
         let Some(kept) = self.state.action_view(action_id) else {
             return Ok(None);
         };
-        let request = self.requests(&[(kept.requested_seq, action_id)])?;
-        let request = request.first().ok_or_else(|| not_in_file(action_id))?;
-        Ok(Some(kept.view(action_id, request).map_err(ReplayError)?))
+        let request = self
+            .log
+            .records_at(&[kept.requested_seq])?
+            .pop()
+            .flatten()
+            .ok_or_else(|| not_in_file(action_id))?;
+        Ok(Some(kept.view(action_id, &request).map_err(ReplayError)?))
     }
 
     /// The approval queue in log order, each entry's request read back from the file
@@ -260,17 +264,6 @@ impl Guard {
             }
         }
         Ok(queue)
-    }
-
-    /// The request records at these seqs (in log order), each named for its action.
-    fn requests(&self, wanted: &[(u64, &str)]) -> Result<Vec<Record>, GuardFileError> {
-        let seqs: Vec<u64> = wanted.iter().map(|(seq, _)| *seq).collect();
-        let found = self.log.records_at(&seqs)?;
-        wanted
-            .iter()
-            .zip(found)
-            .map(|((_, action_id), record)| record.ok_or_else(|| not_in_file(action_id)))
-            .collect()
     }
 
     pub fn head(&self) -> Head {
