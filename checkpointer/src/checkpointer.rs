@@ -29,6 +29,7 @@ use sha2::{Digest, Sha256};
 
 use crate::checkpointer_metrics::Metrics;
 use crate::cluster_client::{ClusterClient, FetchError};
+use crate::reply_text::{text_within, MAX_WITNESS_ANSWER_BYTES};
 
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 /// agent id → JSON `AgentHead` (its last accepted statement).
@@ -686,7 +687,19 @@ impl Checkpointer {
                 }
             };
             let status = reply.status().as_u16();
-            let text = reply.text().await.unwrap_or_default();
+            let text = match text_within(reply, MAX_WITNESS_ANSWER_BYTES).await {
+                Ok(text) => text,
+                Err(e) => {
+                    // No answer to act on (cut off, or more than any witness sends):
+                    // like an unreachable witness, counted, and tried again next round.
+                    self.metrics
+                        .witness_errors
+                        .with_label_values(&[&witness.name])
+                        .inc();
+                    tracing::warn!(witness = %witness.name, status, error = %e, "witness answer unreadable");
+                    return Ok(Submission::NotNow);
+                }
+            };
             match status {
                 200 => {
                     let cosigned = format!("{}{text}", accepted.note);
@@ -819,7 +832,9 @@ impl Checkpointer {
             .send()
             .await
         {
-            Ok(reply) if reply.status().is_success() => reply.text().await.ok(),
+            Ok(reply) if reply.status().is_success() => {
+                text_within(reply, MAX_WITNESS_ANSWER_BYTES).await.ok()
+            }
             _ => None,
         };
         let signed_by_log = monitored

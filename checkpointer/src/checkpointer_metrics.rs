@@ -25,6 +25,10 @@ pub struct Metrics {
     /// Evidence files in the evidence directory: each is an alarm nobody has dealt with
     /// yet (moving it out resolves it). Unlike a counter, it survives restarts.
     pub unresolved_evidence: IntGauge,
+    /// Open connections to the metrics port.
+    http_connections: IntGauge,
+    /// Connections the metrics port closed, by reason (`lineage_http_server::Events`).
+    http_connections_closed: IntCounterVec,
 }
 
 impl Metrics {
@@ -89,7 +93,20 @@ impl Metrics {
         registry.register(Box::new(checkpoint_size.clone()))?;
         registry.register(Box::new(cosigned_size.clone()))?;
         registry.register(Box::new(witnesses.clone()))?;
+        let http_connections = IntGauge::new(
+            format!("{p}http_connections"),
+            "Open connections to the metrics port",
+        )?;
+        let http_connections_closed = IntCounterVec::new(
+            Opts::new(
+                format!("{p}http_connections_closed_total"),
+                "Connections the metrics port closed, by reason",
+            ),
+            &["reason"],
+        )?;
         registry.register(Box::new(unresolved_evidence.clone()))?;
+        registry.register(Box::new(http_connections.clone()))?;
+        registry.register(Box::new(http_connections_closed.clone()))?;
         interval.set(interval_secs);
         Ok(Metrics {
             registry,
@@ -104,6 +121,8 @@ impl Metrics {
             cosigned_size,
             witnesses,
             unresolved_evidence,
+            http_connections,
+            http_connections_closed,
         })
     }
 
@@ -112,5 +131,17 @@ impl Metrics {
         let mut buffer = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buffer);
         String::from_utf8(buffer).unwrap_or_default()
+    }
+}
+
+impl lineage_http_server::Events for Metrics {
+    fn open_connections(&self, open: usize) {
+        self.http_connections.set(open as i64);
+    }
+
+    fn connection_closed(&self, reason: &'static str) {
+        self.http_connections_closed
+            .with_label_values(&[reason])
+            .inc();
     }
 }

@@ -6,6 +6,8 @@ use std::time::Duration;
 use lineage_core::heads::HeadStatement;
 use serde::Deserialize;
 
+use crate::reply_text::{text_within, MAX_CLUSTER_ANSWER_BYTES};
+
 /// Each request's limit; a round retries next time rather than waiting longer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -87,8 +89,7 @@ impl ClusterClient {
                 }
                 Ok(reply) => {
                     let status = reply.status();
-                    let body = reply
-                        .text()
+                    let body = text_within(reply, MAX_CLUSTER_ANSWER_BYTES)
                         .await
                         .map_err(|e| FetchError::Unreachable(format!("{base}: {e}")))?;
                     return if status.is_success() {

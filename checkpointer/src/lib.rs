@@ -4,6 +4,7 @@
 pub mod checkpointer;
 pub mod checkpointer_metrics;
 pub mod cluster_client;
+pub mod reply_text;
 pub mod witness;
 pub mod witness_server;
 

@@ -796,6 +796,13 @@ async fn a_misbehaving_witness_is_blamed_and_a_failing_one_is_only_retried() {
         "the checkpoint waits for a quorum"
     );
 
+    // An answer larger than any witness sends is not read whole, and is no answer to act
+    // on: counted and tried again, as a 5xx (read whole, this one was a bad cosignature).
+    witness.answer(Answer::Plain(200, "x".repeat(1 << 20)));
+    let report = round(&checkpointer).await;
+    assert!(report.alarms.is_empty(), "{report:?}");
+    assert_eq!(metrics.witness_errors.with_label_values(&["w1"]).get(), 2);
+
     witness.answer(Answer::Honest);
     let report = round(&checkpointer).await;
     assert_eq!(report.cosigned_by, vec!["w1".to_string()]);

@@ -38,7 +38,6 @@ pub mod console;
 pub mod dev_certs;
 pub mod disk_reserve;
 pub mod heads_rounds;
-pub mod http_server;
 pub mod idempotency_key;
 pub mod import_writes;
 pub mod keys;
@@ -175,8 +174,8 @@ pub fn raft_config(
 )]
 pub async fn run(config: NodeConfig) -> Result<(), String> {
     let keys = keys::load(&config.keys_dir, config.admin_token.clone())?;
-    let open_files = http_server::raise_open_file_limit();
-    let http_limits = http_server::Limits::new(
+    let open_files = lineage_http_server::raise_open_file_limit();
+    let http_limits = lineage_http_server::Limits::new(
         config.max_connections,
         config.http_header_timeout,
         config.http_idle_timeout,
@@ -377,7 +376,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
 
     let router = api::router(app);
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "lineage-node serving");
-    http_server::serve(
+    lineage_http_server::serve(
         listener,
         router,
         http_limits,

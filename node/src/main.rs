@@ -477,10 +477,10 @@ struct ConnectionFlags {
     #[arg(long, env = "LINEAGE_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
     /// Milliseconds a request's headers may take to arrive (and a request body may stall)
-    #[arg(long, env = "LINEAGE_HTTP_HEADER_TIMEOUT_MS", default_value_t = millis(lineage_node::http_server::DEFAULT_HEADER_TIMEOUT))]
+    #[arg(long, env = "LINEAGE_HTTP_HEADER_TIMEOUT_MS", default_value_t = millis(lineage_http_server::DEFAULT_HEADER_TIMEOUT))]
     http_header_timeout_ms: u64,
     /// Milliseconds a connection may sit with no request and no byte moving
-    #[arg(long, env = "LINEAGE_HTTP_IDLE_TIMEOUT_MS", default_value_t = millis(lineage_node::http_server::DEFAULT_IDLE_TIMEOUT))]
+    #[arg(long, env = "LINEAGE_HTTP_IDLE_TIMEOUT_MS", default_value_t = millis(lineage_http_server::DEFAULT_IDLE_TIMEOUT))]
     http_idle_timeout_ms: u64,
 }
 
@@ -590,11 +590,11 @@ fn reference_mode() -> Result<(), String> {
         },
         http_header_timeout_ms: env_number(
             "LINEAGE_HTTP_HEADER_TIMEOUT_MS",
-            millis(lineage_node::http_server::DEFAULT_HEADER_TIMEOUT),
+            millis(lineage_http_server::DEFAULT_HEADER_TIMEOUT),
         )?,
         http_idle_timeout_ms: env_number(
             "LINEAGE_HTTP_IDLE_TIMEOUT_MS",
-            millis(lineage_node::http_server::DEFAULT_IDLE_TIMEOUT),
+            millis(lineage_http_server::DEFAULT_IDLE_TIMEOUT),
         )?,
     };
     let keys_dir = data_dir.join("keys");

@@ -65,8 +65,8 @@ pub struct Metrics {
     pub writes_rejected_at_apply: prometheus::IntCounter,
     /// Stored idempotency answers past their window, by outcome (`idempotency_expiry`).
     pub idempotency_expired: IntCounterVec,
-    /// Open client connections (`http_server`).
-    pub http_connections: IntGauge,
+    /// Open client connections (`lineage_http_server`).
+    http_connections: IntGauge,
     http_connections_closed: IntCounterVec,
     /// Last exported value of each state-derived counter, to add only the difference.
     exported: Mutex<BTreeMap<String, u64>>,
@@ -294,13 +294,6 @@ impl Metrics {
             .set(unix_seconds);
     }
 
-    /// One connection closed by the server, for `reason`.
-    pub fn http_connection_closed(&self, reason: &str) {
-        self.http_connections_closed
-            .with_label_values(&[reason])
-            .inc();
-    }
-
     /// Raises a state-derived counter to `total`.
     fn set_counter(&self, counter: &IntCounterVec, labels: &[&str], total: u64) {
         let key = format!("{:p}{}", counter, labels.join("\u{1f}"));
@@ -472,5 +465,19 @@ impl Metrics {
             .encode(&self.process_registry.gather(), &mut buffer)
             .map_err(|e| e.to_string())?;
         String::from_utf8(buffer).map_err(|e| e.to_string())
+    }
+}
+
+/// The accept loop's counts: `lineage_http_connections` and
+/// `lineage_http_connections_closed_total{reason}`.
+impl lineage_http_server::Events for Metrics {
+    fn open_connections(&self, open: usize) {
+        self.http_connections.set(open as i64);
+    }
+
+    fn connection_closed(&self, reason: &'static str) {
+        self.http_connections_closed
+            .with_label_values(&[reason])
+            .inc();
     }
 }

@@ -187,6 +187,20 @@ impl TlsServer {
     }
 }
 
+/// The accept loop takes each connection's configuration from here, and puts what the
+/// peer's certificate says into each request.
+impl lineage_http_server::Tls for TlsServer {
+    type Peer = PeerCertificate;
+
+    fn config(&self) -> Arc<rustls::ServerConfig> {
+        self.current()
+    }
+
+    fn peer(&self, chain: Option<&[CertificateDer<'_>]>) -> Option<PeerCertificate> {
+        peer_certificate(chain)
+    }
+}
+
 /// The identity in a peer's certificate chain (its first, end-entity certificate).
 pub fn peer_certificate(chain: Option<&[CertificateDer<'_>]>) -> Option<PeerCertificate> {
     let end_entity = chain?.first()?;

@@ -1,4 +1,4 @@
-//! Connection limits (`http_server`) against real nodes: silent, slow and idle
+//! Connection limits (`lineage_http_server`) against real nodes: silent, slow and idle
 //! connections are closed within the bounds the node was given while a busy keep-alive
 //! connection is not, and a flood of connections past a follower's open-file limit leaves
 //! it reachable for its peers and for `/healthz`.

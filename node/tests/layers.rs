@@ -32,7 +32,6 @@ const LAYERS: &[(&str, Layer)] = &[
     ("network::management", Layer::Wire),
     ("network::raft_routes", Layer::Wire),
     ("console", Layer::Wire),
-    ("http_server", Layer::Wire),
     ("app", Layer::Service),
     ("batcher", Layer::Service),
     ("scrub", Layer::Service),

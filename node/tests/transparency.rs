@@ -322,6 +322,13 @@ async fn truncation_and_rewrite_are_caught_by_checkpointer_and_auditor() {
             "{series} missing: {metrics}"
         );
     }
+    // The metrics port is served by the bounded accept loop, which counts this very
+    // connection.
+    let open: Option<f64> = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("lineage_checkpointer_http_connections "))
+        .and_then(|v| v.trim().parse().ok());
+    assert!(open.is_some_and(|n| n >= 1.0), "open connections: {open:?}");
     assert_eq!(
         metrics
             .lines()

@@ -12,6 +12,9 @@ use lineage_checkpointer::checkpointer::{Checkpointer, WitnessTarget};
 use lineage_checkpointer::checkpointer_metrics::Metrics;
 use lineage_checkpointer::cluster_client::ClusterClient;
 
+/// Connections the metrics port keeps open at most (Prometheus needs one or two).
+const METRICS_MAX_CONNECTIONS: usize = 64;
+
 #[derive(Parser)]
 #[command(
     name = "lineage-checkpointer",
@@ -127,7 +130,8 @@ async fn run(cli: Cli) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(cli.metrics_listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", cli.metrics_listen))?;
-    let metrics_for_http = Arc::new(metrics);
+    let metrics = Arc::new(metrics);
+    let metrics_for_http = metrics.clone();
     let routes = axum::Router::new()
         .route(
             "/metrics",
@@ -137,9 +141,20 @@ async fn run(cli: Cli) -> Result<(), String> {
             }),
         )
         .route("/healthz", axum::routing::get(|| async { "ok\n" }));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, routes).await;
-    });
+    // Prometheus is the only expected client: a small cap, and the usual timeouts.
+    let limits = lineage_http_server::Limits::new(
+        Some(METRICS_MAX_CONNECTIONS),
+        lineage_http_server::DEFAULT_HEADER_TIMEOUT,
+        lineage_http_server::DEFAULT_IDLE_TIMEOUT,
+    );
+    tokio::spawn(lineage_http_server::serve(
+        listener,
+        routes,
+        limits,
+        metrics,
+        None::<lineage_http_server::NoTls>,
+        std::future::pending(),
+    ));
     tracing::info!(log_vkey = checkpointer.log_vkey(), metrics = %cli.metrics_listen, "lineage-checkpointer running");
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -4,10 +4,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use lineage_checkpointer::witness::{vkey_for, Witness};
 use lineage_core::keys::{create_secret_file, read_secret_file};
+use lineage_http_server::{Limits, NoTls, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT};
 
 #[derive(Parser)]
 #[command(
@@ -47,6 +49,20 @@ struct Cli {
     /// Address to serve on
     #[arg(long, env = "LINEAGE_WITNESS_LISTEN", default_value = "127.0.0.1:9290")]
     listen: SocketAddr,
+    /// Open connections at most; at the cap the quietest idle one is closed to make room
+    /// [default: half the open-file limit, which the witness raises to its hard limit]
+    #[arg(long, env = "LINEAGE_WITNESS_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Milliseconds a request's headers may take to arrive (and a request body may stall)
+    #[arg(long, env = "LINEAGE_WITNESS_HTTP_HEADER_TIMEOUT_MS", default_value_t = millis(DEFAULT_HEADER_TIMEOUT))]
+    http_header_timeout_ms: u64,
+    /// Milliseconds a connection may sit with no request and no byte moving
+    #[arg(long, env = "LINEAGE_WITNESS_HTTP_IDLE_TIMEOUT_MS", default_value_t = millis(DEFAULT_IDLE_TIMEOUT))]
+    http_idle_timeout_ms: u64,
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis() as u64
 }
 
 #[derive(Subcommand)]
@@ -187,6 +203,14 @@ fn serve(cli: &Cli) -> Result<(), String> {
         println!("trusting {origin}");
     }
     let (name, listen) = (cli.name()?, cli.listen);
+    // Anyone may post to a witness: silent, slow and idle connections are closed, and
+    // their number is capped (the same accept loop as the node's).
+    lineage_http_server::raise_open_file_limit();
+    let limits = Limits::new(
+        cli.max_connections,
+        Duration::from_millis(cli.http_header_timeout_ms.max(1)),
+        Duration::from_millis(cli.http_idle_timeout_ms.max(1)),
+    );
     println!("lineage-witness {name} on http://{listen}");
     println!("  cosignature vkey {}", witness.vkey());
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
@@ -194,12 +218,15 @@ fn serve(cli: &Cli) -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-        axum::serve(
+        lineage_http_server::serve(
             listener,
             lineage_checkpointer::witness_server::router(witness),
+            limits,
+            Arc::new(()),
+            None::<NoTls>,
+            lineage_checkpointer::shutdown_signal(),
         )
-        .with_graceful_shutdown(lineage_checkpointer::shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())
+        .await;
+        Ok(())
     })
 }

@@ -1,5 +1,6 @@
-//! The HTTP accept loop: every connection is served in its own task, with bounded waits,
-//! and the number of open connections stays below the process's open-file limit.
+//! The HTTP accept loop of the node, the witness and the checkpointer's metrics port:
+//! every connection is served in its own task, with bounded waits, and the number of open
+//! connections stays below the process's open-file limit.
 //!
 //! `axum::serve` waits forever for a silent client and accepts until `accept` fails with
 //! "Too many open files", after which it stops serving peers and `/healthz` alike. Here:
@@ -21,8 +22,8 @@
 //!   cannot hold up the accept loop) and must finish within the header timeout. A
 //!   connection whose first byte does not start a TLS handshake (plain HTTP to the TLS
 //!   port) gets `400 this port requires HTTPS` and is closed. The peer's certificate
-//!   identity, if it sent one, goes into each request's extensions
-//!   (`tls::PeerCertificate`).
+//!   identity, if it sent one, goes into each request's extensions (what
+//!   [`Tls::peer`] makes of its chain).
 //!
 //! hyper's own header timer also starts while a keep-alive connection waits for its next
 //! request, so it would cut idle connections at the header timeout; it is off, and the
@@ -46,8 +47,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
-use crate::metrics::Metrics;
-use crate::tls::{PeerCertificate, TlsServer};
+use rustls::pki_types::CertificateDer;
 
 /// Default [`Limits::header_timeout`].
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -62,6 +62,45 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const AUTO_CONNECTION_SHARE: f64 = 0.5;
 /// How long after shutdown starts open connections may finish their requests.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// What the server reports about its connections (the node and the checkpointer count
+/// them in Prometheus metrics; `()` reports nothing).
+pub trait Events: Send + Sync + 'static {
+    /// The number of open connections, after one opened or closed.
+    fn open_connections(&self, open: usize);
+    /// One connection closed by the server, and why (`header_timeout`, `body_timeout`,
+    /// `idle`, `evicted`, `refused`, `plaintext_on_tls`, `tls_handshake_timeout`,
+    /// `tls_handshake_failed`).
+    fn connection_closed(&self, reason: &'static str);
+}
+
+impl Events for () {
+    fn open_connections(&self, _open: usize) {}
+    fn connection_closed(&self, _reason: &'static str) {}
+}
+
+/// TLS for the server: the configuration for each new connection (it may change between
+/// connections, for reloads) and what a peer's certificate chain says about it.
+pub trait Tls: Clone + Send + Sync + 'static {
+    /// Put into each request's extensions when the peer sent a certificate.
+    type Peer: Clone + Send + Sync + 'static;
+    fn config(&self) -> Arc<rustls::ServerConfig>;
+    fn peer(&self, chain: Option<&[CertificateDer<'_>]>) -> Option<Self::Peer>;
+}
+
+/// Plain HTTP: [`serve`] with `None::<NoTls>`.
+#[derive(Clone)]
+pub enum NoTls {}
+
+impl Tls for NoTls {
+    type Peer = ();
+    fn config(&self) -> Arc<rustls::ServerConfig> {
+        match *self {}
+    }
+    fn peer(&self, _chain: Option<&[CertificateDer<'_>]>) -> Option<()> {
+        match *self {}
+    }
+}
 
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -111,8 +150,8 @@ fn open_file_limit() -> u64 {
         .unwrap_or(1 << 20)
 }
 
-/// Why a connection was closed by the server (the `reason` label of
-/// `lineage_http_connections_closed_total`).
+/// Why a connection was closed by the server (the reason given to
+/// [`Events::connection_closed`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Closed {
     HeaderTimeout,
@@ -221,12 +260,12 @@ impl Registry {
 
 /// Serves `router` on `listener` (over TLS with `tls`) until `shutdown` resolves, then
 /// lets open requests finish for up to 10 s.
-pub async fn serve(
+pub async fn serve<T: Tls>(
     listener: TcpListener,
     router: Router,
     limits: Limits,
-    metrics: Arc<Metrics>,
-    tls: Option<TlsServer>,
+    events: Arc<dyn Events>,
+    tls: Option<T>,
     shutdown: impl Future<Output = ()>,
 ) {
     let clock = Clock(Instant::now());
@@ -266,14 +305,14 @@ pub async fn serve(
         });
         match registry.admit(next_id, activity.clone(), limits.max_connections) {
             Admission::Room => {}
-            Admission::Evicted => metrics.http_connection_closed(Closed::Evicted.as_str()),
+            Admission::Evicted => events.connection_closed(Closed::Evicted.as_str()),
             Admission::Full => {
-                metrics.http_connection_closed(Closed::Refused.as_str());
+                events.connection_closed(Closed::Refused.as_str());
                 drop(stream);
                 continue;
             }
         }
-        metrics.http_connections.set(registry.len() as i64);
+        events.open_connections(registry.len());
         if let Err(e) = stream.set_nodelay(true) {
             // Answers would wait for Nagle's algorithm and the peer's delayed ACK.
             tracing::debug!(error = %e, "TCP_NODELAY not set");
@@ -284,7 +323,7 @@ pub async fn serve(
             clock,
             limits,
             registry: registry.clone(),
-            metrics: metrics.clone(),
+            events: events.clone(),
         };
         let router = router.clone();
         let stop = stop_rx.clone();
@@ -347,22 +386,22 @@ struct Connection {
     clock: Clock,
     limits: Limits,
     registry: Arc<Registry>,
-    metrics: Arc<Metrics>,
+    events: Arc<dyn Events>,
 }
 
 impl Connection {
-    async fn run(
+    async fn run<T: Tls>(
         self,
         stream: TcpStream,
         router: Router,
-        tls: Option<TlsServer>,
+        tls: Option<T>,
         stop: tokio::sync::watch::Receiver<bool>,
     ) {
         let _registered = {
-            let (registry, metrics, id) = (self.registry.clone(), self.metrics.clone(), self.id);
+            let (registry, events, id) = (self.registry.clone(), self.events.clone(), self.id);
             OnDrop(move || {
                 registry.remove(id);
-                metrics.http_connections.set(registry.len() as i64);
+                events.open_connections(registry.len());
             })
         };
         let tracked = Tracked {
@@ -371,7 +410,7 @@ impl Connection {
             clock: self.clock,
         };
         let Some(tls) = tls else {
-            return self.serve_http(tracked, router, None, stop).await;
+            return self.serve_http(tracked, router, None::<()>, stop).await;
         };
         // Evicted at the cap while still handshaking: the socket closes now, so silent
         // connections cannot hold descriptors past the cap for a handshake timeout each.
@@ -381,22 +420,16 @@ impl Connection {
         };
         match handshake {
             Ok((stream, peer)) => self.serve_http(stream, router, peer, stop).await,
-            Err(reason) => self.metrics.http_connection_closed(reason.as_str()),
+            Err(reason) => self.events.connection_closed(reason.as_str()),
         }
     }
 
     /// The TLS handshake, within the header timeout; plain HTTP gets its 400 here.
-    async fn handshake(
+    async fn handshake<T: Tls>(
         &self,
         mut tracked: Tracked,
-        tls: &TlsServer,
-    ) -> Result<
-        (
-            tokio_rustls::server::TlsStream<Tracked>,
-            Option<PeerCertificate>,
-        ),
-        Closed,
-    > {
+        tls: &T,
+    ) -> Result<(tokio_rustls::server::TlsStream<Tracked>, Option<T::Peer>), Closed> {
         let deadline = tokio::time::Instant::now() + self.limits.header_timeout;
         let mut first = [0u8; 1];
         match tokio::time::timeout_at(deadline, tracked.inner.peek(&mut first)).await {
@@ -409,7 +442,7 @@ impl Connection {
             refuse_plaintext(&mut tracked.inner).await;
             return Err(Closed::Plaintext);
         }
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
         match tokio::time::timeout_at(deadline, acceptor.accept(tracked)).await {
             Err(_) => Err(Closed::TlsHandshakeTimeout),
             Ok(Err(e)) => {
@@ -417,20 +450,21 @@ impl Connection {
                 Err(Closed::TlsHandshakeFailed)
             }
             Ok(Ok(stream)) => {
-                let peer = crate::tls::peer_certificate(stream.get_ref().1.peer_certificates());
+                let peer = tls.peer(stream.get_ref().1.peer_certificates());
                 Ok((stream, peer))
             }
         }
     }
 
-    async fn serve_http<S>(
+    async fn serve_http<S, P>(
         self,
         stream: S,
         router: Router,
-        peer: Option<PeerCertificate>,
+        peer: Option<P>,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        P: Clone + Send + Sync + 'static,
     {
         let io = TokioIo::new(stream);
         let service = {
@@ -507,7 +541,7 @@ impl Connection {
         };
         // Dropping the connection closes the socket (and `_registered` frees its slot).
         if let Some(reason) = closed {
-            self.metrics.http_connection_closed(reason.as_str());
+            self.events.connection_closed(reason.as_str());
         }
     }
 
