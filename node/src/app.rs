@@ -59,6 +59,11 @@ pub struct App {
     /// Reads that walk a whole agent log (verify, per-agent proofs, some public) run on
     /// blocking threads, this many at once, so a flood of them cannot starve decisions.
     pub whole_log_reads: tokio::sync::Semaphore,
+    /// Writes a follower forwards although their token means nothing to its state (yet:
+    /// it may lag an operator's creation), this many at once: each body is held whole
+    /// while it is relayed, and a token anyone can make up must not make a node hold
+    /// one body per connection (`api::forward`).
+    pub unverified_forwards: tokio::sync::Semaphore,
     /// This node's Raft log as the disk has it: its repair floor (`store::repair_floor`).
     pub log: Option<DurableLog>,
     /// When each peer last answered this node's Raft RPCs (`peer_contacts`).
@@ -79,6 +84,8 @@ pub struct App {
 
 /// Whole-log reads at once (`App::whole_log_reads`).
 const WHOLE_LOG_READS: usize = 2;
+/// Writes with a token this node does not know, relayed at once (`App::unverified_forwards`).
+const UNVERIFIED_FORWARDS: usize = 4;
 
 /// The witnesses this node trusts: a witnessed checkpoint is stored only when it verifies
 /// against the cluster's own key and at least `quorum` of these cosigned it. With none
@@ -215,6 +222,7 @@ impl App {
             peers: Arc::default(),
             disk: None,
             whole_log_reads: tokio::sync::Semaphore::new(WHOLE_LOG_READS),
+            unverified_forwards: tokio::sync::Semaphore::new(UNVERIFIED_FORWARDS),
             operator_changes: Default::default(),
             import_writes: Default::default(),
         }

@@ -431,3 +431,99 @@ async fn a_follower_flooded_past_its_open_file_limit_stays_reachable() {
         cluster.log_tails(30)
     );
 }
+
+/// Sends only the head of a 2 MiB JSON write to `path` (with `token`, if any) and waits
+/// up to `wait` for an answer: its status line, or `None` if none came (the node is
+/// waiting for the body). The stream is returned so the caller decides when it closes.
+async fn write_head_only(
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
+    wait: Duration,
+) -> (Option<String>, TcpStream) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n\
+         Content-Length: 2000000\r\n{auth}\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.expect("write");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + wait;
+    while !answer.windows(2).any(|w| w == b"\r\n") {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => answer.extend_from_slice(&buf[..n]),
+            // Closed without an answer, or nothing within `wait`.
+            _ => return (None, stream),
+        }
+    }
+    let text = String::from_utf8_lossy(&answer);
+    (text.lines().next().map(str::to_string), stream)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_without_a_valid_token_is_refused_before_its_body_is_read() {
+    // Long enough that a held body is not cut for stalling while the test probes.
+    let cluster = Cluster::start_with(3, &["--http-header-timeout-ms", "60000"]).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let follower = (leader + 1) % 3;
+    let token = cluster.create_agent(leader, "known", policy()).await;
+    let path = "/v1/agents/known/actions";
+    // An answer to a head alone is prompt; a node that waits for the body gives none.
+    let prompt = Duration::from_secs(5);
+    let forged = "agt_known.not-a-valid-signature";
+
+    // The leader refuses at the head: no token, and a token that is not valid.
+    for (node, token) in [(leader, None), (leader, Some(forged)), (follower, None)] {
+        let (status, _) = write_head_only(&cluster.addrs[node], path, token, prompt).await;
+        assert_eq!(
+            status.as_deref(),
+            Some("HTTP/1.1 401 Unauthorized"),
+            "node {node}, token {token:?}: the body was waited for"
+        );
+    }
+
+    // A follower cannot tell a forged token from one its state has not caught up with:
+    // it relays such writes, but holds at most four of their bodies at once.
+    let mut held = Vec::new();
+    let refused = loop {
+        assert!(held.len() <= 8, "{} bodies held, none refused", held.len());
+        let (status, stream) =
+            write_head_only(&cluster.addrs[follower], path, Some(forged), prompt).await;
+        match status {
+            None => held.push(stream),
+            Some(status) => break status,
+        }
+    };
+    assert_eq!(refused, "HTTP/1.1 503 Service Unavailable");
+    assert_eq!(held.len(), 4, "bodies held before the refusal");
+
+    // With the held ones gone, an unknown token's write is relayed again, and the
+    // leader answers it; a valid token's write goes through the follower as ever.
+    drop(held);
+    let (status, reply) = cluster
+        .post_until_served(
+            follower,
+            path,
+            forged,
+            json!({"tool": "search", "input": {}}),
+            "k1",
+        )
+        .await;
+    assert_eq!(status, 401, "{reply}");
+    let (status, reply) = cluster
+        .post_until_served(
+            follower,
+            path,
+            &token,
+            json!({"tool": "search", "input": {}}),
+            "k2",
+        )
+        .await;
+    assert_eq!(
+        (status, &reply["decision"]),
+        (200, &json!("allowed")),
+        "{reply}"
+    );
+}

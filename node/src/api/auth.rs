@@ -1,7 +1,12 @@
 //! Bearer tokens: the shared admin token, a named operator's token (acting within its
 //! role), or an agent token that acts only as its agent.
 
-use axum::http::HeaderMap;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use lineage_core::guard::is_agent_id;
 use lineage_core::operators::{Role, BUILTIN_ADMIN};
 use lineage_core::token;
@@ -127,6 +132,32 @@ impl Principal {
             Principal::Agent(id, _) => serde_json::json!({"kind": "agent", "agent_id": id}),
         }
     }
+}
+
+/// Every write on the node that serves it (the leader; a node for its own `/v1/node/…`
+/// routes) must name a principal before its body is read. The handler checks what that
+/// principal may do, as before; this only keeps a caller with no valid token from making
+/// the node read and hold a body of up to 2 MiB on each of its connections. Reads carry
+/// no body; their handlers check their own tokens (some are public).
+pub async fn principal_before_body(
+    State(app): State<Arc<App>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.method() != Method::GET {
+        if let Err(refused) = principal(request.headers(), &app) {
+            return refused.into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Whether the request carries a bearer token at all (valid or not).
+pub fn has_bearer_token(headers: &HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("Bearer "))
 }
 
 /// Who the `Authorization: Bearer <token>` header speaks for. `Bearer ` is

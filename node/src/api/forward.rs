@@ -56,11 +56,42 @@ pub async fn route_to_leader(
             if request.headers().contains_key(FORWARDED_HEADER) {
                 return ApiError::from(AppError::NoLeader).into_response();
             }
+            let _unverified = match admit_body(&app, &request) {
+                Ok(permit) => permit,
+                Err(refused) => return refused.into_response(),
+            };
             forward(&app, &addr, request)
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         }
         Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// Whether this follower reads a write's body to relay it. A token its state knows: yes.
+/// No token: 401 here, as the leader would answer, without reading it. A token its state
+/// does not know may still be valid on the leader (an operator added a moment ago, not
+/// yet applied here), so it is relayed, but only [`App::unverified_forwards`] such
+/// bodies at once; past that, 503 (clients retry another node).
+fn admit_body<'a>(
+    app: &'a App,
+    request: &Request,
+) -> Result<Option<tokio::sync::SemaphorePermit<'a>>, ApiError> {
+    if request.method() == axum::http::Method::GET {
+        return Ok(None);
+    }
+    match super::auth::principal(request.headers(), app) {
+        Ok(_) => Ok(None),
+        Err(refused) if !super::auth::has_bearer_token(request.headers()) => Err(refused),
+        Err(_) => app
+            .unverified_forwards
+            .try_acquire()
+            .map(Some)
+            .map_err(|_| {
+                ApiError::unavailable(
+                    "too many writes with tokens this node does not know are being relayed; retry",
+                )
+            }),
     }
 }
 
@@ -99,9 +130,14 @@ async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, Ap
     let (parts, body) = request.into_parts();
     let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let url = format!("{}://{addr}{path_and_query}", app.scheme);
-    let bytes = to_bytes(body, MAX_BODY_BYTES)
-        .await
-        .map_err(|_| ApiError::BodyTooLarge(MAX_BODY_BYTES))?;
+    // A read's handler takes no body: none is read or relayed.
+    let bytes = if parts.method == axum::http::Method::GET {
+        axum::body::Bytes::new()
+    } else {
+        to_bytes(body, MAX_BODY_BYTES)
+            .await
+            .map_err(|_| ApiError::BodyTooLarge(MAX_BODY_BYTES))?
+    };
     let mut outgoing = app
         .http
         .current()

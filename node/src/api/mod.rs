@@ -123,8 +123,14 @@ pub fn route_table() -> Vec<(Method, &'static str)> {
 
 /// The leader-routed routes merged with the local, health and Raft routes.
 pub fn router(app: Arc<App>) -> Router {
+    // Layers run outside in: forward (on a follower) first, then the token check on
+    // the node that serves the request.
     let leader = leader_routes()
         .into_router()
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            auth::principal_before_body,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
             forward::route_to_leader,
