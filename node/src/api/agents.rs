@@ -551,7 +551,7 @@ pub async fn verify_agent(
     require(&headers, &app, Need::Read)?;
     path_agent_id(&agent_id)?;
     app.with_agent(&agent_id, |_| ())?;
-    whole_log_read(&app, move |app| {
+    whole_log_read(&app, SlotWait::Queue, move |app| {
         let options = VerifyOptions {
             public_key: Some(app.keys.audit.public_key_hex().to_string()),
             checkpoint: None,
@@ -570,17 +570,34 @@ pub async fn verify_agent(
     .map(Json)
 }
 
+/// How long a whole-log read waits for a slot.
+enum SlotWait {
+    /// As long as it takes (its caller was authorised for this read).
+    Queue,
+    /// Up to this long, then 503.
+    AtMost(std::time::Duration),
+    /// Not at all: 503 at once if every slot is busy.
+    NotAtAll,
+}
+
 /// Runs `read`, which walks a whole agent log, on a blocking thread once one of the
 /// node's few whole-log slots is free (`App::whole_log_reads`).
 async fn whole_log_read<T: Send + 'static>(
     app: &Arc<App>,
+    wait: SlotWait,
     read: impl FnOnce(&App) -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    let _slot = app
-        .whole_log_reads
-        .acquire()
-        .await
-        .map_err(|_| ApiError::unavailable("the node is shutting down"))?;
+    let busy = || ApiError::unavailable("every whole-log read slot is busy; retry shortly");
+    let closed = |_| ApiError::unavailable("the node is shutting down");
+    let slots = &app.whole_log_reads;
+    let _slot = match wait {
+        SlotWait::Queue => slots.acquire().await.map_err(closed)?,
+        SlotWait::AtMost(limit) => tokio::time::timeout(limit, slots.acquire())
+            .await
+            .map_err(|_| busy())?
+            .map_err(closed)?,
+        SlotWait::NotAtAll => slots.try_acquire().map_err(|_| busy())?,
+    };
     let app = app.clone();
     tokio::task::spawn_blocking(move || read(&app))
         .await
@@ -620,20 +637,16 @@ async fn proof_over_records(
         )));
     }
     argument?;
-    let busy = || ApiError::unavailable("every whole-log read slot is busy; retry shortly");
-    let _slot = if crate::api::auth::principal(headers, app).is_ok() {
-        tokio::time::timeout(PROOF_SLOT_WAIT, app.whole_log_reads.acquire())
-            .await
-            .map_err(|_| busy())?
-            .map_err(|_| ApiError::unavailable("the node is shutting down"))?
+    let wait = if crate::api::auth::principal(headers, app).is_ok() {
+        SlotWait::AtMost(PROOF_SLOT_WAIT)
     } else {
-        app.whole_log_reads.try_acquire().map_err(|_| busy())?
+        SlotWait::NotAtAll
     };
-    let app = app.clone();
-    tokio::task::spawn_blocking(move || build(&record_hashes(&app, &agent_id, size)?))
-        .await
-        .map_err(|e| ApiError::Internal(format!("proof read: {e}")))?
-        .map(Json)
+    whole_log_read(app, wait, move |app| {
+        build(&record_hashes(app, &agent_id, size)?)
+    })
+    .await
+    .map(Json)
 }
 
 /// The agent's first `size` record hashes (the leaves of its tree of that size).

@@ -102,6 +102,15 @@ pub fn mark_format(db: &Database) -> Result<(), String> {
     txn.commit().map_err(|e| e.to_string())
 }
 
+/// Which copy of a record line `StateMachine::walk_record_lines` met.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LineCopy {
+    /// Applied, not yet committed to the tables.
+    Overlay,
+    /// In the tables.
+    Table,
+}
+
 /// Why a stored record could not be read back ([`StateMachine::record_at`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecordError {
@@ -475,23 +484,9 @@ impl StateMachine {
             }
             Ok(())
         };
-        // The overlay first, then the tables, as `record_lines` reads them.
-        for ((_, seq), line) in self
-            .read_data()
-            .unflushed
-            .records
-            .range((agent_id.to_string(), 0)..(agent_id.to_string(), size))
-        {
-            take(*seq, line)?;
-        }
-        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
-        let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
-        let packed = txn
-            .open_table(record_rows::PACKED_RUNS)
-            .map_err(|e| e.to_string())?;
         let mut failed = None;
-        record_rows::visit_lines(&table, &packed, agent_id, 0, |seq, line| {
-            if seq >= size {
+        self.walk_record_lines(agent_id, 0, |_, seq, line| {
+            if failed.is_some() || seq >= size {
                 return false;
             }
             failed = take(seq, line).err();
@@ -535,30 +530,55 @@ impl StateMachine {
         from: u64,
         limit: usize,
     ) -> Result<Vec<(u64, String)>, RecordError> {
-        // The overlay first, then the tables: a row leaves the overlay only after it is
-        // committed, so every applied row is in one or the other (or both).
-        let mut lines: BTreeMap<u64, String> = self
-            .read_data()
-            .unflushed
-            .records
-            .range((agent_id.to_string(), from)..=(agent_id.to_string(), u64::MAX))
-            .take(limit)
-            .map(|((_, seq), line)| (*seq, line.clone()))
-            .collect();
+        let mut lines: BTreeMap<u64, String> = BTreeMap::new();
+        let (mut from_overlay, mut from_tables) = (0, 0);
+        self.walk_record_lines(agent_id, from, |copy, seq, line| {
+            // The first copy met wins: the overlay's.
+            lines.entry(seq).or_insert_with(|| line.to_string());
+            let taken = match copy {
+                LineCopy::Overlay => &mut from_overlay,
+                LineCopy::Table => &mut from_tables,
+            };
+            *taken += 1;
+            *taken < limit
+        })?;
+        Ok(lines.into_iter().take(limit).collect())
+    }
+
+    /// Walks `agent_id`'s stored record lines from seq `from`: the overlay's in order,
+    /// then the tables' in order, each while `visit` returns true. A row leaves the
+    /// overlay only after it is committed, so every applied row is met at least once; a
+    /// row in both is met twice, the overlay's copy first. A row of the tables that does
+    /// not read back (`record_rows::visit_lines` checks each) ends the walk with
+    /// `RecordError::Damaged`.
+    fn walk_record_lines(
+        &self,
+        agent_id: &str,
+        from: u64,
+        mut visit: impl FnMut(LineCopy, u64, &str) -> bool,
+    ) -> Result<(), RecordError> {
+        {
+            let data = self.read_data();
+            let overlay = data
+                .unflushed
+                .records
+                .range((agent_id.to_string(), from)..=(agent_id.to_string(), u64::MAX));
+            for ((_, seq), line) in overlay {
+                if !visit(LineCopy::Overlay, *seq, line) {
+                    break;
+                }
+            }
+        }
         let store = |e: &dyn std::fmt::Display| RecordError::Store(e.to_string());
         let txn = self.db.begin_read().map_err(|e| store(&e))?;
         let table = txn.open_table(RECORDS).map_err(|e| store(&e))?;
         let packed = txn
             .open_table(record_rows::PACKED_RUNS)
             .map_err(|e| store(&e))?;
-        let mut taken = 0;
         record_rows::visit_lines(&table, &packed, agent_id, from, |seq, line| {
-            lines.entry(seq).or_insert_with(|| line.to_string());
-            taken += 1;
-            taken < limit
+            visit(LineCopy::Table, seq, line)
         })
-        .map_err(|e| RecordError::Damaged(e.to_string()))?;
-        Ok(lines.into_iter().take(limit).collect())
+        .map_err(|e| RecordError::Damaged(e.to_string()))
     }
 
     /// System log lines with seq in `from..` (at most `limit`), from this node's copy
