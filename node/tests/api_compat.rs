@@ -1103,3 +1103,46 @@ async fn query_strings_are_parsed_one_way() {
     let (status, _) = node.get("/v1/agents/bot?local=%74rue", admin).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+/// Errors the framework would answer in plain text are JSON with a code, like every
+/// other error: a path parameter that does not decode to UTF-8, and an oversized body
+/// on the one route that takes text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_paths_and_oversized_text_bodies_get_json_errors() {
+    let node = start().await;
+    let admin = Some(ADMIN);
+    for (method, path) in [
+        (Method::GET, "/v1/agents/%FF"),
+        (Method::GET, "/v1/agents/%C0%80/log"),
+        (Method::GET, "/v1/agents/%FF/actions/pending"),
+        (Method::GET, "/v1/agents/bot/actions/%FF"),
+        (Method::GET, "/v1/agents/%FF/proof/inclusion?index=0&size=1"),
+        (Method::POST, "/v1/operators/%FF/revoke"),
+        (Method::POST, "/v1/agents/%FF/terminate"),
+    ] {
+        let (status, reply) = node
+            .call(method.clone(), path, admin, Some(json!({})))
+            .await;
+        assert_eq!(status.as_u16(), 400, "{method} {path}: {reply}");
+        assert_eq!(reply["code"], "bad_request", "{method} {path}: {reply}");
+        assert!(
+            reply["error"].as_str().is_some_and(|e| e.contains("UTF-8")),
+            "{method} {path}: {reply}"
+        );
+    }
+    let reply = node
+        .http
+        .post(format!(
+            "{}/v1/transparency/checkpoint/witnessed",
+            node.base
+        ))
+        .bearer_auth(ADMIN)
+        .header("content-type", "text/plain")
+        .body("a".repeat(3 * 1024 * 1024))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status().as_u16(), 413);
+    let reply: Value = reply.json().await.expect("a JSON error");
+    assert_eq!(reply["code"], "body_too_large", "{reply}");
+}

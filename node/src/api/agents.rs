@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use super::auth::{path_agent_id, require, require_agent_or, validate_agent_id, Need, Principal};
 use super::error::ApiError;
 use super::idempotency::{IdempotencyKey, WriteBody};
+use super::path::ApiPath;
 use super::query::Query;
 use crate::app::{Answer, App, EntryError, Respond, UnreadableRequest};
 use crate::store::AgentSlot;
@@ -190,7 +191,7 @@ pub async fn list_agents(State(app): State<Arc<App>>, headers: HeaderMap) -> Res
 
 pub async fn agent_status(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
     require_agent_or(&headers, &app, &agent_id, Need::Read)?;
@@ -201,7 +202,7 @@ pub async fn agent_status(
 
 pub async fn agent_token(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
     require(&headers, &app, Need::Admin)?;
@@ -221,7 +222,7 @@ fn current_token(app: &App, agent_id: &str) -> String {
 /// follower once it has applied the change).
 pub async fn reissue_token(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
     let principal = require(&headers, &app, Need::Admin)?;
@@ -241,7 +242,7 @@ pub async fn reissue_token(
 
 pub async fn request_action(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
     body: WriteBody<ActionBody>,
 ) -> Result<Response> {
@@ -261,7 +262,7 @@ pub async fn request_action(
 
 pub async fn pending_actions(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
     require(&headers, &app, Need::Read)?;
@@ -372,7 +373,7 @@ fn parse_pending_cursor(cursor: &str) -> Result<(String, u64)> {
 
 pub async fn get_action(
     State(app): State<Arc<App>>,
-    Path((agent_id, action_id)): Path<(String, String)>,
+    ApiPath((agent_id, action_id)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
     require_agent_or(&headers, &app, &agent_id, Need::Read)?;
@@ -385,7 +386,7 @@ pub async fn get_action(
 
 pub async fn report_outcome(
     State(app): State<Arc<App>>,
-    Path((agent_id, action_id)): Path<(String, String)>,
+    ApiPath((agent_id, action_id)): ApiPath<(String, String)>,
     headers: HeaderMap,
     body: WriteBody<OutcomeBody>,
 ) -> Result<Response> {
@@ -415,7 +416,7 @@ pub async fn report_outcome(
 
 pub async fn approve_action(
     State(app): State<Arc<App>>,
-    Path((agent_id, action_id)): Path<(String, String)>,
+    ApiPath((agent_id, action_id)): ApiPath<(String, String)>,
     headers: HeaderMap,
     body: WriteBody<ApproveBody>,
 ) -> Result<Response> {
@@ -434,7 +435,7 @@ pub async fn approve_action(
 
 pub async fn reject_action(
     State(app): State<Arc<App>>,
-    Path((agent_id, action_id)): Path<(String, String)>,
+    ApiPath((agent_id, action_id)): ApiPath<(String, String)>,
     headers: HeaderMap,
     body: WriteBody<RejectBody>,
 ) -> Result<Response> {
@@ -459,7 +460,7 @@ pub async fn reject_action(
 
 pub async fn add_scar(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
     body: WriteBody<ScarBody>,
 ) -> Result<Response> {
@@ -489,7 +490,7 @@ pub async fn add_scar(
 
 pub async fn terminate(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
     body: WriteBody<TerminateBody>,
 ) -> Result<Response> {
@@ -515,7 +516,7 @@ pub async fn terminate(
 
 pub async fn agent_log(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     query: Query,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
@@ -545,7 +546,7 @@ pub async fn agent_log(
 
 pub async fn verify_agent(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>> {
     require(&headers, &app, Need::Read)?;
@@ -664,7 +665,7 @@ pub(super) fn b64(hash: &Hash) -> String {
 /// of size N (leaves are record hashes).
 pub async fn inclusion_proof(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
     query: Query,
 ) -> Result<Json<Value>> {
@@ -697,7 +698,7 @@ pub async fn inclusion_proof(
 /// prefix of its tree of size N.
 pub async fn consistency_proof(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
     query: Query,
 ) -> Result<Json<Value>> {

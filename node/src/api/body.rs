@@ -47,6 +47,28 @@ pub async fn json_bytes<S: Send + Sync, const LIMIT: usize>(
     if !is_json {
         return Err(ApiError::UnsupportedMediaType);
     }
+    bytes_within::<S, LIMIT>(request, state).await
+}
+
+/// A body of any content type, as bytes, with the API's JSON errors (axum's own `Bytes`
+/// answers an oversized body with a plain-text 413).
+pub struct RawBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        bytes_within::<S, MAX_BODY_BYTES>(request, state)
+            .await
+            .map(RawBody)
+    }
+}
+
+/// The body's bytes, within the route's body limit (`LIMIT` names it in the 413).
+async fn bytes_within<S: Send + Sync, const LIMIT: usize>(
+    request: Request,
+    state: &S,
+) -> Result<Bytes, ApiError> {
     Bytes::from_request(request, state)
         .await
         .map_err(|rejection| {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, Method};
 use axum::routing::{get, post};
 use axum::Json;
@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use super::auth::{path_agent_id, require, Need};
 use super::body::JsonBody;
 use super::error::ApiError;
+use super::path::ApiPath;
 use super::route_book::RouteBook;
 use crate::app::App;
 use crate::raft_types::{
@@ -79,7 +80,7 @@ fn hex64(text: &str, what: &str) -> Result<(), ApiError> {
 /// the next seq and head this node holds.
 async fn status(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     require(&headers, &app, Need::Admin)?;
@@ -105,7 +106,7 @@ async fn status(
 
 async fn begin(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<BeginBody>,
 ) -> Result<Json<Value>, ApiError> {
@@ -123,7 +124,7 @@ async fn begin(
 
 async fn records(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<RecordsBody>,
 ) -> Result<Json<Value>, ApiError> {
@@ -167,7 +168,7 @@ async fn step_and_status(app: &App, step: ImportStep) -> Result<Json<Value>, Api
 
 async fn commit(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<CommitBody>,
 ) -> Result<Json<Value>, ApiError> {
@@ -196,7 +197,7 @@ pub struct TombstoneBody {
 /// `agent_id_reserved` on create). Again, it is answered as done.
 async fn tombstone(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<TombstoneBody>,
 ) -> Result<Json<Value>, ApiError> {
@@ -225,7 +226,7 @@ async fn tombstone(
 /// node and the id is free again, for a new import.
 async fn abort(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     require(&headers, &app, Need::Admin)?;

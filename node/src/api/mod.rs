@@ -11,6 +11,7 @@ pub mod import;
 pub mod metrics_http;
 pub mod openapi;
 pub mod operators;
+pub mod path;
 pub mod query;
 pub mod route_book;
 pub mod transparency;

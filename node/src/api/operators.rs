@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, Method};
 use axum::routing::{get, post};
 use axum::Json;
@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use super::auth::{principal, require, Need, Principal};
 use super::body::JsonBody;
 use super::error::ApiError;
+use super::path::ApiPath;
 use super::route_book::RouteBook;
 use crate::app::App;
 
@@ -117,7 +118,7 @@ async fn add(
 /// leader, and on each follower once it applies the change.
 async fn revoke(
     State(app): State<Arc<App>>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     let principal = require(&headers, &app, Need::Admin)?;

@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -15,7 +14,9 @@ use serde_json::{json, Value};
 
 use super::agents::{b64, query_numbers};
 use super::auth::{path_agent_id, require, Need};
+use super::body::RawBody;
 use super::error::ApiError;
+use super::path::ApiPath;
 use super::query::Query;
 use crate::app::App;
 use crate::raft_types::{ApplyOutcome, Proposal};
@@ -84,7 +85,7 @@ pub async fn witnessed(State(app): State<Arc<App>>) -> Result<Response> {
 pub async fn store_witnessed(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<Json<Value>> {
     require(&headers, &app, Need::Publish)?;
     if body.len() > MAX_WITNESSED_NOTE {
@@ -165,7 +166,7 @@ pub async fn leaves(State(app): State<Arc<App>>, query: Query) -> Result<Json<Va
 /// latest round), its index and inclusion proof, and the signed checkpoint of size N.
 pub async fn head_proof(
     State(app): State<Arc<App>>,
-    Path(agent_id): Path<String>,
+    ApiPath(agent_id): ApiPath<String>,
     query: Query,
 ) -> Result<Json<Value>> {
     path_agent_id(&agent_id)?;
