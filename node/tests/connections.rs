@@ -91,19 +91,15 @@ type Trickle = (
 
 /// `n` connections that send `first` and then trickle `byte`s: bytes keep moving, and
 /// still what they began never completes.
-async fn open_trickles(
-    addr: &str,
-    n: usize,
-    first: &'static [u8],
-    byte: &'static [u8],
-) -> Vec<Trickle> {
+async fn open_trickles(addr: &str, n: usize, first: &[u8], byte: &'static [u8]) -> Vec<Trickle> {
     let mut trickles = Vec::new();
     for _ in 0..n {
         let stream = TcpStream::connect(addr).await.expect("connect");
         let started = Instant::now();
         let (read, mut write) = stream.into_split();
+        let first = first.to_vec();
         let trickle = tokio::spawn(async move {
-            write.write_all(first).await.ok();
+            write.write_all(&first).await.ok();
             while started.elapsed() < CLOSE_BOUND {
                 if write.write_all(byte).await.is_err() {
                     return;
@@ -121,34 +117,30 @@ async fn open_slow_heads(addr: &str, n: usize) -> Vec<Trickle> {
     open_trickles(addr, n, b"GET /healthz HTTP/1.1\r\n", b"X").await
 }
 
-/// `n` connections that send a head promising a body, then stall in it.
-async fn open_stalled_bodies(addr: &str, n: usize) -> Vec<(TcpStream, Instant)> {
+/// `n` connections that send a head promising a body, then stall in it. The head
+/// carries `admin`'s token: a write without one is refused before its body is read.
+async fn open_stalled_bodies(addr: &str, n: usize, admin: &str) -> Vec<(TcpStream, Instant)> {
     let mut stalled_bodies = Vec::new();
     for _ in 0..n {
         let mut stream = TcpStream::connect(addr).await.expect("connect");
-        stream
-            .write_all(
-                b"POST /v1/agents HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n\
-                  Content-Length: 100\r\n\r\n{\"agent_id\":",
-            )
-            .await
-            .expect("write");
+        let head = format!(
+            "POST /v1/agents HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n\
+             Authorization: Bearer {admin}\r\nContent-Length: 100\r\n\r\n{{\"agent_id\":"
+        );
+        stream.write_all(head.as_bytes()).await.expect("write");
         stalled_bodies.push((stream, Instant::now()));
     }
     stalled_bodies
 }
 
-/// `n` connections that send a head promising a long body, then a byte of it at a time:
-/// never stalled between bytes, never finished.
-async fn open_trickled_bodies(addr: &str, n: usize) -> Vec<Trickle> {
-    open_trickles(
-        addr,
-        n,
-        b"POST /v1/agents HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n\
-          Content-Length: 100000\r\n\r\n\"",
-        b"x",
-    )
-    .await
+/// `n` connections that send a head promising a long body (with `admin`'s token), then
+/// a byte of it at a time: never stalled between bytes, never finished.
+async fn open_trickled_bodies(addr: &str, n: usize, admin: &str) -> Vec<Trickle> {
+    let head = format!(
+        "POST /v1/agents HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n\
+         Authorization: Bearer {admin}\r\nContent-Length: 100000\r\n\r\n\""
+    );
+    open_trickles(addr, n, head.as_bytes(), b"x").await
 }
 
 /// One connection that asks every half idle timeout, so it is never idle that long;
@@ -198,8 +190,9 @@ async fn silent_slow_and_idle_connections_are_closed_and_a_busy_one_is_not() {
         idle_conns.push((stream, Instant::now()));
     }
     let slow_heads = open_slow_heads(&addr, 10).await;
-    let stalled_bodies = open_stalled_bodies(&addr, 5).await;
-    let trickled_bodies = open_trickled_bodies(&addr, 5).await;
+    let admin = cluster.admin.trim();
+    let stalled_bodies = open_stalled_bodies(&addr, 5, admin).await;
+    let trickled_bodies = open_trickled_bodies(&addr, 5, admin).await;
     let busy = tokio::spawn(ask_every_half_idle_timeout(addr.clone()));
 
     let silent_closes: Vec<_> = silent
