@@ -64,6 +64,8 @@ pub struct App {
     /// while it is relayed, and a token anyone can make up must not make a node hold
     /// one body per connection (`api::forward`).
     pub unverified_forwards: tokio::sync::Semaphore,
+    /// Leadership confirmations for linearizable reads, shared (`read_rounds`).
+    read_rounds: crate::read_rounds::ReadRounds<Result<Lead, RoundError>>,
     /// This node's Raft log as the disk has it: its repair floor (`store::repair_floor`).
     pub log: Option<DurableLog>,
     /// When each peer last answered this node's Raft RPCs (`peer_contacts`).
@@ -121,8 +123,16 @@ impl WitnessPolicy {
     }
 }
 
+/// Why a leadership round failed, shared by the reads that waited for it.
+#[derive(Clone, Debug)]
+enum RoundError {
+    NoLeader,
+    Unavailable(String),
+}
+
 /// Who serves a request: this node (it is the confirmed leader, caught up) or the
 /// leader at `addr`.
+#[derive(Clone, Debug)]
 pub enum Lead {
     Here,
     Forward(String),
@@ -223,6 +233,7 @@ impl App {
             disk: None,
             whole_log_reads: tokio::sync::Semaphore::new(WHOLE_LOG_READS),
             unverified_forwards: tokio::sync::Semaphore::new(UNVERIFIED_FORWARDS),
+            read_rounds: Default::default(),
             operator_changes: Default::default(),
             import_writes: Default::default(),
         }
@@ -297,32 +308,45 @@ impl App {
     /// Confirms leadership with a quorum and waits until everything committed is applied
     /// here; otherwise says where the leader is.
     pub async fn lead(&self) -> Result<Lead, AppError> {
+        let confirmed = self
+            .read_rounds
+            .confirm(|| self.confirm_leadership())
+            .await
+            .map_err(|e| match e {
+                RoundError::NoLeader => AppError::NoLeader,
+                RoundError::Unavailable(why) => AppError::Unavailable(why),
+            })?;
+        if let Lead::Here = confirmed {
+            // openraft 0.9 reads at max(committed, the leader's first entry of its
+            // term). A leader restarted within its term (kill -9 of every node) has a
+            // committed index rolled back to what was on disk and an old first entry,
+            // so entries acknowledged before the restart may not be applied yet.
+            // Reading at the leader's last log index, read after the round, covers all
+            // of them.
+            let last = self.raft.metrics().borrow().last_log_index;
+            self.raft
+                .wait(Some(READ_CATCH_UP))
+                .applied_index_at_least(last, "linearizable read")
+                .await
+                .map_err(|e| AppError::Unavailable(format!("not caught up for a read yet: {e}")))?;
+        }
+        Ok(confirmed)
+    }
+
+    /// One round of openraft's leadership check (a heartbeat to every follower), which
+    /// `read_rounds` shares among the reads that may use it.
+    async fn confirm_leadership(&self) -> Result<Lead, RoundError> {
         match self.raft.ensure_linearizable().await {
-            Ok(_) => {
-                // openraft 0.9 reads at max(committed, the leader's first entry of its
-                // term). A leader restarted within its term (kill -9 of every node) has
-                // a committed index rolled back to what was on disk and an old first
-                // entry, so entries acknowledged before the restart may not be applied
-                // yet. Reading at the leader's last log index covers all of them.
-                let last = self.raft.metrics().borrow().last_log_index;
-                self.raft
-                    .wait(Some(READ_CATCH_UP))
-                    .applied_index_at_least(last, "linearizable read")
-                    .await
-                    .map_err(|e| {
-                        AppError::Unavailable(format!("not caught up for a read yet: {e}"))
-                    })?;
-                Ok(Lead::Here)
-            }
+            Ok(_) => Ok(Lead::Here),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => match f.leader_node
             {
                 Some(node) if f.leader_id != Some(self.id) => Ok(Lead::Forward(node.addr)),
-                _ => Err(AppError::NoLeader),
+                _ => Err(RoundError::NoLeader),
             },
             Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
-                Err(AppError::NoLeader)
+                Err(RoundError::NoLeader)
             }
-            Err(e) => Err(AppError::Unavailable(e.to_string())),
+            Err(e) => Err(RoundError::Unavailable(e.to_string())),
         }
     }
 

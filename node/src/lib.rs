@@ -46,6 +46,7 @@ pub mod metrics;
 pub mod network;
 pub mod operator_changes;
 pub mod raft_types;
+pub mod read_rounds;
 pub mod reference_logs;
 pub mod request_rate;
 pub mod rotating_secrets;

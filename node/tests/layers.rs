@@ -41,6 +41,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("disk_reserve", Layer::Service),
     ("idempotency_key", Layer::Service),
     ("request_rate", Layer::Service),
+    ("read_rounds", Layer::Service),
     ("agent_lanes", Layer::Service),
     ("tls_reload", Layer::Service),
     ("reference_logs", Layer::Service),

@@ -20,6 +20,9 @@
 //!     [--idempotency-keys] (each request carries its own Idempotency-Key, as both
 //!                         clients send: every decision also stores its answer; with
 //!                         --wrk too)
+//!     [--reads]          (with --wrk: each request reads its agent's status instead, a
+//!                         linearizable read, so figures are reads where they say
+//!                         decisions)
 //!
 //! Each node's line gives its CPU time per decision (user + system): on a shared machine
 //! that varies far less than decisions/s, so compare builds by it. The `machine` line
@@ -51,6 +54,8 @@ struct Args {
     tls: bool,
     /// Every request carries an Idempotency-Key of its own.
     idempotency_keys: bool,
+    /// Each request is a linearizable read of its agent's status (`GET /v1/agents/{id}`).
+    reads: bool,
     /// Another `lineage-node` build to measure against, in alternating rounds.
     baseline: Option<std::path::PathBuf>,
     /// The `lineage-node` build to measure (default: the one built beside this program).
@@ -71,6 +76,7 @@ fn parse_args() -> Result<Args, String> {
         wrk: false,
         tls: false,
         idempotency_keys: false,
+        reads: false,
         baseline: None,
         node: None,
         history: 0,
@@ -98,6 +104,10 @@ fn parse_args() -> Result<Args, String> {
                 args.idempotency_keys = true;
                 continue;
             }
+            "--reads" => {
+                args.reads = true;
+                continue;
+            }
             "--baseline-node" => {
                 let path = it.next().ok_or("--baseline-node needs a path")?;
                 args.baseline = Some(path.into());
@@ -122,6 +132,9 @@ fn parse_args() -> Result<Args, String> {
             "--history" => args.history = number.min(100_000_000),
             other => return Err(format!("unknown flag {other}")),
         }
+    }
+    if args.reads && (!args.wrk || args.idempotency_keys) {
+        return Err("--reads needs --wrk, and reads carry no Idempotency-Key".into());
     }
     if args.tls && !args.wrk {
         return Err("--tls needs --wrk (the built-in clients speak plain HTTP)".into());
@@ -613,9 +626,15 @@ fn run_wrk(url: &str, tokens: &[String], args: &Args) -> Result<LoadResult, Stri
         .iter()
         .enumerate()
         .map(|(a, token)| {
-            format!(
-                "wrk.format(\"POST\", \"/v1/agents/agent-{a}/actions\", {{[\"Authorization\"] = \"Bearer {token}\", [\"Content-Type\"] = \"application/json\"}}, '{{\"tool\":\"work\",\"input\":{{}}}}')"
-            )
+            if args.reads {
+                format!(
+                    "wrk.format(\"GET\", \"/v1/agents/agent-{a}\", {{[\"Authorization\"] = \"Bearer {token}\"}})"
+                )
+            } else {
+                format!(
+                    "wrk.format(\"POST\", \"/v1/agents/agent-{a}/actions\", {{[\"Authorization\"] = \"Bearer {token}\", [\"Content-Type\"] = \"application/json\"}}, '{{\"tool\":\"work\",\"input\":{{}}}}')"
+                )
+            }
         })
         .collect();
     let script = if args.idempotency_keys {
