@@ -402,4 +402,37 @@ mod tests {
         let refused = guard.pending().unwrap_err().to_string();
         assert!(refused.contains("act-5"), "{refused}");
     }
+
+    /// A read the disk fails fails the call: an I/O error is not a damaged record, and
+    /// must not be reported as one. The log's path is made to lead to this process's
+    /// `/proc/self/mem`, where a read at the record's offset (an unmapped address) fails
+    /// with EIO.
+    #[test]
+    fn a_read_error_fails_the_queue_rather_than_naming_an_entry_damaged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.jsonl");
+        let key = AuditKey::from_seed([7; 32]);
+        let policy = Policy::new(100)
+            .allow("refund", ToolRule::cost(1).with_approval())
+            .allow("search", ToolRule::cost(0));
+        let mut guard = Guard::create(&path, key, "agent", policy).unwrap();
+        // The queued request sits where the file keeps a mark (every 128 records), so
+        // the read that fails is that of its own line, not of the lines before it.
+        while guard.head().seq < 127 {
+            guard
+                .request("search", serde_json::json!({}), None)
+                .unwrap();
+        }
+        assert_eq!(guard.head().seq, 127, "records per request changed");
+        guard
+            .request("refund", serde_json::json!({"order": 1}), None)
+            .unwrap();
+        assert_eq!(guard.state().pending()[0].seq, 128);
+        std::fs::rename(&path, dir.path().join("moved.jsonl")).unwrap();
+        std::os::unix::fs::symlink("/proc/self/mem", &path).unwrap();
+        match guard.pending_queue() {
+            Err(GuardFileError::Audit(AuditError::Io { .. })) => {}
+            other => panic!("expected an I/O error, got {other:?}"),
+        }
+    }
 }

@@ -421,9 +421,17 @@ impl AuditLog {
                 }
                 at += 1;
             }
-            if !read_line_bounded(&mut reader, &mut line, MAX_RECORD_BYTES)
-                .map_err(|e| corrupt(seq, format!("malformed record: {e}")))?
-            {
+            // An over-long line is the record's fault; any other read error is the
+            // disk's, and fails the call rather than naming one record damaged.
+            let read =
+                read_line_bounded(&mut reader, &mut line, MAX_RECORD_BYTES).map_err(|e| {
+                    if e.kind() == io::ErrorKind::InvalidData {
+                        corrupt(seq, format!("malformed record: {e}"))
+                    } else {
+                        io_error(path)(e)
+                    }
+                })?;
+            if !read {
                 return Err(corrupt(seq, "the file ends before this record".into()));
             }
             next = Some(seq + 1);
