@@ -689,6 +689,10 @@ impl Checkpointer {
             let status = reply.status().as_u16();
             let text = match text_within(reply, MAX_WITNESS_ANSWER_BYTES).await {
                 Ok(text) => text,
+                // A refusal stays a refusal (an alarm) whatever its body held.
+                Err(e) if !matches!(status, 200 | 409) && status < 500 => {
+                    format!("<answer unreadable: {e}>")
+                }
                 Err(e) => {
                     // No answer to act on (cut off, or more than any witness sends):
                     // like an unreachable witness, counted, and tried again next round.

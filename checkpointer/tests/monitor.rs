@@ -802,13 +802,17 @@ async fn a_misbehaving_witness_is_blamed_and_a_failing_one_is_only_retried() {
     let report = round(&checkpointer).await;
     assert!(report.alarms.is_empty(), "{report:?}");
     assert_eq!(metrics.witness_errors.with_label_values(&["w1"]).get(), 2);
+    // A refusal padded past the bound is still a refusal, blamed on the witness.
+    witness.answer(Answer::Plain(403, "x".repeat(1 << 20)));
+    the_alarm(&round(&checkpointer).await, "witness_refused");
+    assert_eq!(blamed(), 6);
 
     witness.answer(Answer::Honest);
     let report = round(&checkpointer).await;
     assert_eq!(report.cosigned_by, vec!["w1".to_string()]);
     assert!(report.stored && report.alarms.is_empty(), "{report:?}");
     assert!(metrics.checkpoint_age.get().abs() < f64::EPSILON);
-    assert_eq!(blamed(), 5);
+    assert_eq!(blamed(), 6);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

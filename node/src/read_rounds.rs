@@ -7,7 +7,10 @@
 //! takes the result of the first round that *started after it arrived*: that round
 //! confirms leadership at a moment after the read arrived, which is all a linearizable
 //! read needs. Every read waiting while a round runs shares the next one, so at most one
-//! round runs at a time, and each read waits for at most two.
+//! round runs at a time, and each read waits for at most two (more only if a round is
+//! dropped part-way: its caller's client went away, and the next caller runs another).
+//! A round that never ends (openraft waits for its apply without a timeout) holds every
+//! read queued behind it, as it held each read before.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,7 +58,7 @@ impl<R: Clone> ReadRounds<R> {
         result
     }
 
-    /// Rounds run so far (for tests and metrics).
+    /// Rounds completed so far.
     pub fn rounds(&self) -> u64 {
         self.completed.load(Ordering::SeqCst)
     }

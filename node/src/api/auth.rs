@@ -1,8 +1,10 @@
 //! Bearer tokens: the shared admin token, a named operator's token (acting within its
 //! role), or an agent token that acts only as its agent.
 
+use std::pin::Pin;
 use std::sync::Arc;
 
+use axum::body::HttpBody;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method};
 use axum::middleware::Next;
@@ -11,6 +13,7 @@ use lineage_core::guard::is_agent_id;
 use lineage_core::operators::{Role, BUILTIN_ADMIN};
 use lineage_core::token;
 
+use super::body::MAX_BODY_BYTES;
 use super::error::ApiError;
 use super::idempotency::Caller;
 use crate::app::App;
@@ -144,12 +147,39 @@ pub async fn principal_before_body(
     request: Request,
     next: Next,
 ) -> Response {
-    if request.method() != Method::GET {
+    if !is_read(request.method()) {
         if let Err(refused) = principal(request.headers(), &app) {
-            return refused.into_response();
+            return refuse_unread(request, refused).await;
         }
     }
     next.run(request).await
+}
+
+/// GET and HEAD (axum answers HEAD with a route's GET handler): requests that take no
+/// body and change nothing.
+pub fn is_read(method: &Method) -> bool {
+    method == Method::GET || method == Method::HEAD
+}
+
+/// Answers `refused` at once to a request whose body is not wanted, and reads that body
+/// on to its end in the background, throwing it away a frame at a time (up to 2 MiB:
+/// memory holds one frame). Closing the socket on a client still sending its body would
+/// reset it before it read the answer (half of 1 MB writes got a reset, not the 401).
+/// The drain is bounded in time too: once the answer is out, the accept loop takes what
+/// arrives for the next request's head, and closes the connection after the header
+/// timeout.
+pub async fn refuse_unread(request: Request, refused: ApiError) -> Response {
+    let mut body = request.into_body();
+    tokio::spawn(async move {
+        let mut seen = 0usize;
+        while seen <= MAX_BODY_BYTES {
+            match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+                Some(Ok(frame)) => seen += frame.data_ref().map_or(0, |data| data.len()),
+                Some(Err(_)) | None => break,
+            }
+        }
+    });
+    refused.into_response()
 }
 
 /// Whether the request carries a bearer token at all (valid or not).

@@ -9,6 +9,7 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::auth::{is_read, refuse_unread};
 use super::body::MAX_BODY_BYTES;
 use super::error::ApiError;
 use crate::app::{App, AppError, Lead};
@@ -24,7 +25,7 @@ pub async fn route_to_leader(
     request: Request,
     next: Next,
 ) -> Response {
-    if asks_for_local_copy(&request) && request.method() != axum::http::Method::GET {
+    if asks_for_local_copy(&request) && !is_read(request.method()) {
         // A write always goes through the leader; a node's own copy is only for reads.
         return ApiError::BadRequest(
             "local=true is for GET reads of this node's copy; writes always go to the leader"
@@ -45,7 +46,7 @@ pub async fn route_to_leader(
     // Reads are linearizable: leadership confirmed with a quorum, state caught up.
     // Writes need only know who leads: apply rejects any record that does not extend
     // the agent's head, so a decision made on stale state can never take effect.
-    let lead = if request.method() == axum::http::Method::GET {
+    let lead = if is_read(request.method()) {
         app.lead().await
     } else {
         app.lead_for_write()
@@ -58,7 +59,7 @@ pub async fn route_to_leader(
             }
             let _unverified = match admit_body(&app, &request) {
                 Ok(permit) => permit,
-                Err(refused) => return refused.into_response(),
+                Err(refused) => return refuse_unread(request, refused).await,
             };
             forward(&app, &addr, request)
                 .await
@@ -77,7 +78,7 @@ fn admit_body<'a>(
     app: &'a App,
     request: &Request,
 ) -> Result<Option<tokio::sync::SemaphorePermit<'a>>, ApiError> {
-    if request.method() == axum::http::Method::GET {
+    if is_read(request.method()) {
         return Ok(None);
     }
     match super::auth::principal(request.headers(), app) {
@@ -130,8 +131,10 @@ async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, Ap
     let (parts, body) = request.into_parts();
     let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let url = format!("{}://{addr}{path_and_query}", app.scheme);
-    // A read's handler takes no body: none is read or relayed.
-    let bytes = if parts.method == axum::http::Method::GET {
+    // A read's handler takes no body: none is read or relayed (and it is dropped now,
+    // or the connection would count as reading a body while the leader answers).
+    let bytes = if is_read(&parts.method) {
+        drop(body);
         axum::body::Bytes::new()
     } else {
         to_bytes(body, MAX_BODY_BYTES)

@@ -22,6 +22,13 @@ where
         axum::extract::Path::<T>::from_request_parts(parts, state)
             .await
             .map(|axum::extract::Path(value)| ApiPath(value))
-            .map_err(|rejection| ApiError::BadRequest(rejection.body_text()))
+            .map_err(|rejection| {
+                // A parameter the route does not have is this node's own mistake.
+                if rejection.status().is_server_error() {
+                    ApiError::Internal(rejection.body_text())
+                } else {
+                    ApiError::BadRequest(rejection.body_text())
+                }
+            })
     }
 }
