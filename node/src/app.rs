@@ -308,9 +308,13 @@ impl App {
     /// Confirms leadership with a quorum and waits until everything committed is applied
     /// here; otherwise says where the leader is.
     pub async fn lead(&self) -> Result<Lead, AppError> {
+        self.metrics.linearizable_reads.inc();
         let confirmed = self
             .read_rounds
-            .confirm(|| self.confirm_leadership())
+            .confirm(|| async {
+                self.metrics.read_rounds.inc();
+                self.confirm_leadership().await
+            })
             .await
             .map_err(|e| match e {
                 RoundError::NoLeader => AppError::NoLeader,

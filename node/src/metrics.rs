@@ -63,6 +63,11 @@ pub struct Metrics {
     pub writes_pipelined: prometheus::IntCounter,
     /// Writes the state machine rejected because they did not extend the agent's head.
     pub writes_rejected_at_apply: prometheus::IntCounter,
+    /// Leadership rounds run for linearizable reads (`read_rounds`), against the reads.
+    pub read_rounds: prometheus::IntCounter,
+    pub linearizable_reads: prometheus::IntCounter,
+    /// Writes a follower refused (503) because its relays of unknown tokens were all busy.
+    pub unverified_relays_refused: prometheus::IntCounter,
     /// Stored idempotency answers past their window, by outcome (`idempotency_expiry`).
     pub idempotency_expired: IntCounterVec,
     /// Open client connections (`lineage_http_server`).
@@ -217,6 +222,23 @@ impl Metrics {
              does not hold); each is decided once more or answered with an error.",
         ));
         must(registry.register(Box::new(writes_rejected_at_apply.clone())));
+        let read_rounds = must(prometheus::IntCounter::new(
+            "read_rounds_total",
+            "Leadership rounds (a heartbeat to every follower) this node ran for \
+             linearizable reads; reads arriving during one share the next.",
+        ));
+        must(registry.register(Box::new(read_rounds.clone())));
+        let linearizable_reads = must(prometheus::IntCounter::new(
+            "linearizable_reads_total",
+            "Reads this node confirmed its leadership for (or learned the leader for).",
+        ));
+        must(registry.register(Box::new(linearizable_reads.clone())));
+        let unverified_relays_refused = must(prometheus::IntCounter::new(
+            "unverified_relays_refused_total",
+            "Writes this follower answered 503 because every relay for tokens its state \
+             does not know was busy (clients retry another node).",
+        ));
+        must(registry.register(Box::new(unverified_relays_refused.clone())));
         let idempotency_expired = counter(
             "idempotency_answers_expired_total",
             "Index rows of stored Idempotency-Key answers this node took once past their \
@@ -282,6 +304,9 @@ impl Metrics {
             secret_reload_failures,
             writes_pipelined,
             writes_rejected_at_apply,
+            read_rounds,
+            linearizable_reads,
+            unverified_relays_refused,
             idempotency_expired,
             exported: Mutex::new(BTreeMap::new()),
         }

@@ -550,6 +550,11 @@ async fn a_write_without_a_valid_token_is_refused_before_its_body_is_read() {
     };
     assert_eq!(refused, "HTTP/1.1 503 Service Unavailable");
     assert_eq!(held.len(), 4, "bodies held before the refusal");
+    let refusals = cluster.metrics(follower).await;
+    assert_eq!(
+        refusals.get("lineage_unverified_relays_refused_total"),
+        Some(&1.0)
+    );
 
     // With the held ones gone, an unknown token's write is relayed again, and the
     // leader answers it; a valid token's write goes through the follower as ever.
@@ -577,5 +582,15 @@ async fn a_write_without_a_valid_token_is_refused_before_its_body_is_read() {
         (status, &reply["decision"]),
         (200, &json!("allowed")),
         "{reply}"
+    );
+
+    // The HEADs above were linearizable reads, each confirmed by a round of its own or
+    // a shared one.
+    let leader_metrics = cluster.metrics(leader).await;
+    let reads = leader_metrics["lineage_linearizable_reads_total"];
+    let rounds = leader_metrics["lineage_read_rounds_total"];
+    assert!(
+        reads >= 2.0 && (1.0..=reads).contains(&rounds),
+        "{reads} reads, {rounds} rounds"
     );
 }
