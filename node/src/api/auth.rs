@@ -138,9 +138,9 @@ impl Principal {
 }
 
 /// Every write on the node that serves it (the leader; a node for its own `/v1/node/…`
-/// routes) must name a principal before its body is read. The handler checks what that
+/// routes) must name a principal before its body is held. The handler checks what that
 /// principal may do, as before; this only keeps a caller with no valid token from making
-/// the node read and hold a body of up to 2 MiB on each of its connections. Reads carry
+/// the node hold a body of up to 2 MiB on each of its connections. Reads carry
 /// no body; their handlers check their own tokens (some are public).
 pub async fn principal_before_body(
     State(app): State<Arc<App>>,

@@ -70,12 +70,13 @@ pub async fn route_to_leader(
 }
 
 /// Whether this follower reads a write's body to relay it. A token its state knows: yes.
-/// No token: 401 here, as the leader would answer, without keeping its body. A token its state
-/// does not know may still be valid on the leader (an operator added a moment ago, not
-/// yet applied here), so it is relayed, but only [`App::unverified_forwards`] such
-/// bodies at once; past that, 503 (clients retry another node). Four connections that
-/// trickle such bodies can keep these slots busy; what that costs is a 503 from this
-/// follower to an operator added a moment ago, whose client then tries the next node.
+/// No token: 401 here, as the leader would answer, without keeping its body. A token
+/// its state does not know may still be valid on the leader (an operator added a moment
+/// ago, not yet applied here), so it is relayed, but only [`App::unverified_forwards`]
+/// such bodies at once; past that, 503 (clients retry another node). Four connections
+/// that trickle such bodies can keep these slots busy; what that costs is a 503 from
+/// this follower to an operator added a moment ago, whose client then tries the next
+/// node.
 fn admit_body<'a>(
     app: &'a App,
     request: &Request,
