@@ -100,6 +100,52 @@ pub fn free_loopback_addr() -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// A `lineage-node` process, killed when dropped, whatever the benchmark did.
+pub struct NodeProcess(pub std::process::Child);
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A one-node cluster of `binary` in `dir` (keys in `dir/keys`, data in `dir/data`) on a
+/// free loopback port, logging warnings only: the process, its address and the admin
+/// token. It may not be listening yet.
+pub fn start_single_node(
+    binary: &Path,
+    dir: &Path,
+) -> Result<(NodeProcess, String, String), String> {
+    let keys = dir.join("keys");
+    let admin = keygen(binary, &keys)?;
+    let addr = free_loopback_addr()?;
+    let child = std::process::Command::new(binary)
+        .args(["run", "--id", "1", "--listen", &addr])
+        .args(["--peers", &format!("1={addr}")])
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--keys-dir")
+        .arg(&keys)
+        .env("LINEAGE_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", binary.display()))?;
+    Ok((NodeProcess(child), addr, admin))
+}
+
+/// The median of `values` (the mean of the middle two for an even count; 0 for none).
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    match values.len() {
+        0 => 0.0,
+        n if n.is_multiple_of(2) => (values[mid - 1] + values[mid]) / 2.0,
+        _ => values[mid],
+    }
+}
+
 /// A `kB` field of a `/proc/PID/status` text (`VmRSS:`, `VmHWM:`, `RssAnon:`), in bytes.
 pub fn status_field_bytes(status: &str, field: &str) -> Option<u64> {
     status

@@ -10,7 +10,6 @@
 //! [--rounds 2]`
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -91,13 +90,7 @@ fn run() -> Result<(), String> {
             .filter(|(b, _)| *b == baseline)
             .map(|(_, m)| pick(m))
             .collect();
-        values.sort_by(f64::total_cmp);
-        let mid = values.len() / 2;
-        if values.len().is_multiple_of(2) {
-            (values[mid - 1] + values[mid]) / 2.0
-        } else {
-            values[mid]
-        }
+        lineage_benches::median(&mut values)
     };
     let growth = |m: &Measured| m.peak_growth as f64;
     let seconds = |m: &Measured| m.seconds;
@@ -116,42 +109,10 @@ struct Measured {
     seconds: f64,
 }
 
-/// Kills the node when dropped, whatever happened.
-struct Node(Child);
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 async fn measure(binary: &Path, records: u64) -> Result<Measured, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let keys = dir.path().join("keys");
     let data = dir.path().join("data");
-    let admin = lineage_benches::keygen(binary, &keys)?;
-    let addr = lineage_benches::free_loopback_addr()?;
-    let node = Node(
-        Command::new(binary)
-            .args([
-                "run",
-                "--id",
-                "1",
-                "--listen",
-                &addr,
-                "--peers",
-                &format!("1={addr}"),
-            ])
-            .arg("--data-dir")
-            .arg(&data)
-            .arg("--keys-dir")
-            .arg(&keys)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("{}: {e}", binary.display()))?,
-    );
+    let (node, addr, admin) = lineage_benches::start_single_node(binary, dir.path())?;
     let base = format!("http://{addr}");
     let http = reqwest::Client::new();
     let policy = json!({"budget": 1u64 << 50, "scar_limit": 10, "tools": {"t": {"cost": 0}},

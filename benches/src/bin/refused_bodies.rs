@@ -10,7 +10,6 @@
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const BODY_BYTES: usize = 2_000_000;
@@ -69,52 +68,17 @@ fn run() -> Result<(), String> {
             if baseline { &mut theirs } else { &mut ours }.push(growth as f64);
         }
     }
-    let median = |values: &mut Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        let mid = values.len() / 2;
-        if values.len().is_multiple_of(2) {
-            (values[mid - 1] + values[mid]) / 2.0
-        } else {
-            values[mid]
-        }
-    };
     println!(
         "this build / baseline (medians): VmRSS growth {:.3}x",
-        median(&mut ours) / median(&mut theirs).max(1.0)
+        lineage_benches::median(&mut ours) / lineage_benches::median(&mut theirs).max(1.0)
     );
     Ok(())
-}
-
-/// Kills the node when dropped, whatever happened.
-struct Node(Child);
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// VmRSS growth of a fresh node of `binary` while `connections` refused bodies stall.
 fn measure(binary: &Path, connections: usize) -> Result<u64, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let keys = dir.path().join("keys");
-    lineage_benches::keygen(binary, &keys)?;
-    let addr = lineage_benches::free_loopback_addr()?;
-    let node = Node(
-        Command::new(binary)
-            .args(["run", "--id", "1", "--listen", &addr])
-            .args(["--peers", &format!("1={addr}")])
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .arg("--keys-dir")
-            .arg(&keys)
-            .env("LINEAGE_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("{}: {e}", binary.display()))?,
-    );
+    let (node, addr, _admin) = lineage_benches::start_single_node(binary, dir.path())?;
     let started = Instant::now();
     while TcpStream::connect(&addr).is_err() {
         if started.elapsed() > Duration::from_secs(20) {
