@@ -522,7 +522,6 @@ pub struct HeadsSnapshot {
     pub witnessed: Option<String>,
 }
 
-/// Splits a signed note into its text (with final newline) and its signature lines.
 /// Who signed a note's signature line (`— name base64(key id ‖ signature)`): its name
 /// and key id. A line that does not decode is its own signer.
 fn signer_of(line: &str) -> (&str, Option<[u8; 4]>) {
@@ -543,6 +542,7 @@ fn signer_of(line: &str) -> (&str, Option<[u8; 4]>) {
     }
 }
 
+/// Splits a signed note into its text (with final newline) and its signature lines.
 pub fn split_note(note: &str) -> Result<(&str, &str), String> {
     let at = note
         .rfind("\n\n")
@@ -562,9 +562,8 @@ mod tests {
     use super::*;
 
     /// Cosignatures of one size merge, one line per signer, but never past what a note
-    /// may hold: a merged
-    /// note of more than `MAX_NOTE_SIGNATURES` lines (which `signed_note` would refuse to
-    /// parse) is refused and the stored one kept.
+    /// may hold: a merged note of more than `MAX_NOTE_SIGNATURES` lines (which
+    /// `signed_note` would refuse to parse) is refused and the stored one kept.
     #[test]
     fn merged_cosignatures_stay_within_what_a_note_may_hold() {
         let text = format!("log.test/heads\n5\n{}\n", "A".repeat(43) + "=");
