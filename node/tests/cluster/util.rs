@@ -353,14 +353,28 @@ impl Cluster {
 
     /// The last `lines` lines of each node's log, for a failure message.
     pub fn log_tails(&self, lines: usize) -> String {
+        // Each process's state first: a failure report is often cut short in the middle,
+        // and a node that died at start-up is the first thing to know.
         let mut out = String::new();
+        for (i, child) in self.children().iter_mut().enumerate() {
+            let state = match child.as_mut().map(Child::try_wait) {
+                None => "not started by the harness".to_string(),
+                Some(Ok(None)) => match child.as_ref() {
+                    Some(process) => format!("running; {}", thread_states(process.id())),
+                    None => "running".to_string(),
+                },
+                Some(Ok(Some(status))) => format!("EXITED ({status})"),
+                Some(Err(e)) => format!("unknown ({e})"),
+            };
+            out.push_str(&format!("node {}: {state}\n", i + 1));
+        }
         for i in 0..self.addrs.len() {
             let text = std::fs::read_to_string(self.dir.path().join(format!("node-{}.log", i + 1)))
                 .unwrap_or_default();
-            let all: Vec<&str> = text.lines().collect();
-            let tail = &all[all.len().saturating_sub(lines)..];
+            let folded = fold_repeats(&text);
+            let tail = &folded[folded.len().saturating_sub(lines)..];
             out.push_str(&format!(
-                "--- node {} log (last {} lines):\n",
+                "--- node {} log (last {} lines, repeats folded):\n",
                 i + 1,
                 tail.len()
             ));
@@ -495,22 +509,40 @@ impl Cluster {
     /// Waits (bounded) until every live node reports the same leader, and returns it.
     pub async fn wait_for_leader(&self, limit: Duration) -> usize {
         let start = Instant::now();
+        let mut seen = Vec::new();
         while start.elapsed() < limit {
-            let mut seen = Vec::new();
+            seen.clear();
             for i in 0..self.addrs.len() {
                 if self.is_running(i) {
-                    seen.push(self.leader_seen_by(i).await);
+                    seen.push((i + 1, self.leader_seen_by(i).await));
                 }
             }
-            if let Some(Some(leader)) = seen.first() {
-                if seen.iter().all(|s| *s == Some(*leader)) {
+            if let Some((_, Some(leader))) = seen.first() {
+                if seen.iter().all(|(_, s)| *s == Some(*leader)) {
                     return *leader;
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let views: Vec<String> = seen
+            .iter()
+            .map(|(node, leader)| match leader {
+                Some(l) => format!("node {node} sees node {}", l + 1),
+                None => format!("node {node} names no leader (or does not answer)"),
+            })
+            .collect();
+        // A node that runs and names no leader may be stuck: where, says its stack.
+        let mut stacks = String::new();
+        for (node, leader) in &seen {
+            if leader.is_none() {
+                if let Some(pid) = self.pid(node - 1) {
+                    stacks.push_str(&format!("--- node {node} stacks:\n{}", stack_digest(pid)));
+                }
+            }
+        }
         panic!(
-            "no leader agreed on within {limit:?}\n{}",
+            "no leader agreed on within {limit:?}: {}\n{}{stacks}",
+            views.join(", "),
             self.log_tails(40)
         );
     }
@@ -777,4 +809,97 @@ pub fn verify_log(log: &[Value], public_key: &str) {
         },
     );
     assert!(report.ok, "{report:?}");
+}
+
+/// A log's lines with runs of the same message (timestamps aside) folded into the first
+/// and a count, so a burst of identical warnings does not push the cause out of a tail.
+fn fold_repeats(text: &str) -> Vec<String> {
+    // A tracing line starts with a 27-character RFC 3339 timestamp and a space.
+    let message = |line: &str| line.get(28..).unwrap_or(line).to_string();
+    let mut folded: Vec<String> = Vec::new();
+    let mut last = String::new();
+    let mut repeats = 0usize;
+    for line in text.lines() {
+        if !folded.is_empty() && message(line) == last {
+            repeats += 1;
+            continue;
+        }
+        if repeats > 0 {
+            folded.push(format!("    ... and {repeats} more like it"));
+            repeats = 0;
+        }
+        last = message(line);
+        folded.push(line.to_string());
+    }
+    if repeats > 0 {
+        folded.push(format!("    ... and {repeats} more like it"));
+    }
+    folded
+}
+
+/// A process's threads by state and kernel wait channel, e.g. "14 threads: 13 S
+/// futex_wait_queue, 1 D ext4_sync_file": a thread in D sleeps in the kernel (a disk).
+fn thread_states(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return "no /proc entry".into();
+    };
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for task in tasks.flatten() {
+        let path = task.path();
+        let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
+        // The state follows the command name, which is in parentheses.
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split(' ').next())
+            .unwrap_or("?")
+            .to_string();
+        let wchan = std::fs::read_to_string(path.join("wchan")).unwrap_or_default();
+        *counts.entry(format!("{state} {wchan}")).or_default() += 1;
+    }
+    let total: usize = counts.values().sum();
+    let parts: Vec<String> = counts.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    format!("{total} threads: {}", parts.join(", "))
+}
+
+/// The frames of our code and of openraft and redb in each thread of `pid`, from gdb
+/// (where it is installed): enough to see where a node that does not answer is stuck.
+fn stack_digest(pid: u32) -> String {
+    let output = Command::new("timeout")
+        .args(["30", "gdb", "-batch", "-ex", "thread apply all bt", "-p"])
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .output();
+    let Ok(output) = output else {
+        return "(gdb did not run)\n".into();
+    };
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut out = String::new();
+    for thread in text.split("\nThread ").skip(1) {
+        let frames: Vec<&str> = thread
+            .lines()
+            .filter(|l| {
+                l.starts_with('#')
+                    && [" in lineage_", " in openraft::", " in redb::"]
+                        .iter()
+                        .any(|ours| l.contains(ours))
+            })
+            .take(6)
+            .collect();
+        if !frames.is_empty() {
+            out.push_str(thread.lines().next().unwrap_or_default());
+            out.push('\n');
+            for frame in frames {
+                // gdb's frame lines carry argument lists; the function and file suffice.
+                out.push_str(&format!(
+                    "  {}\n",
+                    frame.chars().take(200).collect::<String>()
+                ));
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push_str("(no frames of ours: gdb missing, or every thread idle)\n");
+    }
+    // Bounded, so the log tails above stay in view of a report that is cut short.
+    out.lines().take(80).map(|l| format!("{l}\n")).collect()
 }
