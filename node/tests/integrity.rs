@@ -2,7 +2,8 @@
 //! replayed, by the scrub when a checkpoint skipped them — and so is one cut from the end
 //! (at start-up, against the end stored with the rows), and a byte flipped in a packed
 //! run of records; the agent is quarantined (503 `quarantined`) while other agents keep
-//! working.
+//! working. Records gone from the middle behind a checkpoint are refused by every read
+//! across the hole.
 
 #[path = "cluster/util.rs"]
 mod util;
@@ -196,6 +197,22 @@ fn cut_newest(data: &Path) {
     txn.commit().unwrap();
 }
 
+/// Takes the victim's record at seq 2 out of the middle of its log, as a lost page
+/// would: the rows before and after it still parse, and the log still ends where it did.
+fn cut_from_the_middle(data: &Path) {
+    let db = redb::Database::create(data.join("node/node.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut table = txn.open_table(RECORDS).unwrap();
+        util::one_row_per_record(&mut table, "victim");
+        assert!(
+            table.remove(("victim", 2)).unwrap().is_some(),
+            "no record 2"
+        );
+    }
+    txn.commit().unwrap();
+}
+
 /// Flips one bit in the middle of the victim's first packed run (records stored
 /// compressed), one that unpacking refuses (a few bits zstd does not look at would read
 /// back the same records, which is no test).
@@ -337,6 +354,70 @@ async fn a_record_edited_behind_a_checkpoint_is_caught_by_the_scrub() {
     assert_eq!(status, StatusCode::OK);
     // ...until the scrub re-verifies the stored records.
     assert_only_victim_quarantined(&node).await;
+}
+
+/// Records gone from the middle of a log behind a checkpoint (start-up does not replay
+/// them, and no scrub runs here) are caught by the reads themselves: a page across the
+/// hole is refused with 503 naming the missing seqs (a client asks another node), never
+/// served with a hole in it; `/verify` fails the copy; pages past the hole still read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_missing_behind_a_checkpoint_are_refused_by_the_reads() {
+    let mut node = Node::new();
+    node.scrub_secs = "0";
+    node.start().await;
+    node.setup_agents().await;
+    node.stop_gracefully();
+    cut_from_the_middle(node.data.path());
+    node.start().await;
+    let (status, body) = node
+        .call(reqwest::Method::GET, "/v1/agents/victim/log", ADMIN, None)
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let message = body["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("records 2..3 are missing") && message.contains("another node"),
+        "{body}"
+    );
+    let (status, body) = node
+        .call(
+            reqwest::Method::GET,
+            "/v1/agents/victim/verify",
+            ADMIN,
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["ok"], false, "{body}");
+    assert!(
+        body["failure"]
+            .to_string()
+            .contains("records 2..3 are missing"),
+        "{body}"
+    );
+    // Past the hole, and for the other agent, everything reads.
+    let (status, body) = node
+        .call(
+            reqwest::Method::GET,
+            "/v1/agents/victim/log?after=2",
+            ADMIN,
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["records"][0]["seq"], 3, "{body}");
+    let (status, body) = node
+        .call(
+            reqwest::Method::GET,
+            "/v1/agents/bystander/verify",
+            ADMIN,
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &body["ok"]),
+        (StatusCode::OK, &json!(true)),
+        "{body}"
+    );
 }
 
 /// A waiting action whose request record no longer reads back intact (here edited on

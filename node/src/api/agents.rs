@@ -539,9 +539,28 @@ pub async fn agent_log(
     } else {
         app.sm
             .records(&agent_id, from, count)
-            .map_err(ApiError::Internal)?
+            .map_err(|e| copy_unreadable(&agent_id, &e))?
     };
+    // Every record below `next_seq` was applied before the read began, so a page with
+    // fewer than that is a copy that lost records: never served as a shorter log.
+    let expected = next_seq.saturating_sub(from).min(count as u64);
+    if (records.len() as u64) < expected {
+        let why = format!(
+            "records {from}..{} hold only {} of {expected}",
+            from + expected,
+            records.len()
+        );
+        return Err(copy_unreadable(&agent_id, &why));
+    }
     Ok(Json(json!({"head": head, "records": records})))
+}
+
+/// This node's copy of an agent's log cannot serve a read (503): another replica may.
+fn copy_unreadable(agent_id: &str, why: &dyn std::fmt::Display) -> ApiError {
+    tracing::error!(agent_id, %why, "this node's copy of an agent's log does not read back");
+    ApiError::unavailable(format!(
+        "this node's copy of the log does not read back ({why}); ask another node"
+    ))
 }
 
 pub async fn verify_agent(
@@ -551,11 +570,13 @@ pub async fn verify_agent(
 ) -> Result<Json<Value>> {
     require(&headers, &app, Need::Read)?;
     path_agent_id(&agent_id)?;
-    app.with_agent(&agent_id, |_| ())?;
+    // The head this node folded the agent's state to: a stored log that ends before it
+    // lost records, and fails here as "truncated" instead of verifying a shorter log.
+    let head = app.with_agent(&agent_id, |s| s.head.clone())?;
     whole_log_read(&app, SlotWait::Queue, move |app| {
         let options = VerifyOptions {
             public_key: Some(app.keys.audit.public_key_hex().to_string()),
-            checkpoint: None,
+            checkpoint: head,
         };
         let report = app
             .sm

@@ -21,8 +21,9 @@
 //!
 //! Every transaction that changes the answers also stores how many there are
 //! (`idempotency_count`). A file from before the index has no `idempotency_expiry`
-//! table, and one a build from before the index has written to since holds another
-//! count than it stores: opening either indexes every stored answer as of then
+//! table, one a build from before the index has written to since holds another count
+//! than it stores, and one whose index lost rows holds fewer rows than answers: opening
+//! any of them indexes every stored answer as of then
 //! (`index_all`), and so does installing a snapshot, whose answers come without their
 //! times. Such a re-indexed answer is kept a window from the opening, never less than
 //! a window from when this node applied it.
@@ -134,7 +135,17 @@ pub fn needs_indexing(txn: &WriteTransaction) -> Result<bool, String> {
         .get(COUNT_KEY)
         .map_err(|e| text(&e))?
         .map(|c| c.value());
-    Ok(counted != Some(answers.len().map_err(|e| text(&e))?))
+    let stored = answers.len().map_err(|e| text(&e))?;
+    // Every answer is stored with an index row, and a row goes only with its answer or
+    // when replaced, so fewer rows than answers means rows were lost on disk: those
+    // answers would be kept for good. (Rows an answer stored again left behind can hide
+    // as many lost ones; pruning drops those rows as it meets them.)
+    let indexed = txn
+        .open_table(IDEMPOTENCY_EXPIRY)
+        .map_err(|e| text(&e))?
+        .len()
+        .map_err(|e| text(&e))?;
+    Ok(counted != Some(stored) || indexed < stored)
 }
 
 /// Stores how many answers `txn` leaves (after every change to them).
@@ -426,6 +437,30 @@ mod tests {
             .unwrap();
         assert!(needs_indexing(&txn).unwrap(), "lost");
         txn.abort().unwrap();
+    }
+
+    #[test]
+    fn an_index_row_lost_has_the_answers_indexed_again() {
+        let (_dir, db) = db();
+        for (secs, key) in [(10, "a\nk1"), (20, "a\nk2")] {
+            store(&db, secs, key, key.as_bytes());
+        }
+        let txn = db.begin_write().unwrap();
+        store_count(&txn).unwrap();
+        assert!(!needs_indexing(&txn).unwrap());
+        txn.open_table(IDEMPOTENCY_EXPIRY)
+            .unwrap()
+            .remove((10, "a\nk1"))
+            .unwrap()
+            .expect("the index row");
+        assert!(
+            needs_indexing(&txn).unwrap(),
+            "an answer left without its row"
+        );
+        assert_eq!(index_all(&txn, 50).unwrap(), 2);
+        assert!(!needs_indexing(&txn).unwrap());
+        txn.commit().unwrap();
+        assert_eq!(index_rows(&db), 2);
     }
 
     /// The clock follows a wall clock stepped back, but not one stepped forward, nor one

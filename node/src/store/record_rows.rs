@@ -346,7 +346,11 @@ impl<'a> Iterator for StoredRows<'a> {
 }
 
 /// Calls `visit(seq, line)` for `agent_id`'s records from seq `from` on, in order, each
-/// once, until it returns false.
+/// once, until it returns false. An agent's records are dense from seq 0, so a row that
+/// starts past the seq wanted next means records went missing from the store (a row's
+/// end cut off, a row gone): a `Corrupted` error naming them, never a shorter or gapped
+/// read. (Records missing after the last row are the stored ends' to catch:
+/// `record_ends`, and the callers that know the agent's head.)
 pub fn visit_lines(
     raw: &impl RawRows,
     packed: &impl PackedRows,
@@ -367,6 +371,11 @@ pub fn visit_lines(
         for (seq, line) in row_lines(key.value().1, text.as_str()) {
             if seq < next {
                 continue;
+            }
+            if seq > next {
+                return Err(StorageError::Corrupted(format!(
+                    "{agent_id}'s records {next}..{seq} are missing from the store"
+                )));
             }
             if !visit(seq, line) {
                 return Ok(());
@@ -591,8 +600,16 @@ mod tests {
         assert_eq!(lines(&db, "a", 4, 9), [(4, "a4".into())]);
         assert!(lines(&db, "a", 5, 9).is_empty());
         assert_eq!(lines(&db, "b", 0, 9), [(0, "b0".into())]);
-        // A gap starts a new run: both records are there, under their own seqs.
-        assert_eq!(lines(&db, "c", 0, 9), [(0, "c0".into()), (2, "c2".into())]);
+        // A gap starts a new run: both records are stored, under their own seqs, but a
+        // read across the gap says records are missing instead of skipping them.
+        let (c_rows, _) = rows(&db, "c");
+        assert_eq!(
+            c_rows.iter().map(|(first, _)| *first).collect::<Vec<_>>(),
+            [0, 2]
+        );
+        let across = try_lines(&db, "c", 0, 9).unwrap_err().to_string();
+        assert!(across.contains("c's records 1..2 are missing"), "{across}");
+        assert_eq!(lines(&db, "c", 2, 9), [(2, "c2".into())]);
         assert_eq!(
             all(&db).unwrap(),
             ["a0=a0", "a1=a1", "a2=a2", "a3=a3", "a4=a4", "b0=b0", "c0=c0", "c2=c2"]
@@ -858,5 +875,32 @@ mod tests {
             assert!(all(&db).is_err());
             assert_eq!(lines(&db, "a", 0, first as usize).len(), first as usize);
         }
+    }
+
+    /// A raw row that lost lines from its end (a changed byte at a line boundary, a bad
+    /// page) must not read as a log with a hole in it: every read across the hole fails
+    /// and names the missing seqs; reads that start past it are whole.
+    #[test]
+    fn a_row_cut_short_is_an_error_for_every_read_across_it() {
+        let (_dir, db) = create();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(RECORDS).unwrap();
+            insert_runs(&mut table, [("a", 0, "a0"), ("a", 1, "a1"), ("a", 2, "a2")]).unwrap();
+            insert_runs(&mut table, [("a", 3, "a3"), ("a", 4, "a4")]).unwrap();
+            // The first run loses its last line.
+            table.insert(("a", 0), "a0\na1").unwrap();
+        }
+        txn.commit().unwrap();
+        for from in [0, 1, 2] {
+            let error = try_lines(&db, "a", from, 9).unwrap_err().to_string();
+            assert!(
+                error.contains("a's records 2..3 are missing"),
+                "from {from}: {error}"
+            );
+        }
+        assert_eq!(lines(&db, "a", 3, 9), [(3, "a3".into()), (4, "a4".into())]);
+        // A read that stops before the hole still reads what it asked for.
+        assert_eq!(lines(&db, "a", 0, 2), [(0, "a0".into()), (1, "a1".into())]);
     }
 }

@@ -425,9 +425,20 @@ impl StateMachine {
     ) -> Result<VerifyReport, String> {
         let mut from = 0;
         loop {
-            let batch = self
-                .record_lines(agent_id, from, BATCH_RECORDS)
-                .map_err(|e| e.to_string())?;
+            let batch = match self.record_lines(agent_id, from, BATCH_RECORDS) {
+                Ok(batch) => batch,
+                // Stored records that do not read back (a row damaged, records missing)
+                // are this copy failing verification, not a store that cannot be read.
+                Err(RecordError::Damaged(why)) => {
+                    let failure = lineage_core::verify::VerifyFailure {
+                        line: None,
+                        seq: None,
+                        reason: format!("stored records do not read back: {why}"),
+                    };
+                    return Ok(verifier.report(Some(failure)));
+                }
+                Err(e) => return Err(e.to_string()),
+            };
             let Some(&(last, _)) = batch.last() else {
                 break;
             };
