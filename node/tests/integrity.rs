@@ -357,9 +357,10 @@ async fn a_record_edited_behind_a_checkpoint_is_caught_by_the_scrub() {
 }
 
 /// Records gone from the middle of a log behind a checkpoint (start-up does not replay
-/// them, and no scrub runs here) are caught by the reads themselves: a page across the
-/// hole is refused with 503 naming the missing seqs (a client asks another node), never
-/// served with a hole in it; `/verify` fails the copy; pages past the hole still read.
+/// them, and no scrub runs here) are caught by the reads themselves: `/verify` fails the
+/// copy, naming the missing seqs and the node; a log page across the hole is never
+/// served with a hole in it: the agent is quarantined on this node (503 `quarantined`,
+/// as the scrub would do), and other agents are served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_missing_behind_a_checkpoint_are_refused_by_the_reads() {
     let mut node = Node::new();
@@ -370,15 +371,6 @@ async fn records_missing_behind_a_checkpoint_are_refused_by_the_reads() {
     cut_from_the_middle(node.data.path());
     node.start().await;
     let (status, body) = node
-        .call(reqwest::Method::GET, "/v1/agents/victim/log", ADMIN, None)
-        .await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    let message = body["error"].as_str().unwrap_or_default();
-    assert!(
-        message.contains("records 2..3 are missing") && message.contains("another node"),
-        "{body}"
-    );
-    let (status, body) = node
         .call(
             reqwest::Method::GET,
             "/v1/agents/victim/verify",
@@ -387,37 +379,28 @@ async fn records_missing_behind_a_checkpoint_are_refused_by_the_reads() {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["ok"], false, "{body}");
+    assert_eq!(
+        (&body["ok"], &body["node"]),
+        (&json!(false), &json!(1)),
+        "{body}"
+    );
     assert!(
         body["failure"]
             .to_string()
             .contains("records 2..3 are missing"),
         "{body}"
     );
-    // Past the hole, and for the other agent, everything reads.
     let (status, body) = node
-        .call(
-            reqwest::Method::GET,
-            "/v1/agents/victim/log?after=2",
-            ADMIN,
-            None,
-        )
+        .call(reqwest::Method::GET, "/v1/agents/victim/log", ADMIN, None)
         .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["records"][0]["seq"], 3, "{body}");
-    let (status, body) = node
-        .call(
-            reqwest::Method::GET,
-            "/v1/agents/bystander/verify",
-            ADMIN,
-            None,
-        )
-        .await;
-    assert_eq!(
-        (status, &body["ok"]),
-        (StatusCode::OK, &json!(true)),
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["code"], "quarantined", "{body}");
+    let message = body["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("records 2..3 are missing") && message.contains("node 1"),
         "{body}"
     );
+    assert_only_victim_quarantined(&node).await;
 }
 
 /// A waiting action whose request record no longer reads back intact (here edited on

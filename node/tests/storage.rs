@@ -1040,6 +1040,20 @@ async fn records_merged_behind_the_applies_read_the_same_and_survive_reopen() {
         let report = sm.verify_stored("bot", verifier).unwrap();
         assert!(report.ok, "{report:?}");
         assert_eq!(report.records, expected.len() as u64);
+        // Against a head past what is stored (as `/verify` passes the state's head), the
+        // same copy fails as cut short, never as a whole log.
+        let beyond = lineage_core::verify::VerifyOptions {
+            public_key: Some(key.public_key_hex().to_string()),
+            checkpoint: Some(lineage_core::Head {
+                seq: expected.len() as u64,
+                hash: "00".repeat(32),
+            }),
+        };
+        let report = sm
+            .verify_stored("bot", lineage_core::verify::BatchVerifier::new(beyond, 2))
+            .unwrap();
+        assert!(!report.ok, "{report:?}");
+        assert!(format!("{report:?}").contains("truncated"), "{report:?}");
         let state = match sm.read_data().agents.get("bot") {
             Some(AgentSlot::Active(state)) => state.as_ref().clone(),
             other => panic!("{other:?}"),

@@ -20,7 +20,8 @@ use super::error::ApiError;
 use super::idempotency::{IdempotencyKey, WriteBody};
 use super::path::ApiPath;
 use super::query::Query;
-use crate::app::{Answer, App, EntryError, Respond, UnreadableRequest};
+use crate::app::{Answer, App, AppError, EntryError, Respond, UnreadableRequest};
+use crate::store::state_machine::RecordError;
 use crate::store::AgentSlot;
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -537,30 +538,43 @@ pub async fn agent_log(
     let records = if count == 0 {
         Vec::new()
     } else {
-        app.sm
-            .records(&agent_id, from, count)
-            .map_err(|e| copy_unreadable(&agent_id, &e))?
+        match app.sm.records(&agent_id, from, count) {
+            Ok(records) => records,
+            Err(RecordError::Damaged(why)) => return Err(quarantine_copy(&app, &agent_id, why)),
+            Err(RecordError::Store(why)) => {
+                return Err(ApiError::unavailable(format!(
+                    "reading the log: the store cannot be read here: {why}"
+                )))
+            }
+        }
     };
-    // Every record below `next_seq` was applied before the read began, so a page with
-    // fewer than that is a copy that lost records: never served as a shorter log.
-    let expected = next_seq.saturating_sub(from).min(count as u64);
-    if (records.len() as u64) < expected {
-        let why = format!(
-            "records {from}..{} hold only {} of {expected}",
-            from + expected,
-            records.len()
-        );
-        return Err(copy_unreadable(&agent_id, &why));
+    if let Some(why) = page_shortfall(next_seq, from, count, records.len()) {
+        return Err(quarantine_copy(&app, &agent_id, why));
     }
     Ok(Json(json!({"head": head, "records": records})))
 }
 
-/// This node's copy of an agent's log cannot serve a read (503): another replica may.
-fn copy_unreadable(agent_id: &str, why: &dyn std::fmt::Display) -> ApiError {
-    tracing::error!(agent_id, %why, "this node's copy of an agent's log does not read back");
-    ApiError::unavailable(format!(
-        "this node's copy of the log does not read back ({why}); ask another node"
-    ))
+/// Why a log page of `got` records from `from` (at most `count`) is short, if it is:
+/// every record below `next_seq` was applied before the read began, so a page holding
+/// fewer of them is a copy that lost records, never to be served as a shorter log.
+fn page_shortfall(next_seq: u64, from: u64, count: usize, got: usize) -> Option<String> {
+    let expected = next_seq.saturating_sub(from).min(count as u64);
+    ((got as u64) < expected).then(|| {
+        format!(
+            "records {from}..{} read back as {got} of {expected}",
+            from + expected
+        )
+    })
+}
+
+/// This node's copy of an agent's log does not read back: the agent is quarantined on
+/// this node, as the scrub would do on its next pass, and the read is answered as any
+/// request for a quarantined agent is (503 `quarantined`, which clients do not retry).
+fn quarantine_copy(app: &App, agent_id: &str, why: String) -> ApiError {
+    let reason = format!("node {}'s stored records do not read back: {why}", app.id);
+    tracing::error!(agent_id, %reason, "agent quarantined on this node");
+    app.sm.quarantine(agent_id, reason.clone());
+    ApiError::App(AppError::Quarantined(reason))
 }
 
 pub async fn verify_agent(
@@ -585,7 +599,8 @@ pub async fn verify_agent(
         Ok(if report.ok {
             json!({"ok": true, "records": report.records, "public_key": report.public_key, "head": report.head})
         } else {
-            json!({"ok": false, "records": report.records, "failure": report.failure})
+            // The copy verified is this node's (the leader's, for a linearizable read).
+            json!({"ok": false, "records": report.records, "failure": report.failure, "node": app.id})
         })
     })
     .await
@@ -746,4 +761,30 @@ pub async fn consistency_proof(
         }))
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::page_shortfall;
+
+    #[test]
+    fn a_page_short_of_the_records_below_the_head_is_named() {
+        // Whole pages, and pages that end at the head, are not short.
+        assert_eq!(page_shortfall(10, 0, 5, 5), None);
+        assert_eq!(page_shortfall(10, 8, 5, 2), None);
+        // Past the head (or at it), nothing is expected.
+        assert_eq!(page_shortfall(10, 10, 5, 0), None);
+        assert_eq!(page_shortfall(10, u64::MAX, 5, 0), None);
+        assert_eq!(page_shortfall(0, 0, 5, 0), None);
+        // One record short, inside the page and at the head.
+        assert_eq!(
+            page_shortfall(10, 0, 5, 4).as_deref(),
+            Some("records 0..5 read back as 4 of 5")
+        );
+        assert_eq!(
+            page_shortfall(10, 8, 5, 1).as_deref(),
+            Some("records 8..10 read back as 1 of 2")
+        );
+        assert!(page_shortfall(u64::MAX, u64::MAX - 1, usize::MAX, 0).is_some());
+    }
 }

@@ -90,7 +90,7 @@ async fn status(
         "active" | "importing" if status.next_seq > 0 => app
             .sm
             .records(&agent_id, 0, 1)
-            .map_err(ApiError::Internal)?
+            .map_err(|e| ApiError::Internal(e.to_string()))?
             .first()
             .map(|genesis| genesis.hash.clone()),
         _ => None,

@@ -118,8 +118,9 @@ pub fn put(
 }
 
 /// Whether some stored answer may have no index row: the file has no index (from
-/// before it), or the answers are not as many as this build last counted (a build from
-/// before the index stored some since). redb keeps the count, so this reads no rows.
+/// before it), the answers are not as many as this build last counted (a build from
+/// before the index stored some since), or the index holds fewer rows than there are
+/// answers (rows lost). redb keeps the counts, so this reads no rows.
 pub fn needs_indexing(txn: &WriteTransaction) -> Result<bool, String> {
     let text = |e: &dyn std::fmt::Display| format!("counting idempotency answers: {e}");
     let kept = txn
@@ -136,10 +137,10 @@ pub fn needs_indexing(txn: &WriteTransaction) -> Result<bool, String> {
         .map_err(|e| text(&e))?
         .map(|c| c.value());
     let stored = answers.len().map_err(|e| text(&e))?;
-    // Every answer is stored with an index row, and a row goes only with its answer or
-    // when replaced, so fewer rows than answers means rows were lost on disk: those
-    // answers would be kept for good. (Rows an answer stored again left behind can hide
-    // as many lost ones; pruning drops those rows as it meets them.)
+    // Every answer is stored with an index row, and pruning removes a row only with its
+    // answer or to index it again, but for a row whose key changed on disk (`absent`):
+    // fewer rows than answers means an answer lost its row and would be kept for good.
+    // (Rows an answer stored again left behind can hide as many; pruning drops those.)
     let indexed = txn
         .open_table(IDEMPOTENCY_EXPIRY)
         .map_err(|e| text(&e))?

@@ -873,16 +873,22 @@ fn stack_digest(pid: u32) -> String {
         return "(gdb did not run)\n".into();
     };
     let text = String::from_utf8_lossy(&output.stdout);
+    // A frame line is "#N  0xADDR in FUNCTION ..." or, at a function's start, "#N  FUNCTION
+    // ...": ours are those whose function is in our crates, openraft or redb.
+    let ours = |line: &str| {
+        let function = match line.split_once(" in ") {
+            Some((_, rest)) => rest,
+            None => line.split_once("  ").map_or("", |(_, rest)| rest),
+        };
+        ["lineage_", "openraft::", "redb::"]
+            .iter()
+            .any(|crate_name| function.starts_with(crate_name))
+    };
     let mut out = String::new();
     for thread in text.split("\nThread ").skip(1) {
         let frames: Vec<&str> = thread
             .lines()
-            .filter(|l| {
-                l.starts_with('#')
-                    && [" in lineage_", " in openraft::", " in redb::"]
-                        .iter()
-                        .any(|ours| l.contains(ours))
-            })
+            .filter(|l| l.starts_with('#') && ours(l))
             .take(6)
             .collect();
         if !frames.is_empty() {
@@ -898,7 +904,13 @@ fn stack_digest(pid: u32) -> String {
         }
     }
     if out.is_empty() {
-        out.push_str("(no frames of ours: gdb missing, or every thread idle)\n");
+        // gdb may be missing, or not allowed to attach (ptrace): say which.
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        out.push_str(&format!(
+            "(no frames of ours; gdb exited {}: {})\n",
+            output.status,
+            stderr.lines().next().unwrap_or("no message")
+        ));
     }
     // Bounded, so the log tails above stay in view of a report that is cut short.
     out.lines().take(80).map(|l| format!("{l}\n")).collect()

@@ -455,12 +455,26 @@ impl StateMachine {
         Ok(verifier.report(failure))
     }
 
-    /// An agent's records with seq in `from..` (at most `limit`), read from this node's copy.
-    pub fn records(&self, agent_id: &str, from: u64, limit: usize) -> Result<Vec<Record>, String> {
-        self.record_lines(agent_id, from, limit)
-            .map_err(|e| e.to_string())?
+    /// An agent's records with seq in `from..` (at most `limit`), read from this node's
+    /// copy: `Damaged` when what is stored does not read back (a row damaged, records
+    /// missing, a line that is not a record), `Store` when the store cannot be read.
+    pub fn records(
+        &self,
+        agent_id: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<Record>, RecordError> {
+        self.record_lines(agent_id, from, limit)?
             .iter()
-            .map(|(_, line)| Record::from_line(line).map_err(|e| e.to_string()))
+            .map(|(seq, line)| {
+                Record::from_line(line).map_err(|e| {
+                    RecordError::Damaged(format!(
+                        "record {seq} does not parse (line {}, column {})",
+                        e.line(),
+                        e.column()
+                    ))
+                })
+            })
             .collect()
     }
 
@@ -560,8 +574,8 @@ impl StateMachine {
     /// then the tables' in order, each while `visit` returns true. A row leaves the
     /// overlay only after it is committed, so every applied row is met at least once; a
     /// row in both is met twice, the overlay's copy first. A row of the tables that does
-    /// not read back (`record_rows::visit_lines` checks each) ends the walk with
-    /// `RecordError::Damaged`.
+    /// not read back, or records missing between rows (`record_rows::visit_lines`), end
+    /// the walk with `RecordError::Damaged`; any other read error with `Store`.
     fn walk_record_lines(
         &self,
         agent_id: &str,
@@ -589,7 +603,11 @@ impl StateMachine {
         record_rows::visit_lines(&table, &packed, agent_id, from, |seq, line| {
             visit(LineCopy::Table, seq, line)
         })
-        .map_err(|e| RecordError::Damaged(e.to_string()))
+        .map_err(|e| match e {
+            // Rows that do not unpack, records missing: this copy, not the store.
+            redb::StorageError::Corrupted(why) => RecordError::Damaged(why),
+            other => store(&other),
+        })
     }
 
     /// System log lines with seq in `from..` (at most `limit`), from this node's copy
