@@ -110,7 +110,14 @@ impl Witness {
         let cosigner = Cosigner::new(name, AuditKey::from_seed(seed))
             .map_err(|e| WitnessError::Config(e.0))?;
         std::fs::create_dir_all(dir).map_err(storage)?;
-        let db = Database::create(dir.join("witness.redb")).map_err(storage)?;
+        let path = dir.join("witness.redb");
+        // A power cut during a commit that grew the file can leave it shorter than its
+        // header states, which redb 2.6 cannot open (`lineage_redb_length`).
+        let restored = lineage_redb_length::restore_or_refuse(&path).map_err(storage)?;
+        if let lineage_redb_length::Restored::Extended { from, to } = restored {
+            tracing::warn!(file = %path.display(), from, to, "store extended to the length its header states, for redb's recovery");
+        }
+        let db = Database::create(&path).map_err(storage)?;
         let txn = db.begin_write().map_err(storage)?;
         txn.open_table(LOGS).map_err(storage)?;
         txn.open_table(EVIDENCE).map_err(storage)?;

@@ -133,16 +133,13 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
     // Whether the file is marked with a layout at all: every marked layout keeps the
     // heads log's digest of last statements, so its row missing is a lost row.
     let mut marked = false;
-    let opened = create_state_db(&path)
+    let opened = restore_length(&path)
+        .and_then(|()| create_state_db(&path).map_err(open_failure))
         .and_then(|mut db| {
-            if !clean && !db.check_integrity()? {
+            if !clean && !db.check_integrity().map_err(open_failure)? {
                 tracing::warn!(file = %path.display(), "state machine file repaired by redb after an unclean stop");
             }
             Ok(db)
-        })
-        .map_err(|e| match e {
-            redb::DatabaseError::Storage(redb::StorageError::Corrupted(why)) => Damaged(why),
-            other => Failed(other.to_string()),
         })
         // A file from a later build is refused, not moved aside: its tables are not
         // damage. (A read error here is left to `meta_intact`, which reads the same table.)
@@ -255,6 +252,34 @@ fn compact_if_it_pays(db: &mut redb::Database, path: &Path) {
             "state machine file compacted"
         ),
         Err(e) => tracing::warn!(error = %e, "state machine file not compacted"),
+    }
+}
+
+/// How a redb error opening the state machine's file is taken.
+fn open_failure(error: redb::DatabaseError) -> OpenFailure {
+    match error {
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(why)) => Damaged(why),
+        other => Failed(other.to_string()),
+    }
+}
+
+/// The file put back to the length its header states, where a power cut lost a growth
+/// (`lineage_redb_length`), before redb opens it.
+fn restore_length(path: &Path) -> Result<(), OpenFailure> {
+    match lineage_redb_length::restore(path) {
+        Ok(lineage_redb_length::Restored::AsIs) => Ok(()),
+        Ok(lineage_redb_length::Restored::Extended { from, to }) => {
+            tracing::warn!(
+                file = %path.display(),
+                from,
+                to,
+                "state machine file shorter than its header states after an unclean stop \
+                 (a growth lost to a power cut): extended for redb's recovery"
+            );
+            Ok(())
+        }
+        Ok(lineage_redb_length::Restored::Damaged(why)) => Err(Damaged(why)),
+        Err(e) => Err(Failed(format!("reading its header: {e}"))),
     }
 }
 
