@@ -56,7 +56,7 @@ impl Node {
             // default the state machine fsyncs every few seconds; the Raft log always).
             .env("LINEAGE_STATE_FSYNC_INTERVAL_MS", "0")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(self.log_file())
             .spawn()
             .unwrap();
         self.child = Some(child);
@@ -70,6 +70,19 @@ impl Node {
             assert!(start.elapsed() < Duration::from_secs(15), "node not ready");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Where the node's log goes (appended across restarts), beside its data.
+    fn log_file(&self) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.data.path().join("node-stderr.log"))
+            .unwrap()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.data.path().join("node-stderr.log")).unwrap_or_default()
     }
 
     /// SIGTERM, then wait: a graceful stop (which checkpoints agent states).
@@ -488,8 +501,12 @@ async fn a_state_file_shorter_than_its_header_after_a_crash_still_starts() {
         (StatusCode::OK, &json!(true)),
         "{verified}"
     );
-    // Which way it recovered (redb's own recovery, or the file moved aside and rebuilt
-    // from the Raft log) depends on where the commits' pages lay: either keeps them all.
+    // The file was extended to the length its header states. Which way redb then
+    // recovered (its own recovery, or the file found corrupted, moved aside and rebuilt
+    // from the Raft log: a commit after the growth may have put both commit slots past
+    // the cut) depends on where the commits' pages lay: either keeps every decision.
+    let log = node.log();
+    assert!(log.contains("extended for redb's recovery"), "{log}");
     let moved_aside = std::fs::read_dir(node.data.path().join("node"))
         .unwrap()
         .flatten()

@@ -2,14 +2,16 @@
 //! power cut in the middle of a commit that grew the file. Used for the node's state
 //! machine file and the witness's and checkpointer's stores.
 //!
-//! Why: redb grows its file (`set_len`) during a write transaction and writes the header,
+//! Why: redb grows its file (`set_len`) during write transactions and writes the header,
 //! which states the file's layout, at the next durable commit, whose fsync makes both
-//! durable. A power cut during that fsync can leave the header page on disk (data pages
-//! are written first) without the size change (metadata, committed to the journal last).
-//! redb 2.6 then asserts at open that the file is at least as long as its header states,
-//! and the process could never start again (seen in the node's `power_loss.rs`: a node
-//! exited 70 at every start). redb fixed this upstream (cberner/redb#1276, in a later major version) by
-//! trusting the file's length when recovery is required.
+//! durable. A power cut during that fsync can leave the new header on disk (it overwrites
+//! a block already allocated, which writeback may store at any time) without the size
+//! change (metadata, durable only when the journal commits). redb 2.6 then asserts at open
+//! that the file is at least as long as its header states, and the process could never
+//! start again (seen in the node's `power_loss.rs`: a node exited 70 at every start).
+//! redb fixed this upstream in a later major version (cberner/redb#1276: the growth made
+//! durable in `grow`, and the layout taken from the file's length when recovery is
+//! required).
 //!
 //! Here, when the header says recovery is required (it is set on disk from open to a clean
 //! close) and the file is shorter than the header states, the file is extended with zeros
@@ -18,10 +20,14 @@
 //! commit when the newest one's pages are gone. No durable commit's pages lie past the
 //! length the file kept: its fsync made the growth durable together with the data.
 //!
-//! A file shorter than its header states after a clean close, or one whose header states
-//! an implausible length (the layout fields carry no checksum), is damage, for the caller
-//! to handle: the node moves its state machine file aside and rebuilds it from the Raft
-//! log; the witness and the checkpointer refuse to start, saying why.
+//! Damage, for the caller to handle (the node moves its state machine file aside and
+//! rebuilds it from the Raft log; the witness and the checkpointer refuse to start, saying
+//! why): a file shorter than its header states after a clean close; layout fields that
+//! describe no file redb writes (they carry no checksum, and a torn write can leave them
+//! so; redb would panic on them too); an implausible growth; and a file whose magic number
+//! is all zeros (redb writes it last when it creates a file, so a power cut during the
+//! creation leaves it so, and redb would refuse the file at every start; a first block
+//! zeroed by the disk looks the same).
 //!
 //! Interrupted at each step: the extension is one `set_len` and an fsync; a crash before
 //! the fsync meets the same short file at the next start, and one after it a file redb
@@ -48,16 +54,21 @@ const REGION_MAX_DATA_PAGES: usize = 20;
 const FULL_REGIONS: usize = 24;
 const TRAILING_REGION_DATA_PAGES: usize = 28;
 const HEADER_BYTES: usize = 32;
-/// A stated length this much past the file's, and twice it, is not a growth redb makes in
-/// one commit (it grows by at most a region, 4 GiB at its defaults, or doubles a small
-/// file): torn or damaged fields.
+/// The page size redb's `Builder` uses, which every caller keeps.
+const REDB_PAGE_BYTES: u64 = 4096;
+/// How far past the kept length a stated length may be. One `grow` adds at most about two
+/// regions (4 GiB each at redb's defaults) or doubles a small file, and the commits made
+/// without fsync between two durable ones (the node's, for up to its fsync interval) add
+/// theirs; past twice the kept length and 4 GiB, the fields are taken for damage. (A
+/// snapshot installed in one transaction can grow a small file further: the node's file is
+/// then moved aside and rebuilt, which the snapshot lost to the power cut needs anyway.)
 const MOST_GROWTH: u64 = 4 << 30;
 
 /// What [`restore`] found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Restored {
-    /// Nothing to do: no file, not a redb file (redb says what is wrong), or one at least
-    /// as long as its header states.
+    /// Nothing to do: no file, an empty one (redb creates it), not a redb file (redb says
+    /// what is wrong), or one at least as long as its header states.
     AsIs,
     /// The file was shorter than its header states after an unclean stop, and was
     /// extended with zeros to that length.
@@ -67,19 +78,32 @@ pub enum Restored {
 }
 
 /// Checks the redb file at `path` against the length its header states, and extends it
-/// where a power cut lost its growth (module docs). Errors are I/O errors.
+/// where a power cut lost its growth (module docs). Errors are I/O errors, opening the
+/// file or extending it.
 pub fn restore(path: &Path) -> io::Result<Restored> {
     let mut file = match OpenOptions::new().read(true).write(true).open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Restored::AsIs),
         Err(e) => return Err(e),
     };
+    // A process that has the database open (it holds redb's lock) is not ours to change:
+    // redb will say so when it opens the file.
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Ok(Restored::AsIs),
+        Err(std::fs::TryLockError::Error(e)) => return Err(e),
+    }
     let length = file.metadata()?.len();
-    let mut header = [0u8; HEADER_BYTES];
-    if length < HEADER_BYTES as u64 {
+    if length == 0 {
         return Ok(Restored::AsIs);
     }
-    file.read_exact(&mut header)?;
+    let mut header = [0u8; HEADER_BYTES];
+    if length < HEADER_BYTES as u64 {
+        // Too short for a header: redb's own creation was cut off, or the file is not one.
+        file.read_exact(&mut header[..length as usize])?;
+    } else {
+        file.read_exact(&mut header)?;
+    }
     let restored = judge(&header, length);
     if let Restored::Extended { to, .. } = restored {
         file.set_len(to)?;
@@ -88,25 +112,36 @@ pub fn restore(path: &Path) -> io::Result<Restored> {
     Ok(restored)
 }
 
-/// [`restore`] for a file that cannot be rebuilt from elsewhere: damage, and an I/O error
-/// reading the header, are an error naming the file.
+/// [`restore`] for a file that cannot be rebuilt from elsewhere: damage, and an I/O error,
+/// are an error naming the file.
 pub fn restore_or_refuse(path: &Path) -> Result<Restored, String> {
     match restore(path) {
         Ok(Restored::Damaged(why)) => {
             Err(format!("{} cannot be opened safely: {why}", path.display()))
         }
         Ok(restored) => Ok(restored),
-        Err(e) => Err(format!("reading the header of {}: {e}", path.display())),
+        Err(e) => Err(format!(
+            "checking the length of {} against its header: {e}",
+            path.display()
+        )),
     }
 }
 
-/// What to do with a file of `length` bytes that starts with `header`.
+/// What to do with a file of `length` bytes that starts with `header` (zeros past the
+/// file's end when it is shorter than a header).
 fn judge(header: &[u8; HEADER_BYTES], length: u64) -> Restored {
+    if header[..MAGIC.len()] == [0u8; MAGIC.len()] {
+        return Restored::Damaged(
+            "its magic number is zeros: redb's creation of it was cut off, or its first \
+             block was zeroed"
+                .into(),
+        );
+    }
     if header[..MAGIC.len()] != MAGIC {
         return Restored::AsIs;
     }
     let Some(stated) = stated_length(header) else {
-        return Restored::Damaged("its header states no possible layout".into());
+        return Restored::Damaged("its header's layout fields describe no redb file".into());
     };
     if stated <= length {
         return Restored::AsIs;
@@ -118,7 +153,7 @@ fn judge(header: &[u8; HEADER_BYTES], length: u64) -> Restored {
     }
     if stated > length.saturating_mul(2).saturating_add(MOST_GROWTH) {
         return Restored::Damaged(format!(
-            "its header states {stated} bytes, too far past its {length} to be one commit's growth"
+            "its header states {stated} bytes, implausibly far past its {length}"
         ));
     }
     Restored::Extended {
@@ -127,10 +162,11 @@ fn judge(header: &[u8; HEADER_BYTES], length: u64) -> Restored {
     }
 }
 
-/// The file length the header's layout fields describe: a header page, the full regions
-/// and a trailing partial region, each region its header pages and data pages. `None`
-/// when the fields cannot describe a file (a page size that is not a power of two from
-/// 512 bytes to 1 MiB, or a length past `u64`).
+/// The file length the header's layout fields describe, as redb computes it: a header
+/// page, then the full regions and a trailing partial region, each region its header
+/// pages and data pages. `None` for fields redb never writes (and would panic on): a page
+/// size other than its builder's, no region, a region without header or data pages, a
+/// trailing region larger than a full one, or a length past `u64`.
 fn stated_length(header: &[u8; HEADER_BYTES]) -> Option<u64> {
     let field = |at: usize| {
         u64::from(u32::from_le_bytes([
@@ -141,20 +177,26 @@ fn stated_length(header: &[u8; HEADER_BYTES]) -> Option<u64> {
         ]))
     };
     let page = field(PAGE_SIZE);
-    if !page.is_power_of_two() || !(512..=1 << 20).contains(&page) {
+    let region_header = field(REGION_HEADER_PAGES);
+    let region_data = field(REGION_MAX_DATA_PAGES);
+    let (full_regions, trailing_data) = (field(FULL_REGIONS), field(TRAILING_REGION_DATA_PAGES));
+    let possible = page == REDB_PAGE_BYTES
+        && region_header > 0
+        && region_data > 0
+        && trailing_data <= region_data
+        && (full_regions > 0 || trailing_data > 0);
+    if !possible {
         return None;
     }
-    let region_header = field(REGION_HEADER_PAGES);
-    let full_region = region_header.checked_add(field(REGION_MAX_DATA_PAGES))?;
-    let trailing = match field(TRAILING_REGION_DATA_PAGES) {
+    let trailing = match trailing_data {
         0 => 0,
         pages => region_header.checked_add(pages)?,
     };
-    let pages = field(FULL_REGIONS)
-        .checked_mul(full_region)?
+    full_regions
+        .checked_mul(region_header.checked_add(region_data)?)?
         .checked_add(trailing)?
-        .checked_add(1)?;
-    pages.checked_mul(page)
+        .checked_add(1)?
+        .checked_mul(page)
 }
 
 #[cfg(test)]
@@ -243,26 +285,93 @@ mod tests {
         assert!(
             matches!(judge(&header, length / 2), Restored::Damaged(why) if why.contains("clean close"))
         );
-        // Recovery required, but the stated length is far past any one commit's growth.
+        // Recovery required, but the stated length is far past any plausible growth.
         header[GOD_BYTE] |= RECOVERY_REQUIRED;
         header[FULL_REGIONS..FULL_REGIONS + 4].copy_from_slice(&10_000u32.to_le_bytes());
         assert!(
-            matches!(judge(&header, length), Restored::Damaged(why) if why.contains("too far"))
+            matches!(judge(&header, length), Restored::Damaged(why) if why.contains("implausibly far"))
         );
         // Fields whose product is past u64, and a page size redb never writes.
         header[FULL_REGIONS..FULL_REGIONS + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         header[REGION_MAX_DATA_PAGES..REGION_MAX_DATA_PAGES + 4]
             .copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(
-            matches!(judge(&header, length), Restored::Damaged(why) if why.contains("no possible"))
+            matches!(judge(&header, length), Restored::Damaged(why) if why.contains("describe no"))
         );
         header[PAGE_SIZE..PAGE_SIZE + 4].copy_from_slice(&3000u32.to_le_bytes());
         assert!(matches!(judge(&header, length), Restored::Damaged(_)));
-        // Not a redb file, or no file: left to redb.
-        assert_eq!(judge(&[0u8; HEADER_BYTES], 10), Restored::AsIs);
+        // Not a redb file, an empty one, or no file: left to redb.
+        let mut other = [0u8; HEADER_BYTES];
+        other[..4].copy_from_slice(b"SQLi");
+        assert_eq!(judge(&other, 4096), Restored::AsIs);
+        let empty = dir.path().join("empty.redb");
+        std::fs::write(&empty, b"").unwrap();
+        assert_eq!(restore(&empty).unwrap(), Restored::AsIs);
         assert_eq!(
             restore(&dir.path().join("none.redb")).unwrap(),
             Restored::AsIs
+        );
+        // A magic number of zeros (redb's creation cut off), at any length.
+        for bytes in [5usize, 4096] {
+            let cut = dir.path().join(format!("cut-{bytes}.redb"));
+            std::fs::write(&cut, vec![0u8; bytes]).unwrap();
+            let restored = restore(&cut).unwrap();
+            assert!(
+                matches!(&restored, Restored::Damaged(why) if why.contains("magic number is zeros")),
+                "{bytes} bytes: {restored:?}"
+            );
+        }
+    }
+
+    /// A header as redb writes it at its defaults (4 KiB pages, one header page and 4 GiB
+    /// of data pages a region), with recovery required.
+    fn header_of(full_regions: u32, trailing_pages: u32) -> [u8; HEADER_BYTES] {
+        let mut header = [0u8; HEADER_BYTES];
+        header[..MAGIC.len()].copy_from_slice(&MAGIC);
+        header[GOD_BYTE] = RECOVERY_REQUIRED;
+        for (at, value) in [
+            (PAGE_SIZE, 4096u32),
+            (REGION_HEADER_PAGES, 1),
+            (REGION_MAX_DATA_PAGES, 1 << 20),
+            (FULL_REGIONS, full_regions),
+            (TRAILING_REGION_DATA_PAGES, trailing_pages),
+        ] {
+            header[at..at + 4].copy_from_slice(&value.to_le_bytes());
+        }
+        header
+    }
+
+    #[test]
+    fn layouts_redb_never_writes_are_damage_and_the_growth_bound_is_exact() {
+        // No region at all (a torn pair of counts), and a trailing region past a full one.
+        assert!(matches!(
+            judge(&header_of(0, 0), 4096),
+            Restored::Damaged(_)
+        ));
+        assert!(matches!(
+            judge(&header_of(0, (1 << 20) + 1), 4096),
+            Restored::Damaged(_)
+        ));
+        // A full trailing region is a layout redb writes: (1 + 1 + 2^20) pages.
+        let stated = (2 + (1u64 << 20)) * 4096;
+        assert_eq!(stated_length(&header_of(0, 1 << 20)), Some(stated));
+        assert_eq!(
+            stated_length(&header_of(2, 5)),
+            Some((1 + 2 * (1 + (1u64 << 20)) + 1 + 5) * 4096)
+        );
+        // Twice the kept length and 4 GiB is the most growth taken for real.
+        let kept = (stated - MOST_GROWTH) / 2;
+        assert_eq!(
+            judge(&header_of(0, 1 << 20), kept),
+            Restored::Extended {
+                from: kept,
+                to: stated
+            }
+        );
+        let past = judge(&header_of(0, 1 << 20), kept - 1);
+        assert!(
+            matches!(&past, Restored::Damaged(why) if why.contains("implausibly")),
+            "{past:?}"
         );
     }
 }

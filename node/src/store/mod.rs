@@ -279,7 +279,9 @@ fn restore_length(path: &Path) -> Result<(), OpenFailure> {
             Ok(())
         }
         Ok(lineage_redb_length::Restored::Damaged(why)) => Err(Damaged(why)),
-        Err(e) => Err(Failed(format!("reading its header: {e}"))),
+        Err(e) => Err(Failed(format!(
+            "checking its length against its header: {e}"
+        ))),
     }
 }
 
