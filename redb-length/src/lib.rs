@@ -97,13 +97,11 @@ pub fn restore(path: &Path) -> io::Result<Restored> {
     if length == 0 {
         return Ok(Restored::AsIs);
     }
+    // A file too short for a header (redb's creation cut off, or not a redb file) reads
+    // as its bytes and then zeros.
     let mut header = [0u8; HEADER_BYTES];
-    if length < HEADER_BYTES as u64 {
-        // Too short for a header: redb's own creation was cut off, or the file is not one.
-        file.read_exact(&mut header[..length as usize])?;
-    } else {
-        file.read_exact(&mut header)?;
-    }
+    let present = length.min(HEADER_BYTES as u64) as usize;
+    file.read_exact(&mut header[..present])?;
     let restored = judge(&header, length);
     if let Restored::Extended { to, .. } = restored {
         file.set_len(to)?;
