@@ -472,10 +472,28 @@ async fn a_state_file_shorter_than_its_header_after_a_crash_still_starts() {
     cut.sync_all().unwrap();
     drop(cut);
     node.start().await;
+    assert_actions_kept(&node, "grower", allowed).await;
+    // The file was extended to the length its header states. Which way redb then
+    // recovered (its own recovery, or the file found corrupted, moved aside and rebuilt
+    // from the Raft log: a commit after the growth may have put both commit slots past
+    // the cut) depends on where the commits' pages lay: either keeps every decision.
+    let log = node.log();
+    assert!(log.contains("extended for redb's recovery"), "{log}");
+    let moved_aside = std::fs::read_dir(node.data.path().join("node"))
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().contains("damaged"));
+    println!(
+        "{allowed} actions; file {before} -> {grown} bytes, cut back; moved aside: {moved_aside}"
+    );
+}
+
+/// `agent`'s log holds `allowed` requested actions, and verifies.
+async fn assert_actions_kept(node: &Node, agent: &str, allowed: u64) {
     let (status, log) = node
         .call(
             reqwest::Method::GET,
-            "/v1/agents/grower/log?limit=5000",
+            &format!("/v1/agents/{agent}/log?limit=5000"),
             ADMIN,
             None,
         )
@@ -491,7 +509,7 @@ async fn a_state_file_shorter_than_its_header_after_a_crash_still_starts() {
     let (status, verified) = node
         .call(
             reqwest::Method::GET,
-            "/v1/agents/grower/verify",
+            &format!("/v1/agents/{agent}/verify"),
             ADMIN,
             None,
         )
@@ -501,18 +519,53 @@ async fn a_state_file_shorter_than_its_header_after_a_crash_still_starts() {
         (StatusCode::OK, &json!(true)),
         "{verified}"
     );
-    // The file was extended to the length its header states. Which way redb then
-    // recovered (its own recovery, or the file found corrupted, moved aside and rebuilt
-    // from the Raft log: a commit after the growth may have put both commit slots past
-    // the cut) depends on where the commits' pages lay: either keeps every decision.
+}
+
+/// One bit of the state file's magic number flipped while the node was down: redb
+/// refuses such a file at every start (a bare "invalid data"), so without the check the
+/// node never started again. The file is damage: moved aside and rebuilt from the Raft
+/// log, with every acknowledged action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_bit_in_the_state_files_magic_number_is_rebuilt_from_the_log() {
+    let mut node = Node::new();
+    node.scrub_secs = "0";
+    node.start().await;
+    let policy = json!({"budget": 1_000, "scar_limit": 10, "tools": {"pay": {"cost": 1}}});
+    let (status, _) = node
+        .call(
+            reqwest::Method::POST,
+            "/v1/agents",
+            ADMIN,
+            Some(json!({"agent_id": "payer", "policy": policy})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let allowed = 20;
+    for n in 0..allowed {
+        let (status, decision) = node
+            .call(
+                reqwest::Method::POST,
+                "/v1/agents/payer/actions",
+                ADMIN,
+                Some(json!({"tool": "pay", "input": {"n": n}})),
+            )
+            .await;
+        assert_eq!(
+            (status, &decision["decision"]),
+            (StatusCode::OK, &json!("allowed"))
+        );
+    }
+    node.kill();
+    let file = node.data.path().join("node/node.redb");
+    let mut image = std::fs::read(&file).unwrap();
+    image[4] ^= 0x01;
+    std::fs::write(&file, &image).unwrap();
+    node.start().await;
+    assert_actions_kept(&node, "payer", allowed).await;
     let log = node.log();
-    assert!(log.contains("extended for redb's recovery"), "{log}");
-    let moved_aside = std::fs::read_dir(node.data.path().join("node"))
-        .unwrap()
-        .flatten()
-        .any(|e| e.file_name().to_string_lossy().contains("damaged"));
-    println!(
-        "{allowed} actions; file {before} -> {grown} bytes, cut back; moved aside: {moved_aside}"
+    assert!(
+        log.contains("moved aside") && log.contains("not redb's"),
+        "{log}"
     );
 }
 

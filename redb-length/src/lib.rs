@@ -25,9 +25,11 @@
 //! why): a file shorter than its header states after a clean close; layout fields that
 //! describe no file redb writes (they carry no checksum, and a torn write can leave them
 //! so; redb would panic on them too); an implausible growth; and a file whose magic number
-//! is all zeros (redb writes it last when it creates a file, so a power cut during the
-//! creation leaves it so, and redb would refuse the file at every start; a first block
-//! zeroed by the disk looks the same).
+//! is not redb's. redb refuses such a file at every start with a bare "invalid data" I/O
+//! error, which says nothing of the cause, so the process could never start again. All
+//! zeros is redb's creation of the file cut off (it writes the magic number last), or a
+//! first block zeroed by the disk; other bytes are the disk's damage. Every caller passes
+//! a file redb created, so a file that is not redb's is damage too.
 //!
 //! Interrupted at each step: the extension is one `set_len` and an fsync; a crash before
 //! the fsync meets the same short file at the next start, and one after it a file redb
@@ -67,8 +69,8 @@ const MOST_GROWTH: u64 = 4 << 30;
 /// What [`restore`] found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Restored {
-    /// Nothing to do: no file, an empty one (redb creates it), not a redb file (redb says
-    /// what is wrong), or one at least as long as its header states.
+    /// Nothing to do: no file, an empty one (redb creates it), or one at least as long as
+    /// its header states.
     AsIs,
     /// The file was shorter than its header states after an unclean stop, and was
     /// extended with zeros to that length.
@@ -136,7 +138,10 @@ fn judge(header: &[u8; HEADER_BYTES], length: u64) -> Restored {
         );
     }
     if header[..MAGIC.len()] != MAGIC {
-        return Restored::AsIs;
+        return Restored::Damaged(format!(
+            "its magic number is {:02x?}, not redb's {MAGIC:02x?}: the disk changed it",
+            &header[..MAGIC.len()]
+        ));
     }
     let Some(stated) = stated_length(header) else {
         return Restored::Damaged("its header's layout fields describe no redb file".into());
@@ -298,10 +303,7 @@ mod tests {
         );
         header[PAGE_SIZE..PAGE_SIZE + 4].copy_from_slice(&3000u32.to_le_bytes());
         assert!(matches!(judge(&header, length), Restored::Damaged(_)));
-        // Not a redb file, an empty one, or no file: left to redb.
-        let mut other = [0u8; HEADER_BYTES];
-        other[..4].copy_from_slice(b"SQLi");
-        assert_eq!(judge(&other, 4096), Restored::AsIs);
+        // An empty file, or no file: left to redb, which creates it.
         let empty = dir.path().join("empty.redb");
         std::fs::write(&empty, b"").unwrap();
         assert_eq!(restore(&empty).unwrap(), Restored::AsIs);
@@ -371,5 +373,38 @@ mod tests {
             matches!(&past, Restored::Damaged(why) if why.contains("implausibly")),
             "{past:?}"
         );
+    }
+
+    /// One bit flipped in the magic number: redb's own open refuses the file with an I/O
+    /// error that names no cause, at every start. It is damage, as is another program's
+    /// file and a start of the magic number alone.
+    #[test]
+    fn a_magic_number_that_is_not_redbs_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _) = cut_after_growth(dir.path());
+        // Put the growth back: the file is whole, only its magic number differs.
+        assert!(matches!(restore(&path).unwrap(), Restored::Extended { .. }));
+        let mut image = std::fs::read(&path).unwrap();
+        image[4] ^= 0x01;
+        std::fs::write(&path, &image).unwrap();
+        let copy = dir.path().join("copy.redb");
+        std::fs::copy(&path, &copy).unwrap();
+        let refused = Database::create(&copy).map(drop).unwrap_err();
+        assert!(
+            matches!(&refused, redb::DatabaseError::Storage(redb::StorageError::Io(e))
+                if e.kind() == io::ErrorKind::InvalidData),
+            "{refused:?}"
+        );
+        let restored = restore(&path).unwrap();
+        assert!(
+            matches!(&restored, Restored::Damaged(why) if why.contains("not redb's")),
+            "{restored:?}"
+        );
+        let mut other = [0u8; HEADER_BYTES];
+        other[..4].copy_from_slice(b"SQLi");
+        assert!(matches!(judge(&other, 4096), Restored::Damaged(_)));
+        let mut start = [0u8; HEADER_BYTES];
+        start[..4].copy_from_slice(&MAGIC[..4]);
+        assert!(matches!(judge(&start, 4), Restored::Damaged(_)));
     }
 }
