@@ -23,6 +23,8 @@ struct Node {
     child: Option<Child>,
     /// `LINEAGE_SCRUB_INTERVAL_SECS` (0: no scrub).
     scrub_secs: &'static str,
+    /// `LINEAGE_SNAPSHOT_EVERY`: Raft entries between snapshots (the log purged behind).
+    snapshot_every: &'static str,
     base: String,
     bind: String,
     data: tempfile::TempDir,
@@ -36,6 +38,7 @@ impl Node {
         Node {
             child: None,
             scrub_secs: "1",
+            snapshot_every: "10000",
             base: format!("http://{bind}"),
             bind,
             data: tempfile::tempdir().unwrap(),
@@ -52,6 +55,7 @@ impl Node {
             .env("GUARD_BIND", &self.bind)
             .env("GUARD_ADMIN_TOKEN", ADMIN)
             .env("LINEAGE_SCRUB_INTERVAL_SECS", self.scrub_secs)
+            .env("LINEAGE_SNAPSHOT_EVERY", self.snapshot_every)
             // Each apply committed durably, so the records are in the file when it is killed (by
             // default the state machine fsyncs every few seconds; the Raft log always).
             .env("LINEAGE_STATE_FSYNC_INTERVAL_MS", "0")
@@ -530,6 +534,80 @@ async fn a_flipped_bit_in_the_state_files_magic_number_is_rebuilt_from_the_log()
     let mut node = Node::new();
     node.scrub_secs = "0";
     node.start().await;
+    let allowed = pay_from_a_new_agent(&node, 20).await;
+    node.kill();
+    let file = node.data.path().join("node/node.redb");
+    let mut image = std::fs::read(&file).unwrap();
+    image[4] ^= 0x01;
+    std::fs::write(&file, &image).unwrap();
+    node.start().await;
+    assert_actions_kept(&node, "payer", allowed).await;
+    let log = node.log();
+    assert!(
+        log.contains("moved aside") && log.contains("not redb's"),
+        "{log}"
+    );
+}
+
+/// After a clean stop redb reads the newest commit slot without checking it: with its
+/// "user tables present" byte cleared, every table read as absent, and the node took its
+/// file for a new one without a word (its Raft log and snapshot then brought the state
+/// back). The slot's checksum is now checked first: the file is damage, moved aside and
+/// rebuilt, and every acknowledged action is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_commit_slot_after_a_clean_stop_is_caught_and_rebuilt() {
+    let mut node = Node::new();
+    node.scrub_secs = "0";
+    node.snapshot_every = "5";
+    node.start().await;
+    let allowed = pay_from_a_new_agent(&node, 30).await;
+    node.stop_gracefully();
+    let file = node.data.path().join("node/node.redb");
+    let mut image = std::fs::read(&file).unwrap();
+    // redb's header: flags at byte 9 (bit 0: which commit slot is newest), then two
+    // 128-byte slots from byte 64; a slot's byte 1 says whether user tables exist.
+    let primary = usize::from(image[9] & 1);
+    let present = 64 + primary * 128 + 1;
+    assert_eq!(image[present], 1, "the newest commit has no user tables");
+    image[present] = 0;
+    std::fs::write(&file, &image).unwrap();
+    node.start().await;
+    assert_actions_kept(&node, "payer", allowed).await;
+    let log = node.log();
+    assert!(
+        log.contains("moved aside") && log.contains("fails its checksum"),
+        "{log}"
+    );
+}
+
+/// After a clean stop redb trusts the region tracker page number in its header (no
+/// checksum covers it); one bit flipped there keeps it inside the file, so no header check
+/// can tell, and redb panicked at every start. The panic while opening is caught and the
+/// file taken for damage: moved aside, rebuilt, every acknowledged action there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_redb_opening_the_state_file_is_damage_not_the_end_of_the_node() {
+    let mut node = Node::new();
+    node.scrub_secs = "0";
+    node.start().await;
+    let allowed = pay_from_a_new_agent(&node, 20).await;
+    node.stop_gracefully();
+    let file = node.data.path().join("node/node.redb");
+    let mut image = std::fs::read(&file).unwrap();
+    // The tracker page's number starts at byte 32 (its page index's low byte).
+    image[32] ^= 0x01;
+    std::fs::write(&file, &image).unwrap();
+    node.start().await;
+    assert_actions_kept(&node, "payer", allowed).await;
+    let log = node.log();
+    assert!(
+        log.contains("moved aside") && log.contains("redb panicked opening it"),
+        "{log}"
+    );
+}
+
+/// A new agent "payer" whose tool `pay` costs 1, asked to pay `times` times: how many
+/// were allowed (all).
+async fn pay_from_a_new_agent(node: &Node, times: u64) -> u64 {
     let policy = json!({"budget": 1_000, "scar_limit": 10, "tools": {"pay": {"cost": 1}}});
     let (status, _) = node
         .call(
@@ -540,8 +618,7 @@ async fn a_flipped_bit_in_the_state_files_magic_number_is_rebuilt_from_the_log()
         )
         .await;
     assert_eq!(status, StatusCode::OK);
-    let allowed = 20;
-    for n in 0..allowed {
+    for n in 0..times {
         let (status, decision) = node
             .call(
                 reqwest::Method::POST,
@@ -555,18 +632,7 @@ async fn a_flipped_bit_in_the_state_files_magic_number_is_rebuilt_from_the_log()
             (StatusCode::OK, &json!("allowed"))
         );
     }
-    node.kill();
-    let file = node.data.path().join("node/node.redb");
-    let mut image = std::fs::read(&file).unwrap();
-    image[4] ^= 0x01;
-    std::fs::write(&file, &image).unwrap();
-    node.start().await;
-    assert_actions_kept(&node, "payer", allowed).await;
-    let log = node.log();
-    assert!(
-        log.contains("moved aside") && log.contains("not redb's"),
-        "{log}"
-    );
+    times
 }
 
 /// A waiting action whose request record no longer reads back intact (here edited on

@@ -5,8 +5,8 @@
 //!   `heads_rounds`), the metrics registry, admission control (`disk_reserve`);
 //! - **storage**: `store`, `raft_types`, `keys`, outgoing Raft (`network::raft_client`,
 //!   `network::peer_contacts`);
-//! - and leaves that import nothing of the crate (`store::agent_slot`, `log_noise`,
-//!   `spare_cores`).
+//! - and leaves that import nothing of the crate (`store::agent_slot`,
+//!   `store::caught_panics`, `log_noise`, `spare_cores`).
 //!
 //! `lib.rs` wires them and is exempt; edges inside one layer are allowed. Nothing below the
 //! wire layer names `axum`. The check reads every `use` tree (groups, renames, globs) and
@@ -56,6 +56,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("network::raft_client", Layer::Storage),
     ("network::peer_contacts", Layer::Storage),
     ("store::agent_slot", Layer::Leaf),
+    ("store::caught_panics", Layer::Leaf),
     ("log_noise", Layer::Leaf),
     ("snapshot_spool", Layer::Leaf),
     ("tls", Layer::Leaf),

@@ -176,7 +176,7 @@ fn assert_torn_writes_cut(cluster: &Cluster, i: usize, cuts: usize) {
     );
     // Not asserted (it happens only when the cut falls during a growing commit's fsync),
     // but said: the state file shorter than its header states, extended for redb's own
-    // recovery (`lineage_redb_length`), where before the node could not start again.
+    // recovery (`lineage_redb_header`), where before the node could not start again.
     let extended = text.matches("extended for redb's recovery").count();
     if extended > 0 {
         println!(

@@ -3,6 +3,7 @@
 
 pub mod agent_checkpoint;
 pub mod agent_slot;
+pub mod caught_panics;
 pub mod checked_row;
 pub mod heads;
 pub mod heads_leaves;
@@ -133,13 +134,17 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
     // Whether the file is marked with a layout at all: every marked layout keeps the
     // heads log's digest of last statements, so its row missing is a lost row.
     let mut marked = false;
-    let opened = restore_length(&path)
-        .and_then(|()| create_state_db(&path).map_err(open_failure))
-        .and_then(|mut db| {
-            if !clean && !db.check_integrity().map_err(open_failure)? {
-                tracing::warn!(file = %path.display(), "state machine file repaired by redb after an unclean stop");
-            }
-            Ok(db)
+    let opened = check_header(&path)
+        .and_then(|()| {
+            // redb panics on some damage it does not check for (`caught_panics`).
+            caught_panics::catching(|| {
+                let mut db = create_state_db(&path).map_err(open_failure)?;
+                if !clean && !db.check_integrity().map_err(open_failure)? {
+                    tracing::warn!(file = %path.display(), "state machine file repaired by redb after an unclean stop");
+                }
+                Ok(db)
+            })
+            .unwrap_or_else(|panic| Err(Damaged(format!("redb panicked opening it: {panic}"))))
         })
         // A file from a later build is refused, not moved aside: its tables are not
         // damage. (A read error here is left to `meta_intact`, which reads the same table.)
@@ -263,12 +268,13 @@ fn open_failure(error: redb::DatabaseError) -> OpenFailure {
     }
 }
 
-/// The file put back to the length its header states, where a power cut lost a growth
-/// (`lineage_redb_length`), before redb opens it.
-fn restore_length(path: &Path) -> Result<(), OpenFailure> {
-    match lineage_redb_length::restore(path) {
-        Ok(lineage_redb_length::Restored::AsIs) => Ok(()),
-        Ok(lineage_redb_length::Restored::Extended { from, to }) => {
+/// The file's header checked for what redb does not check, and the file put back to the
+/// length its header states where a power cut lost a growth (`lineage_redb_header`),
+/// before redb opens it.
+fn check_header(path: &Path) -> Result<(), OpenFailure> {
+    match lineage_redb_header::restore(path) {
+        Ok(lineage_redb_header::Restored::AsIs) => Ok(()),
+        Ok(lineage_redb_header::Restored::Extended { from, to }) => {
             tracing::warn!(
                 file = %path.display(),
                 from,
@@ -278,10 +284,8 @@ fn restore_length(path: &Path) -> Result<(), OpenFailure> {
             );
             Ok(())
         }
-        Ok(lineage_redb_length::Restored::Damaged(why)) => Err(Damaged(why)),
-        Err(e) => Err(Failed(format!(
-            "checking its length against its header: {e}"
-        ))),
+        Ok(lineage_redb_header::Restored::Damaged(why)) => Err(Damaged(why)),
+        Err(e) => Err(Failed(format!("reading its header: {e}"))),
     }
 }
 

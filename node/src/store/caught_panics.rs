@@ -1,0 +1,46 @@
+//! A panic inside redb while it opens the state machine's file is taken for damage to the
+//! file, not for the end of the process: redb 2.6 asserts on some header fields it does
+//! not check (a region tracker page moved by a flipped bit, the recovery flag cleared on
+//! a file left open), so without this such a file stopped the node at every start. The
+//! process's panic hook (`main.rs`) exits on any other panic; on a thread inside
+//! [`catching`] it lets the panic unwind to here.
+
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+thread_local! {
+    static CATCHING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the current thread is inside [`catching`] (for the panic hook).
+pub fn is_catching() -> bool {
+    CATCHING.with(Cell::get)
+}
+
+/// Runs `work`; a panic in it is returned as its message.
+pub fn catching<T>(work: impl FnOnce() -> T) -> Result<T, String> {
+    let was = CATCHING.with(|c| c.replace(true));
+    let outcome = catch_unwind(AssertUnwindSafe(work));
+    CATCHING.with(|c| c.set(was));
+    outcome.map_err(|panic| {
+        panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_inside_is_its_message_and_the_flag_is_only_set_inside() {
+        assert!(!is_catching());
+        assert_eq!(catching(is_catching), Ok(true));
+        let caught = catching(|| -> u8 { panic!("assertion failed: tracker") });
+        assert_eq!(caught, Err("assertion failed: tracker".to_string()));
+        assert!(!is_catching());
+    }
+}
