@@ -191,13 +191,7 @@ impl Checkpointer {
     ) -> Result<Checkpointer, CheckpointerError> {
         std::fs::create_dir_all(dir.join("evidence")).map_err(storage)?;
         let path = dir.join("checkpointer.redb");
-        // Its header checked for what redb 2.6 does not check (damage refuses the start),
-        // and a growth a power cut lost put back (`lineage_redb_header`).
-        let restored = lineage_redb_header::restore_or_refuse(&path).map_err(storage)?;
-        if let lineage_redb_header::Restored::Extended { from, to } = restored {
-            tracing::warn!(file = %path.display(), from, to, "store extended to the length its header states, for redb's recovery");
-        }
-        let db = Database::create(&path).map_err(storage)?;
+        let db = crate::store_file::open(&path).map_err(storage)?;
         let txn = db.begin_write().map_err(storage)?;
         txn.open_table(META).map_err(storage)?;
         txn.open_table(AGENT_HEADS).map_err(storage)?;

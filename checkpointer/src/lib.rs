@@ -5,6 +5,7 @@ pub mod checkpointer;
 pub mod checkpointer_metrics;
 pub mod cluster_client;
 pub mod reply_text;
+pub mod store_file;
 pub mod witness;
 pub mod witness_server;
 

@@ -111,13 +111,7 @@ impl Witness {
             .map_err(|e| WitnessError::Config(e.0))?;
         std::fs::create_dir_all(dir).map_err(storage)?;
         let path = dir.join("witness.redb");
-        // Its header checked for what redb 2.6 does not check (damage refuses the start),
-        // and a growth a power cut lost put back (`lineage_redb_header`).
-        let restored = lineage_redb_header::restore_or_refuse(&path).map_err(storage)?;
-        if let lineage_redb_header::Restored::Extended { from, to } = restored {
-            tracing::warn!(file = %path.display(), from, to, "store extended to the length its header states, for redb's recovery");
-        }
-        let db = Database::create(&path).map_err(storage)?;
+        let db = crate::store_file::open(&path).map_err(storage)?;
         let txn = db.begin_write().map_err(storage)?;
         txn.open_table(LOGS).map_err(storage)?;
         txn.open_table(EVIDENCE).map_err(storage)?;

@@ -1,9 +1,10 @@
-//! A panic inside redb while it opens the state machine's file is taken for damage to the
-//! file, not for the end of the process: redb 2.6 asserts on some header fields it does
-//! not check (a region tracker page moved by a flipped bit, the recovery flag cleared on
-//! a file left open), so without this such a file stopped the node at every start. The
+//! A panic inside redb while it opens the state machine's file (or checks its pages) is
+//! taken for damage to the file, not for the end of the process: redb 2.6 asserts on a
+//! header field no check can judge (a region tracker page moved within the file by a
+//! flipped bit), so without this such a file stopped the node at every start. The
 //! process's panic hook (`main.rs`) exits on any other panic; on a thread inside
-//! [`catching`] it lets the panic unwind to here.
+//! [`catching`] it lets the panic unwind to here. A panic redb turns into an abort (one
+//! while it unwinds with a poisoned lock) is not caught.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -12,9 +13,10 @@ thread_local! {
     static CATCHING: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Whether the current thread is inside [`catching`] (for the panic hook).
+/// Whether the current thread is inside [`catching`] (for the panic hook; false for a
+/// thread whose thread-locals are already gone, so the hook never panics itself).
 pub fn is_catching() -> bool {
-    CATCHING.with(Cell::get)
+    CATCHING.try_with(Cell::get).unwrap_or(false)
 }
 
 /// Runs `work`; a panic in it is returned as its message.
