@@ -531,22 +531,8 @@ async fn assert_actions_kept(node: &Node, agent: &str, allowed: u64) {
 /// log, with every acknowledged action.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flipped_bit_in_the_state_files_magic_number_is_rebuilt_from_the_log() {
-    let mut node = Node::new();
-    node.scrub_secs = "0";
-    node.start().await;
-    let allowed = pay_from_a_new_agent(&node, 20).await;
-    node.kill();
-    let file = node.data.path().join("node/node.redb");
-    let mut image = std::fs::read(&file).unwrap();
-    image[4] ^= 0x01;
-    std::fs::write(&file, &image).unwrap();
-    node.start().await;
-    assert_actions_kept(&node, "payer", allowed).await;
-    let log = node.log();
-    assert!(
-        log.contains("moved aside") && log.contains("not redb's"),
-        "{log}"
-    );
+    let edit = |image: &mut Vec<u8>| image[4] ^= 0x01;
+    an_edited_header_is_rebuilt(Stop::Kill, "10000", edit, "not redb's").await;
 }
 
 /// After a clean stop redb reads the newest commit slot without checking it: with its
@@ -556,28 +542,14 @@ async fn a_flipped_bit_in_the_state_files_magic_number_is_rebuilt_from_the_log()
 /// rebuilt, and every acknowledged action is there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_commit_slot_after_a_clean_stop_is_caught_and_rebuilt() {
-    let mut node = Node::new();
-    node.scrub_secs = "0";
-    node.snapshot_every = "5";
-    node.start().await;
-    let allowed = pay_from_a_new_agent(&node, 30).await;
-    node.stop_gracefully();
-    let file = node.data.path().join("node/node.redb");
-    let mut image = std::fs::read(&file).unwrap();
     // redb's header: flags at byte 9 (bit 0: which commit slot is newest), then two
     // 128-byte slots from byte 64; a slot's byte 1 says whether user tables exist.
-    let primary = usize::from(image[9] & 1);
-    let present = 64 + primary * 128 + 1;
-    assert_eq!(image[present], 1, "the newest commit has no user tables");
-    image[present] = 0;
-    std::fs::write(&file, &image).unwrap();
-    node.start().await;
-    assert_actions_kept(&node, "payer", allowed).await;
-    let log = node.log();
-    assert!(
-        log.contains("moved aside") && log.contains("fails its checksum"),
-        "{log}"
-    );
+    let edit = |image: &mut Vec<u8>| {
+        let present = 64 + usize::from(image[9] & 1) * 128 + 1;
+        assert_eq!(image[present], 1, "the newest commit has no user tables");
+        image[present] = 0;
+    };
+    an_edited_header_is_rebuilt(Stop::Graceful, "5", edit, "fails its checksum").await;
 }
 
 /// After a clean stop redb trusts the region tracker page number in its header (no
@@ -586,23 +558,42 @@ async fn a_damaged_commit_slot_after_a_clean_stop_is_caught_and_rebuilt() {
 /// file taken for damage: moved aside, rebuilt, every acknowledged action there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_in_redb_opening_the_state_file_is_damage_not_the_end_of_the_node() {
+    // The tracker page's number starts at byte 32 (its page index's low byte).
+    let edit = |image: &mut Vec<u8>| image[32] ^= 0x01;
+    an_edited_header_is_rebuilt(Stop::Graceful, "10000", edit, "redb panicked opening it").await;
+}
+
+enum Stop {
+    Graceful,
+    Kill,
+}
+
+/// A node (snapshots every `snapshot_every` entries, no scrub) that paid 30 times
+/// is stopped, and its state file's header changed by `edit`: it starts with every
+/// acknowledged action, having moved the file aside and said `why`.
+async fn an_edited_header_is_rebuilt(
+    stop: Stop,
+    snapshot_every: &'static str,
+    edit: impl FnOnce(&mut Vec<u8>),
+    why: &str,
+) {
     let mut node = Node::new();
     node.scrub_secs = "0";
+    node.snapshot_every = snapshot_every;
     node.start().await;
-    let allowed = pay_from_a_new_agent(&node, 20).await;
-    node.stop_gracefully();
+    let allowed = pay_from_a_new_agent(&node, 30).await;
+    match stop {
+        Stop::Graceful => node.stop_gracefully(),
+        Stop::Kill => node.kill(),
+    }
     let file = node.data.path().join("node/node.redb");
     let mut image = std::fs::read(&file).unwrap();
-    // The tracker page's number starts at byte 32 (its page index's low byte).
-    image[32] ^= 0x01;
+    edit(&mut image);
     std::fs::write(&file, &image).unwrap();
     node.start().await;
     assert_actions_kept(&node, "payer", allowed).await;
     let log = node.log();
-    assert!(
-        log.contains("moved aside") && log.contains("redb panicked opening it"),
-        "{log}"
-    );
+    assert!(log.contains("moved aside") && log.contains(why), "{log}");
 }
 
 /// A new agent "payer" whose tool `pay` costs 1, asked to pay `times` times: how many
