@@ -329,9 +329,9 @@ const EXIT_FATAL: i32 = 70;
 /// A panic anywhere (openraft's core, a storage thread, a request task) ends the process
 /// with a clear last line and a non-zero status instead of leaving it half alive: tokio
 /// would catch the panic and the node would go on answering 503 ("panicked") forever.
-/// The one exception is redb opening the state file, which takes a panic for damage
-/// (`store::caught_panics`).
 /// Supervisors (`dev`, systemd, compose) restart it, and start-up recovers from disk.
+/// The one exception is redb opening the state file, where a panic is taken for damage
+/// (`store::caught_panics`).
 fn exit_on_panic() {
     std::panic::set_hook(Box::new(|info| {
         if lineage_node::store::caught_panics::is_catching() {

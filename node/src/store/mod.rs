@@ -123,9 +123,11 @@ fn remove_old_snapshot_files(data_dir: &Path) {
 pub const STATE_DB_CACHE_BYTES: usize = 8 * 1024 * 1024;
 const CLEAN_STOP: &str = "clean-stop";
 
-/// Opens the state machine's redb file. After a stop that was not clean its integrity is
-/// checked; a file redb finds corrupted, or whose sealed last-applied id or membership
-/// fails its checksum, is moved aside (kept for inspection) and the node
+/// Opens the state machine's redb file. Its header is checked first
+/// (`lineage_redb_header`), and after a stop that was not clean its pages are; a file
+/// whose header is damaged, on which redb panics while opening or checking it, that redb
+/// finds corrupted, or whose sealed last-applied id or membership fails its checksum, is
+/// moved aside (kept for inspection) and the node
 /// starts with an empty one, rebuilt from the Raft log or a snapshot: the log, not this
 /// file, is the durable copy.
 fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
