@@ -1,5 +1,6 @@
 //! Opening the witness's and the checkpointer's redb store, which nothing can rebuild:
-//! damage refuses the start, saying why, rather than serving from a file read wrongly.
+//! damage refuses the start, saying why, rather than serving from a file read wrongly
+//! (or panicking on it).
 
 use std::path::Path;
 
@@ -15,12 +16,24 @@ pub fn open(path: &Path) -> Result<Database, String> {
     if let lineage_redb_header::Restored::Extended { from, to } = restored {
         tracing::warn!(file = %path.display(), from, to, "store extended to the length its header states, for redb's recovery");
     }
-    let mut db = Database::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let intact = db.check_integrity().map_err(|e| {
-        format!(
-            "{} cannot be opened safely: redb's check of its pages failed: {e}",
+    // redb asserts on a header field no check can judge (a region tracker page moved
+    // within the file): a refusal naming the file, not a panic.
+    let opened = std::panic::catch_unwind(|| {
+        let mut db = Database::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let intact = db.check_integrity().map_err(|e| {
+            format!(
+                "{} cannot be opened safely: redb's check of its pages failed: {e}",
+                path.display()
+            )
+        })?;
+        Ok::<_, String>((db, intact))
+    });
+    let (db, intact) = opened.unwrap_or_else(|_| {
+        Err(format!(
+            "{} cannot be opened safely: redb panicked opening it (above); restore it from \
+             a backup",
             path.display()
-        )
+        ))
     })?;
     if !intact {
         tracing::warn!(file = %path.display(), "store repaired by redb's check of its pages");
@@ -87,6 +100,25 @@ mod tests {
         let refused = open(&path).map(drop).unwrap_err();
         assert!(
             refused.contains("store.redb") && refused.contains("magic number"),
+            "{refused}"
+        );
+    }
+
+    /// A tracker page number moved within the file by one flipped bit, which no header
+    /// check can tell: redb panics opening it, and the start is refused naming the file.
+    #[test]
+    fn a_panic_opening_the_store_refuses_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.redb");
+        let db = open(&path).unwrap();
+        add(&db, 0, 20);
+        drop(db);
+        let mut image = std::fs::read(&path).unwrap();
+        image[32] ^= 1;
+        std::fs::write(&path, &image).unwrap();
+        let refused = open(&path).map(drop).unwrap_err();
+        assert!(
+            refused.contains("store.redb") && refused.contains("panicked"),
             "{refused}"
         );
     }

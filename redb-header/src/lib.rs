@@ -42,8 +42,8 @@
 //! What no header check can tell, and who answers it:
 //! - a region tracker page moved within the file (11 of the sweep's flips after a clean
 //!   close): redb panics at open. The node catches a panic while redb opens its file and
-//!   takes it for damage (`store::caught_panics`); the witness and checkpointer stop with
-//!   redb's message. A panic redb turns into an abort (one while it unwinds with a
+//!   takes it for damage (`store::caught_panics`); the witness and checkpointer catch it
+//!   and refuse to start, naming the file (their `store_file`). A panic redb turns into an abort (one while it unwinds with a
 //!   poisoned lock) cannot be caught;
 //! - the recovery flag cleared on a file left open: redb opens and reads it, trusting an
 //!   allocator state it never wrote, and panics or aborts at its first write. redb's own
