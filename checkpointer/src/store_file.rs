@@ -8,9 +8,10 @@ use redb::Database;
 
 /// Opens (or creates) the store at `path`: its header checked and a growth a power cut
 /// lost put back (`lineage_redb_header`), then every page checked by redb. redb checks its
-/// pages only when told to, and a file left open with its recovery flag cleared by the disk
-/// opens and reads, and panics or aborts at its first write; these stores are small, so
-/// the check runs at every start (redb repairs what its checksums allow).
+/// pages at open only when it finds the file left open, and a file left open whose
+/// recovery flag the disk cleared opens and reads, and panics or aborts at its first
+/// write; these stores are small, so the check runs at every start (redb repairs what its
+/// checksums allow).
 pub fn open(path: &Path) -> Result<Database, String> {
     let restored = lineage_redb_header::restore_or_refuse(path)?;
     if let lineage_redb_header::Restored::Extended { from, to } = restored {
@@ -28,15 +29,22 @@ pub fn open(path: &Path) -> Result<Database, String> {
         })?;
         Ok::<_, String>((db, intact))
     });
-    let (db, intact) = opened.unwrap_or_else(|_| {
+    let (db, intact) = opened.unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
         Err(format!(
-            "{} cannot be opened safely: redb panicked opening it (above); restore it from \
-             a backup",
+            "{} cannot be opened safely: redb panicked opening it ({message}); restore it \
+             from a backup",
             path.display()
         ))
     })?;
     if !intact {
-        tracing::warn!(file = %path.display(), "store repaired by redb's check of its pages");
+        // After a crash in the middle of a commit: redb went back to the previous one,
+        // never past a commit that returned (each is durable when it returns here).
+        tracing::warn!(file = %path.display(), "store repaired by redb's check of its pages: a commit cut off by a crash may be gone");
     }
     Ok(db)
 }

@@ -45,11 +45,11 @@
 //!   takes it for damage (`store::caught_panics`); the witness and checkpointer catch it
 //!   and refuse to start, naming the file (their `store_file`). A panic redb turns into an abort (one while it unwinds with a
 //!   poisoned lock) cannot be caught;
-//! - the recovery flag cleared on a file left open: redb opens and reads it, trusting an
-//!   allocator state it never wrote, and panics or aborts at its first write. redb's own
-//!   check of its pages repairs it: the node runs that check after every stop without its
-//!   clean-stop marker (which a file left open never has), the witness and checkpointer at
-//!   every start.
+//! - the recovery flag cleared on a file left open: redb opens and reads it, trusting a
+//!   stale allocator state, and panics or aborts at its first write. redb's own check of
+//!   its pages repairs it: the node runs that check after every stop without its
+//!   clean-stop marker (which a file left open almost never has: the marker is written
+//!   just before the file is closed), the witness and checkpointer at every start.
 //!
 //! Flips redb recovers from itself (the older commit slot; either slot with recovery
 //! required, which falls back to the previous commit) are left to it. The tracker page
@@ -327,7 +327,7 @@ fn stated_length(header: &[u8; HEADER_BYTES]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redb::{Database, ReadableTable, TableDefinition};
+    use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 
     const ROWS: TableDefinition<u64, &[u8]> = TableDefinition::new("rows");
 
@@ -533,23 +533,22 @@ mod tests {
     /// Every bit of the header's fields, and one bit of every other byte of the header and
     /// both commit slots (each slot is one checksum's worth: a bit per byte, rotating,
     /// covers every field and keeps the test short), flipped one at a time, in a file
-    /// closed cleanly and in one left open: each flip is damage here, or redb opens the
-    /// file, reads back the last commit (or, left open, the one before it) and takes a
-    /// write. A file left open gets redb's check of its pages first, as every caller does
-    /// (it repairs the recovery flag cleared). Only a tracker page moved within the file
-    /// makes redb panic (the node catches that); no flip reads wrong or missing rows, or
-    /// fails to open without a cause.
+    /// closed cleanly and in one left open: each flip is damage here, or redb refuses the
+    /// file naming corruption, or opens it, reads back the last commit (or, left open, the
+    /// one before it) and takes a write, after which the file, closed and opened again,
+    /// passes redb's check of every page. A file left open gets that check first, as every
+    /// caller does (it repairs the recovery flag cleared). Only a tracker page moved within
+    /// the file makes redb panic (every caller catches that); no flip reads wrong or
+    /// missing rows, or fails to open without a cause.
     #[test]
     fn every_header_bit_flipped_is_damage_or_read_back_whole() {
         const COMMITS: u64 = 3;
         const ROWS: u64 = 20;
         // Each case writes the whole file: in memory where there is a tmpfs.
         let shm = Path::new("/dev/shm");
-        let dir = if shm.is_dir() {
-            tempfile::tempdir_in(shm).unwrap()
-        } else {
-            tempfile::tempdir().unwrap()
-        };
+        let dir = tempfile::tempdir_in(shm)
+            .or_else(|_| tempfile::tempdir())
+            .unwrap();
         for left_open in [false, true] {
             let path = dir.path().join("whole.redb");
             let _ = std::fs::remove_file(&path);
@@ -627,6 +626,17 @@ mod tests {
         }
         drop((table, txn));
         fill(&db, 1000, 1, 300);
+        drop(db);
+        // Closed again, the file is whole: every page checks, and the write is there.
+        let mut db = Database::create(path).map_err(|e| e.to_string())?;
+        if !db.check_integrity().map_err(|e| e.to_string())? {
+            return Err("closed after the write, it needed repair".into());
+        }
+        let txn = db.begin_read().map_err(|e| e.to_string())?;
+        let table = txn.open_table(ROWS).map_err(|e| e.to_string())?;
+        if table.len().map_err(|e| e.to_string())? != rows + 1 {
+            return Err("the write did not read back".into());
+        }
         Ok(rows)
     }
 
@@ -643,7 +653,9 @@ mod tests {
             let closed_as = |what: &str, db: Database| {
                 drop(db);
                 assert_eq!(restore(&path).unwrap(), Restored::AsIs, "v3 {v3}: {what}");
-                builder.open(&path).unwrap()
+                let mut db = builder.open(&path).unwrap();
+                assert!(db.check_integrity().unwrap(), "v3 {v3}: {what}");
+                db
             };
             let db = builder.create(&path).unwrap();
             let db = closed_as("created", db);
