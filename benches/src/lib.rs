@@ -53,6 +53,30 @@ pub fn durable_appends_per_second_with(writers: usize) -> Result<f64, String> {
     Ok(counts.iter().sum::<u64>() as f64 / start.elapsed().as_secs_f64())
 }
 
+/// The two builds an A/B benchmark runs in alternate rounds, for its clap arguments
+/// (`#[command(flatten)]`).
+#[derive(clap::Args)]
+pub struct Builds {
+    /// The lineage-node build measured.
+    #[arg(long, default_value = "target/release/lineage-node")]
+    pub node: PathBuf,
+    /// The build it is compared with (for example the build before a change).
+    #[arg(long = "baseline-node")]
+    pub baseline: PathBuf,
+    /// Rounds, each running both builds.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=10))]
+    pub rounds: u64,
+}
+
+/// The end of a benchmark's `main`: an error is printed after the benchmark's name, and
+/// the process exits 1.
+pub fn exit_on_error(name: &str, outcome: Result<(), String>) {
+    if let Err(e) = outcome {
+        eprintln!("{name}: {e}");
+        std::process::exit(1);
+    }
+}
+
 /// The number after `name` on the command line, or `default`.
 pub fn flag(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();

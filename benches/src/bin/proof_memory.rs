@@ -9,7 +9,7 @@
 //! --node target/release/lineage-node --baseline-node OLD/lineage-node [--records 100000]
 //! [--rounds 2]`
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -17,60 +17,28 @@ use serde_json::{json, Value};
 /// Concurrent clients while loading.
 const CLIENTS: u64 = 16;
 
+/// Peak RSS growth and time of one inclusion proof over a whole log, this build against
+/// a baseline.
+#[derive(clap::Parser)]
 struct Args {
-    node: PathBuf,
-    baseline: PathBuf,
+    #[command(flatten)]
+    builds: lineage_benches::Builds,
+    /// Records of the one agent the proof covers.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(100..=10_000_000))]
     records: u64,
-    rounds: u64,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        node: PathBuf::from("target/release/lineage-node"),
-        baseline: PathBuf::new(),
-        records: 100_000,
-        rounds: 2,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--node" => args.node = value.into(),
-            "--baseline-node" => args.baseline = value.into(),
-            "--records" => {
-                args.records = value
-                    .parse::<u64>()
-                    .map_err(|e| e.to_string())?
-                    .clamp(100, 10_000_000);
-            }
-            "--rounds" => {
-                args.rounds = value
-                    .parse::<u64>()
-                    .map_err(|e| e.to_string())?
-                    .clamp(1, 10)
-            }
-            other => return Err(format!("unknown flag {other}")),
-        }
-    }
-    if args.baseline.as_os_str().is_empty() {
-        return Err("--baseline-node PATH is required (the build to compare with)".into());
-    }
-    Ok(args)
 }
 
 fn main() {
-    if let Err(e) = run() {
-        eprintln!("proof_memory: {e}");
-        std::process::exit(1);
-    }
+    let args = <Args as clap::Parser>::parse();
+    lineage_benches::exit_on_error("proof_memory", run(&args));
 }
 
-fn run() -> Result<(), String> {
-    let args = parse_args()?;
+fn run(args: &Args) -> Result<(), String> {
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let mut results: Vec<(bool, Measured)> = Vec::new();
-    for round in 0..args.rounds {
-        for (is_baseline, binary) in [(false, &args.node), (true, &args.baseline)] {
+    let builds = &args.builds;
+    for round in 0..builds.rounds {
+        for (is_baseline, binary) in [(false, &builds.node), (true, &builds.baseline)] {
             let measured = runtime.block_on(measure(binary, args.records))?;
             println!(
                 "round {} {}: {} records ({:.0} MB of data): proof peak RSS growth {:.1} MB, {:.3} s",

@@ -9,56 +9,32 @@
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 const BODY_BYTES: usize = 2_000_000;
 
+/// VmRSS growth of a node while refused writes stall, this build against a baseline.
+#[derive(clap::Parser)]
 struct Args {
-    node: PathBuf,
-    baseline: PathBuf,
-    connections: usize,
-    rounds: usize,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        node: PathBuf::from("target/release/lineage-node"),
-        baseline: PathBuf::new(),
-        connections: 200,
-        rounds: 2,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        let number = || value.parse::<usize>().map_err(|e| format!("{flag}: {e}"));
-        match flag.as_str() {
-            "--node" => args.node = value.clone().into(),
-            "--baseline-node" => args.baseline = value.clone().into(),
-            "--connections" => args.connections = number()?.clamp(1, 2_000),
-            "--rounds" => args.rounds = number()?.clamp(1, 10),
-            other => return Err(format!("unknown flag {other}")),
-        }
-    }
-    if args.baseline.as_os_str().is_empty() {
-        return Err("--baseline-node PATH is required (the build to compare with)".into());
-    }
-    Ok(args)
+    #[command(flatten)]
+    builds: lineage_benches::Builds,
+    /// Connections that stall a refused body each.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=2_000))]
+    connections: u64,
 }
 
 fn main() {
-    if let Err(e) = run() {
-        eprintln!("refused_bodies: {e}");
-        std::process::exit(1);
-    }
+    let args = <Args as clap::Parser>::parse();
+    lineage_benches::exit_on_error("refused_bodies", run(&args));
 }
 
-fn run() -> Result<(), String> {
-    let args = parse_args()?;
+fn run(args: &Args) -> Result<(), String> {
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-    for round in 1..=args.rounds {
-        for (baseline, binary) in [(false, &args.node), (true, &args.baseline)] {
-            let growth = measure(binary, args.connections)?;
+    let builds = &args.builds;
+    for round in 1..=builds.rounds {
+        for (baseline, binary) in [(false, &builds.node), (true, &builds.baseline)] {
+            let growth = measure(binary, args.connections as usize)?;
             println!(
                 "round {round} {}: {} stalled forged-token writes of 2 MB: VmRSS +{:.1} MB",
                 if baseline { "baseline" } else { "this build" },
