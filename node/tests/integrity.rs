@@ -532,7 +532,7 @@ async fn assert_actions_kept(node: &Node, agent: &str, allowed: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flipped_bit_in_the_state_files_magic_number_is_rebuilt_from_the_log() {
     let edit = |image: &mut Vec<u8>| image[4] ^= 0x01;
-    an_edited_header_is_rebuilt(Stop::Kill, "10000", edit, "not redb's").await;
+    an_edited_state_file_is_rebuilt(Stop::Kill, "10000", edit, "not redb's").await;
 }
 
 /// After a clean stop redb reads the newest commit slot without checking it: with its
@@ -549,7 +549,7 @@ async fn a_damaged_commit_slot_after_a_clean_stop_is_caught_and_rebuilt() {
         assert_eq!(image[present], 1, "the newest commit has no user tables");
         image[present] = 0;
     };
-    an_edited_header_is_rebuilt(Stop::Graceful, "5", edit, "fails its checksum").await;
+    an_edited_state_file_is_rebuilt(Stop::Graceful, "5", edit, "fails its checksum").await;
 }
 
 /// After a clean stop redb trusts the region tracker page number in its header (no
@@ -560,7 +560,28 @@ async fn a_damaged_commit_slot_after_a_clean_stop_is_caught_and_rebuilt() {
 async fn a_panic_in_redb_opening_the_state_file_is_damage_not_the_end_of_the_node() {
     // The tracker page's number starts at byte 32 (its page index's low byte).
     let edit = |image: &mut Vec<u8>| image[32] ^= 0x01;
-    an_edited_header_is_rebuilt(Stop::Graceful, "10000", edit, "redb panicked opening it").await;
+    an_edited_state_file_is_rebuilt(Stop::Graceful, "10000", edit, "redb panicked opening it")
+        .await;
+}
+
+/// A byte flipped in every copy of the agent's name after a clean stop: the live B-tree
+/// pages holding it fail their checksums. redb checks pages only when told to, and the
+/// node told it only after an unclean stop: the node started and answered 404 "agent not
+/// found". A file up to 1 GiB is now checked after a clean stop too, so the damage is
+/// found at start, the file moved aside and rebuilt with every action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_damaged_after_a_clean_stop_is_found_at_start() {
+    let edit = |image: &mut Vec<u8>| {
+        let mut hits = 0;
+        for at in 4096..image.len().saturating_sub(5) {
+            if &image[at..at + 5] == b"payer" {
+                image[at] ^= 0x20;
+                hits += 1;
+            }
+        }
+        assert!(hits > 0, "the agent's name is nowhere in the file");
+    };
+    an_edited_state_file_is_rebuilt(Stop::Graceful, "10000", edit, "moved aside").await;
 }
 
 enum Stop {
@@ -569,9 +590,9 @@ enum Stop {
 }
 
 /// A node (snapshots every `snapshot_every` entries, no scrub) that paid 30 times
-/// is stopped, and its state file's header changed by `edit`: it starts with every
+/// is stopped, and its state file changed by `edit`: it starts with every
 /// acknowledged action, having moved the file aside and said `why`.
-async fn an_edited_header_is_rebuilt(
+async fn an_edited_state_file_is_rebuilt(
     stop: Stop,
     snapshot_every: &'static str,
     edit: impl FnOnce(&mut Vec<u8>),
