@@ -4,7 +4,9 @@
 //! `insufficient_storage` with nothing sealed or proposed, and the node serves again by
 //! itself as soon as space returns. The reserve leaves room for what is already under way
 //! (entries in flight, the state machine's commits, the log's zeros written ahead), so on
-//! the leader ENOSPC does not reach a log write or an fsync in normal operation.
+//! the leader ENOSPC does not reach a log write or an fsync in normal operation. The
+//! node's own background commits to redb (record merges, answer expiry) wait below the
+//! reserve too: redb refuses every commit after one that failed with ENOSPC.
 //! Followers do not check (they must take what the leader committed): a follower whose
 //! disk fills fails its log write, exits (`lib.rs`) and is restarted by its supervisor,
 //! catching up once space returns; the quorum goes on meanwhile.

@@ -216,7 +216,7 @@ async fn a_full_disk_refuses_writes_cleanly_and_serves_again_once_space_returns(
 
     // Only the answered-200 requests are in the log, and it verifies.
     let (status, verified) = node.get("/v1/agents/bot/verify", &admin).await;
-    assert_eq!(status, 200);
+    assert_eq!(status, 200, "{verified}\n{}", node_log());
     assert_eq!(verified["ok"], true, "{verified}");
     let (_, page) = node.get("/v1/agents/bot/log?limit=5000", &admin).await;
     let records = page["records"].as_array().unwrap();
