@@ -30,11 +30,7 @@ pub fn open(path: &Path) -> Result<Database, String> {
         Ok::<_, String>((db, intact))
     });
     let (db, intact) = opened.unwrap_or_else(|panic| {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
+        let message = lineage_redb_header::panic_message(panic.as_ref());
         Err(format!(
             "{} cannot be opened safely: redb panicked opening it ({message}); restore it \
              from a backup",

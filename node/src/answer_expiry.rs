@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use crate::disk_reserve::DiskReserve;
 use crate::metrics::Metrics;
 use crate::store::idempotency_expiry::{now_secs, Pruned};
 use crate::store::StateMachine;
@@ -23,14 +22,8 @@ fn tick(window: Duration) -> Duration {
     (window / 4).clamp(Duration::from_millis(100), Duration::from_secs(60))
 }
 
-/// Not while the disk is below its reserve (`disk_reserve`): a removal is a commit too,
-/// and one that meets ENOSPC leaves redb refusing every later commit.
-pub fn spawn(
-    sm: StateMachine,
-    window: Duration,
-    disk: DiskReserve,
-    metrics: std::sync::Arc<Metrics>,
-) {
+/// A pass waits while the disk is below its reserve (`StateMachine::below_disk_reserve`).
+pub fn spawn(sm: StateMachine, window: Duration, metrics: std::sync::Arc<Metrics>) {
     if window < Duration::from_secs(60) {
         tracing::warn!(
             window_secs = window.as_secs(),
@@ -42,9 +35,6 @@ pub fn spawn(
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
-            if disk.check().is_err() {
-                continue;
-            }
             let sm = sm.clone();
             let pass = tokio::task::spawn_blocking(move || prune_due(&sm, window)).await;
             let (pruned, error) = match pass {

@@ -5,8 +5,9 @@
 //! itself as soon as space returns. The reserve leaves room for what is already under way
 //! (entries in flight, the state machine's commits, the log's zeros written ahead), so on
 //! the leader ENOSPC does not reach a log write or an fsync in normal operation. The
-//! node's own background commits to redb (record merges, answer expiry) wait below the
-//! reserve too: redb refuses every commit after one that failed with ENOSPC.
+//! state machine's own commits to redb (record merges, checkpoints, snapshot builds,
+//! answer expiry) wait below the reserve too, on every node (`StateMachine::
+//! below_disk_reserve`): redb refuses every commit after one that failed with ENOSPC.
 //! Followers do not check (they must take what the leader committed): a follower whose
 //! disk fills fails its log write, exits (`lib.rs`) and is restarted by its supervisor,
 //! catching up once space returns; the quorum goes on meanwhile.
@@ -46,6 +47,10 @@ impl DiskReserve {
             dir: dir.to_path_buf(),
             reserve_bytes,
         }
+    }
+
+    pub fn reserve_bytes(&self) -> u64 {
+        self.reserve_bytes
     }
 
     /// Ok when the data directory's file system has at least the reserve free. A

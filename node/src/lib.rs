@@ -197,7 +197,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         configured_alone,
     )?;
     let mut log_store = log_store.with_append_timer(metrics.log_append_duration.clone());
-    let mut state_machine = state_machine.with_spool_reserve(config.disk_reserve_bytes);
+    let mut state_machine = state_machine.with_disk_reserve(config.disk_reserve_bytes);
     // Never the leader of its old term after a restart, whatever `--leader-early-ack` is
     // now: entries it acknowledged early and lost before a crash may be on followers
     // under the same log ids (`LogStore::leading_as`), and a log under repair is cut.
@@ -339,11 +339,10 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         spawn_campaign_after_repair(raft.clone(), log_handle.clone());
     }
     let disk = disk_reserve::DiskReserve::new(&config.data_dir, config.disk_reserve_bytes);
-    spawn_record_merges(state_machine.clone(), disk.clone());
+    spawn_record_merges(state_machine.clone());
     answer_expiry::spawn(
         state_machine.clone(),
         config.idempotency_window,
-        disk.clone(),
         metrics.clone(),
     );
     spawn_exit_on_fatal(raft.clone());
@@ -429,20 +428,11 @@ const RECORD_MERGE_INTERVAL: Duration = Duration::from_secs(1);
 /// Packs the raw record rows the writer's commits leave into compressed runs
 /// (`StateMachine::merge_record_runs`), so records cost well under their lines on disk
 /// (0.4 of them with 200-byte inputs of random letters, `benches` `memory_growth`).
-/// Not while the disk is below its reserve: a pass writes the packed runs before it frees
-/// the raw rows, and a commit that meets ENOSPC leaves redb refusing every later commit
-/// ("Previous I/O error occurred"), so the node's next apply failed and it exited
-/// (`disk_full.rs`, 3 runs in 12 beside two CPU hogs).
-fn spawn_record_merges(
-    state_machine: store::state_machine::StateMachine,
-    disk: disk_reserve::DiskReserve,
-) {
+/// A pass waits while the disk is below its reserve (`StateMachine::below_disk_reserve`).
+fn spawn_record_merges(state_machine: store::state_machine::StateMachine) {
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(RECORD_MERGE_INTERVAL).await;
-            if disk.check().is_err() {
-                continue;
-            }
             let sm = state_machine.clone();
             match tokio::task::spawn_blocking(move || sm.merge_record_runs(false)).await {
                 Ok(Ok(_)) => {}

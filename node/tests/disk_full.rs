@@ -190,6 +190,12 @@ async fn a_full_disk_refuses_writes_cleanly_and_serves_again_once_space_returns(
         .post("/v1/agents/bot/actions", &token, "full-0", action("full-0"))
         .await;
     assert_eq!(status, 507, "still full: {body}");
+    // A snapshot commits to the state file: it waits for space too, and says so.
+    let (status, body) = node
+        .post("/v1/node/snapshot", &admin, "snapshot-full", json!({}))
+        .await;
+    assert_eq!(status, 507, "{body}\n{}", node_log());
+    assert_eq!(body["code"], "insufficient_storage", "{body}");
 
     std::fs::remove_file(&filler).unwrap();
     let freed = Instant::now();
@@ -240,5 +246,10 @@ async fn a_full_disk_refuses_writes_cleanly_and_serves_again_once_space_returns(
     );
     let (_, body) = node.get("/v1/agents/bot", &token).await;
     assert_eq!(body["spent"], 21);
+    let (status, body) = node
+        .post("/v1/node/snapshot", &admin, "snapshot", json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}\n{}", node_log());
+    assert!(body["snapshot_index"].as_u64() > Some(20), "{body}");
     drop(node);
 }

@@ -952,7 +952,7 @@ async fn a_body_the_disk_reserve_cannot_spare_is_spooled_in_memory() {
     let dir = tempfile::tempdir().unwrap();
     let key = AuditKey::from_seed([12; 32]);
     let (_log, sm) = store::open(dir.path()).unwrap();
-    let mut sm = sm.with_spool_reserve(0);
+    let mut sm = sm.with_disk_reserve(0);
     sm.apply(as_entries(&entries_with_requests(&key, 20), 1))
         .await
         .unwrap();
@@ -968,12 +968,95 @@ async fn a_body_the_disk_reserve_cannot_spare_is_spooled_in_memory() {
     drop(on_disk);
     assert_eq!(nameless_files(&here), 0, "freed when dropped");
 
-    let mut sm = sm.with_spool_reserve(u64::MAX / 2);
+    let mut sm = sm.with_disk_reserve(u64::MAX / 2);
     let mut in_memory = sm.get_current_snapshot().await.unwrap().unwrap().snapshot;
     assert!(spool::body_bytes(&mut in_memory).await == bytes);
     // Held open, so a spool in the data directory would show here (other tests' memfds
     // make a count of memfds unreliable in this process).
     assert_eq!(nameless_files(&here), 0, "nothing in the data directory");
+}
+
+/// Below the disk reserve the state machine makes no commit of its own (a commit that
+/// meets ENOSPC leaves redb refusing every later one, applies included): a snapshot build
+/// answers no newer point, so openraft purges nothing; merges and checkpoints write
+/// nothing and keep their agents due. Applies go on. With space, the same calls do
+/// their work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_the_disk_reserve_the_state_machine_makes_no_commit_of_its_own() {
+    use openraft::RaftSnapshotBuilder;
+    // (raw record rows, agent checkpoints) in the data directory's state file.
+    let rows = |dir: &std::path::Path| {
+        let db = redb::Database::open(dir.join("node.redb")).unwrap();
+        let txn = db.begin_read().unwrap();
+        let raw = txn
+            .open_table(redb::TableDefinition::<(&str, u64), &str>::new("records"))
+            .unwrap();
+        let checkpoints = txn
+            .open_table(redb::TableDefinition::<&str, &[u8]>::new(
+                "agent_checkpoints",
+            ))
+            .unwrap();
+        (
+            redb::ReadableTableMetadata::len(&raw).unwrap(),
+            redb::ReadableTableMetadata::len(&checkpoints).unwrap(),
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let key = AuditKey::from_seed([13; 32]);
+    let appends = entries_with_requests(&key, 21);
+    let last = appends.len() - 1;
+    let records: u64 = appends[..last].iter().map(|a| a.records.len() as u64).sum();
+    {
+        let (_log, sm) = store::open(dir.path()).unwrap();
+        let mut sm = sm.with_disk_reserve(u64::MAX / 2);
+        assert!(sm.below_disk_reserve().is_some());
+        sm.apply(as_entries(&appends[..last], 1)).await.unwrap();
+        sm.flush().unwrap();
+        let built = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        assert_eq!(
+            built.meta.last_log_id, None,
+            "a snapshot built below the reserve"
+        );
+        assert!(sm.get_current_snapshot().await.unwrap().is_none());
+        assert_eq!(sm.merge_record_runs(true).unwrap(), 0);
+        assert_eq!(sm.checkpoint_agents().unwrap(), 0);
+        assert_eq!(
+            stored_lines(&sm).len() as u64,
+            records,
+            "an apply was held back"
+        );
+    }
+    // The writer packs full runs as it commits; the rest stays raw until a merge.
+    let (raw, checkpoints) = rows(dir.path());
+    assert!(raw > 0, "merged below the reserve");
+    assert_eq!(checkpoints, 0, "checkpointed below the reserve");
+
+    let (_log, mut sm) = store::open(dir.path()).unwrap();
+    assert!(sm.below_disk_reserve().is_none());
+    sm.apply(as_entries(&appends[last..], 1 + last as u64))
+        .await
+        .unwrap();
+    let built = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    assert_eq!(
+        built.meta.last_log_id,
+        Some(log_id(1, 1, appends.len() as u64))
+    );
+    drop(sm);
+    assert_eq!(
+        rows(dir.path()),
+        (0, 1),
+        "not merged and checkpointed with space"
+    );
 }
 
 /// Record rows merged into full runs behind the applies (one small row per commit

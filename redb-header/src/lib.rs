@@ -43,13 +43,16 @@
 //! - a region tracker page moved within the file (11 of the sweep's flips after a clean
 //!   close): redb panics at open. The node catches a panic while redb opens its file and
 //!   takes it for damage (`store::caught_panics`); the witness and checkpointer catch it
-//!   and refuse to start, naming the file (their `store_file`). A panic redb turns into an abort (one while it unwinds with a
-//!   poisoned lock) cannot be caught;
+//!   and refuse to start, naming the file (their `store_file`); [`panic_message`] gives
+//!   both the panic's words. A panic redb turns into an abort (one while it unwinds with
+//!   a poisoned lock) cannot be caught;
 //! - the recovery flag cleared on a file left open: redb opens and reads it, trusting a
 //!   stale allocator state, and panics or aborts at its first write. redb's own check of
 //!   its pages repairs it: the node runs that check after every stop without its
 //!   clean-stop marker (which a file left open almost never has: the marker is written
-//!   just before the file is closed), the witness and checkpointer at every start.
+//!   just before the file is closed), and after a clean one too while the file is at most
+//!   1 GiB (a page damaged while the node was down); the witness and checkpointer at
+//!   every start.
 //!
 //! Flips redb recovers from itself (the older commit slot; either slot with recovery
 //! required, which falls back to the previous commit) are left to it. The tracker page
@@ -162,6 +165,16 @@ pub fn restore_or_refuse(path: &Path) -> Result<Restored, String> {
         Ok(restored) => Ok(restored),
         Err(e) => Err(format!("reading the header of {}: {e}", path.display())),
     }
+}
+
+/// The message of a panic caught around redb's open or page check (the callers take such a
+/// panic for damage to the file, see the module docs).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// What to do with a file of `length` bytes that starts with `header` (zeros past the
@@ -340,6 +353,14 @@ mod tests {
             }
         }
         txn.commit().unwrap();
+    }
+
+    #[test]
+    fn a_panic_message_is_its_words_whatever_their_type() {
+        let words = |payload: Box<dyn std::any::Any + Send>| panic_message(payload.as_ref());
+        assert_eq!(words(Box::new("assertion failed")), "assertion failed");
+        assert_eq!(words(Box::new(format!("index {}", 7))), "index 7");
+        assert_eq!(words(Box::new(7u8)), "a panic without a message");
     }
 
     /// The file as a power cut during the commit that grew it can leave it: the newest

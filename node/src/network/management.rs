@@ -237,6 +237,9 @@ async fn snapshot_now(
             "this node is being repaired from the cluster: {reason}"
         )));
     }
+    // A build commits to the state file: below the reserve it would wait (`build_snapshot`)
+    // and this request would time out saying less.
+    app.check_disk()?;
     let Some(applied) = app.raft.metrics().borrow().last_applied else {
         return Err(ApiError::Rejected(
             "this node has applied nothing to snapshot yet".into(),

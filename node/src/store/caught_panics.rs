@@ -24,13 +24,7 @@ pub fn catching<T>(work: impl FnOnce() -> T) -> Result<T, String> {
     let was = CATCHING.with(|c| c.replace(true));
     let outcome = catch_unwind(AssertUnwindSafe(work));
     CATCHING.with(|c| c.set(was));
-    outcome.map_err(|panic| {
-        panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic without a message".into())
-    })
+    outcome.map_err(|panic| lineage_redb_header::panic_message(panic.as_ref()))
 }
 
 #[cfg(test)]

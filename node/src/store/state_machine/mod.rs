@@ -42,6 +42,7 @@ use super::record_ends;
 use super::record_rows;
 use super::sm_writer::{SmWriter, Tables};
 use super::system_log;
+use crate::disk_reserve::{BelowReserve, DiskReserve};
 use crate::raft_types::{
     ApplyOutcome, BatchOutcome, IdempotentAnswer, NodeId, StorageError, TypeConfig,
 };
@@ -171,8 +172,9 @@ pub struct StateMachine {
     durable_log: Option<DurableLog>,
     /// Where snapshot bodies are spooled: the data directory (`snapshot.rs`).
     spool_dir: Arc<std::path::Path>,
-    /// Free space a body spooled on disk must leave (the disk reserve).
-    spool_reserve_bytes: u64,
+    /// Free space the node's own commits and a body spooled on disk must leave
+    /// (`disk_reserve`): below it, merges, checkpoints and snapshot builds wait.
+    disk: DiskReserve,
 }
 
 const WRITER_TABLES: Tables = Tables {
@@ -281,7 +283,7 @@ impl StateMachine {
             next_batch: Arc::default(),
             durable_log: None,
             spool_dir: Arc::from(spool_dir),
-            spool_reserve_bytes: 0,
+            disk: DiskReserve::new(spool_dir, 0),
         };
         let loaded = sm.load_from_disk()?;
         *sm.write_data() = loaded;
@@ -294,11 +296,20 @@ impl StateMachine {
         self
     }
 
-    /// A snapshot body is spooled on disk only where it leaves `bytes` free (the disk
-    /// reserve), else in memory.
-    pub fn with_spool_reserve(mut self, bytes: u64) -> Self {
-        self.spool_reserve_bytes = bytes;
+    /// Keeps `bytes` free in the data directory (the disk reserve): below it the state
+    /// machine makes no commit of its own (record merges, checkpoints, snapshot builds,
+    /// answer expiry), and a snapshot body is spooled in memory instead of on disk.
+    /// Applies are not held back: they carry entries the cluster already committed.
+    pub fn with_disk_reserve(mut self, bytes: u64) -> Self {
+        self.disk = DiskReserve::new(&self.spool_dir, bytes);
         self
+    }
+
+    /// Why the state machine's own commits wait now, if they do: a commit that meets
+    /// ENOSPC leaves redb refusing every later one ("Previous I/O error occurred"),
+    /// applies included, and the node exits.
+    pub fn below_disk_reserve(&self) -> Option<BelowReserve> {
+        self.disk.check().err()
     }
 
     pub fn with_fsync_interval(self, interval: std::time::Duration) -> Self {
@@ -716,6 +727,9 @@ impl StateMachine {
         now_secs: u64,
         limit: usize,
     ) -> Result<idempotency_expiry::Pruned, String> {
+        if self.below_disk_reserve().is_some() {
+            return Ok(idempotency_expiry::Pruned::default()); // a removal is a commit too
+        }
         let flushed = self.writer.flushed_through();
         self.write_data().unflushed.prune(flushed);
         idempotency_expiry::prune(&self.db, cutoff_secs, now_secs, limit)
@@ -726,8 +740,13 @@ impl StateMachine {
     /// the committed records (both are published under that lock), and no later commit
     /// (an install, a heads round) can land before this one. Packing and sealing them,
     /// the slow part (about 10 µs an agent), runs after the lock is released, so applies
-    /// go on meanwhile; commits of other writers wait for this one.
+    /// go on meanwhile; commits of other writers wait for this one. Below the disk
+    /// reserve nothing is written and the agents stay due (start-up replays more).
     pub fn checkpoint_agents(&self) -> Result<usize, StorageError> {
+        if let Some(full) = self.below_disk_reserve() {
+            tracing::warn!(%full, "agent checkpoints wait for disk space");
+            return Ok(0);
+        }
         let (txn, states, dirty) = {
             let mut data = self.write_data();
             // Checkpoints must not run ahead of the records and last applied id they follow.
@@ -766,8 +785,13 @@ impl StateMachine {
     /// write; `all` (at a snapshot) packs every agent's rows however few. Runs beside
     /// applies: only rows already committed are rewritten, in one write transaction the
     /// writer's commits wait for, committed durably (a crash leaves the old rows or the
-    /// packed ones, the same records). Returns the bytes of rows rewritten.
+    /// packed ones, the same records). Returns the bytes of rows rewritten. Below the
+    /// disk reserve it waits, its agents still due: a pass writes the packed runs before
+    /// it frees the raw rows (`disk_full.rs` saw one meet ENOSPC and the node exit).
     pub fn merge_record_runs(&self, all: bool) -> Result<usize, StorageError> {
+        if self.below_disk_reserve().is_some() {
+            return Ok(0);
+        }
         let agents: Vec<String> = if all {
             self.writer.take_committed();
             self.read_data().agents.keys().cloned().collect()

@@ -187,6 +187,15 @@ impl StateMachine {
         }
     }
 
+    /// The last snapshot built or installed here; with none, a meta naming no entry.
+    fn latest_snapshot_meta(&self) -> SnapshotMeta<NodeId, BasicNode> {
+        self.latest_snapshot
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default()
+    }
+
     /// The snapshot a follower is sent: the body is written now, from the state as it is
     /// now, so no second copy of the records is ever kept on disk. Its meta names the
     /// applied id it was written at, which is never older than the last snapshot built
@@ -204,7 +213,7 @@ impl StateMachine {
         }
         let (meta, txn) = self.fixed_view()?;
         let dir = self.spool_dir.clone();
-        let reserve = self.spool_reserve_bytes;
+        let reserve = self.disk.reserve_bytes();
         // The body is about the records' size, which the state file bounds.
         let estimate = std::fs::metadata(dir.join(super::super::STATE_DB)).map_or(0, |m| m.len());
         // Written on a blocking thread while openraft already holds the spool: the send
@@ -280,7 +289,19 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     /// A snapshot here is a point the state machine has made durable, after which openraft
     /// may purge the log: the body is written only when a follower needs it
     /// (`snapshot_now`).
+    ///
+    /// Below the disk reserve nothing is built: the build answers the last snapshot's
+    /// meta, which openraft takes as nothing newer (no purge), and it asks again later.
+    /// An error here would stop Raft, and a commit that meets ENOSPC would leave redb
+    /// refusing every later one.
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        if let Some(full) = self.below_disk_reserve() {
+            tracing::warn!(%full, "snapshot not built: it waits for disk space");
+            return Ok(Snapshot {
+                meta: self.latest_snapshot_meta(),
+                snapshot: Box::new(SnapshotSpool::no_body()),
+            });
+        }
         // Fresh checkpoints, so a restart replays only what follows.
         self.checkpoint_agents()?;
         // Every agent's raw record rows packed, however few, once per snapshot.
