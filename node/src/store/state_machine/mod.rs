@@ -175,6 +175,8 @@ pub struct StateMachine {
     /// Free space the node's own commits and a body spooled on disk must leave
     /// (`disk_reserve`): below it, merges, checkpoints and snapshot builds wait.
     disk: DiskReserve,
+    /// Whether the last look found the disk below its reserve (to log the change only).
+    waiting_for_disk: Arc<std::sync::atomic::AtomicBool>,
 }
 
 const WRITER_TABLES: Tables = Tables {
@@ -284,6 +286,7 @@ impl StateMachine {
             durable_log: None,
             spool_dir: Arc::from(spool_dir),
             disk: DiskReserve::new(spool_dir, 0),
+            waiting_for_disk: Arc::default(),
         };
         let loaded = sm.load_from_disk()?;
         *sm.write_data() = loaded;
@@ -308,8 +311,24 @@ impl StateMachine {
     /// Why the state machine's own commits wait now, if they do: a commit that meets
     /// ENOSPC leaves redb refusing every later one ("Previous I/O error occurred"),
     /// applies included, and the node exits.
+    /// Said once when they start waiting and once when they resume: openraft asks for a
+    /// snapshot again after every apply while none is built.
     pub fn below_disk_reserve(&self) -> Option<BelowReserve> {
-        self.disk.check().err()
+        let below = self.disk.check().err();
+        let was_below = self
+            .waiting_for_disk
+            .swap(below.is_some(), std::sync::atomic::Ordering::Relaxed);
+        match (&below, was_below) {
+            (Some(full), false) => tracing::warn!(
+                %full,
+                "record merges, checkpoints, snapshots and answer expiry wait for disk space"
+            ),
+            (None, true) => tracing::info!(
+                "disk space above the reserve again: merges, checkpoints, snapshots and answer expiry resume"
+            ),
+            _ => {}
+        }
+        below
     }
 
     pub fn with_fsync_interval(self, interval: std::time::Duration) -> Self {
@@ -743,8 +762,7 @@ impl StateMachine {
     /// go on meanwhile; commits of other writers wait for this one. Below the disk
     /// reserve nothing is written and the agents stay due (start-up replays more).
     pub fn checkpoint_agents(&self) -> Result<usize, StorageError> {
-        if let Some(full) = self.below_disk_reserve() {
-            tracing::warn!(%full, "agent checkpoints wait for disk space");
+        if self.below_disk_reserve().is_some() {
             return Ok(0);
         }
         let (txn, states, dirty) = {
