@@ -77,16 +77,6 @@ pub fn exit_on_error(name: &str, outcome: Result<(), String>) {
     }
 }
 
-/// The number after `name` on the command line, or `default`.
-pub fn flag(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// A binary built beside this benchmark (same target dir and profile); `build` says
 /// which packages build it when it is missing.
 pub fn sibling_binary(name: &str, build: &str) -> Result<PathBuf, String> {

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lineage_benches::{flag, sibling_binary};
+use lineage_benches::sibling_binary;
 use lineage_checkpointer::checkpointer::{Checkpointer, WitnessTarget};
 use lineage_checkpointer::checkpointer_metrics::Metrics;
 use lineage_checkpointer::cluster_client::ClusterClient;
@@ -51,7 +51,22 @@ fn run_quiet(program: &Path, args: &[&str]) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
 }
 
+/// One checkpointer round against a witness, at a share of agents changed.
+#[derive(clap::Parser)]
+struct Args {
+    /// Agents in the node.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..=100_000))]
+    agents: u64,
+    /// Share of them changed before each round, in percent.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
+    changed_percent: u64,
+    /// Rounds measured.
+    #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=50))]
+    rounds: usize,
+}
+
 fn main() {
+    let args = <Args as clap::Parser>::parse();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -59,7 +74,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = runtime.block_on(run()) {
+    if let Err(e) = runtime.block_on(run(&args)) {
         eprintln!("checkpointer_round: {e}");
         std::process::exit(1);
     }
@@ -125,10 +140,8 @@ async fn wait_heads(http: &reqwest::Client, url: &str, at_least: u64) -> Result<
     clippy::too_many_lines,
     reason = "one measured run, step by step: setup, the rounds, the report"
 )]
-async fn run() -> Result<(), String> {
-    let agents = flag("--agents", 10_000).clamp(10, 100_000);
-    let percent = flag("--changed-percent", 1).clamp(1, 100);
-    let rounds = flag("--rounds", 5).clamp(1, 50) as usize;
+async fn run(args: &Args) -> Result<(), String> {
+    let (agents, percent, rounds) = (args.agents, args.changed_percent, args.rounds);
     let build = "-p lineage-node -p lineage-checkpointer";
     let node_bin = sibling_binary("lineage-node", build)?;
     let witness_bin = sibling_binary("lineage-witness", build)?;

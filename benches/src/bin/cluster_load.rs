@@ -38,108 +38,49 @@ use lineage_core::record::{timestamp, Record};
 use lineage_core::AuditKey;
 use serde_json::{json, Value};
 
+/// Decisions/s and latency of real nodes on loopback, with the machine's ceilings.
+#[derive(clap::Parser)]
 struct Args {
+    /// Clients (with --wrk: connections), spread over the agents.
+    #[arg(long, default_value_t = 16, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
     clients: usize,
+    /// Agents the clients write to.
+    #[arg(long, default_value_t = 16, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
     agents: usize,
+    /// Seconds each measured load runs.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
     seconds: u64,
     /// Only this cluster size (default: a 1-node and a 3-node cluster).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=7))]
     nodes: Option<usize>,
     /// Start the nodes with `--leader-early-ack false`.
+    #[arg(long)]
     no_early_ack: bool,
     /// Clients send through reqwest (the generator before its clients went lean).
+    #[arg(long)]
     reqwest: bool,
     /// The load comes from `wrk` (its connections spread over the agents request by request).
+    #[arg(long)]
     wrk: bool,
-    /// Compare this build over plain HTTP with this build over TLS (needs `wrk`).
+    /// Compare this build over plain HTTP with this build over TLS.
+    #[arg(long, requires = "wrk")]
     tls: bool,
     /// Every request carries an Idempotency-Key of its own.
+    #[arg(long)]
     idempotency_keys: bool,
     /// Each request is a linearizable read of its agent's status (`GET /v1/agents/{id}`).
+    #[arg(long, requires = "wrk", conflicts_with = "idempotency_keys")]
     reads: bool,
     /// Another `lineage-node` build to measure against, in alternating rounds.
+    #[arg(long = "baseline-node")]
     baseline: Option<std::path::PathBuf>,
     /// The `lineage-node` build to measure (default: the one built beside this program).
+    #[arg(long)]
     node: Option<std::path::PathBuf>,
     /// Records to load before the measured load, so it runs against that much history;
     /// then each node's VmRSS, disk bytes per record and verify rate are reported too.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
     history: u64,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        clients: 16,
-        agents: 16,
-        seconds: 10,
-        nodes: None,
-        no_early_ack: false,
-        reqwest: false,
-        wrk: false,
-        tls: false,
-        idempotency_keys: false,
-        reads: false,
-        baseline: None,
-        node: None,
-        history: 0,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        match flag.as_str() {
-            "--no-early-ack" => {
-                args.no_early_ack = true;
-                continue;
-            }
-            "--reqwest" => {
-                args.reqwest = true;
-                continue;
-            }
-            "--wrk" => {
-                args.wrk = true;
-                continue;
-            }
-            "--tls" => {
-                args.tls = true;
-                continue;
-            }
-            "--idempotency-keys" => {
-                args.idempotency_keys = true;
-                continue;
-            }
-            "--reads" => {
-                args.reads = true;
-                continue;
-            }
-            "--baseline-node" => {
-                let path = it.next().ok_or("--baseline-node needs a path")?;
-                args.baseline = Some(path.into());
-                continue;
-            }
-            "--node" => {
-                let path = it.next().ok_or("--node needs a path")?;
-                args.node = Some(path.into());
-                continue;
-            }
-            _ => {}
-        }
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let number: u64 = value
-            .parse()
-            .map_err(|_| format!("{flag}: {value:?} is not a number"))?;
-        match flag.as_str() {
-            "--clients" => args.clients = number.clamp(1, 256) as usize,
-            "--agents" => args.agents = number.clamp(1, 10_000) as usize,
-            "--seconds" => args.seconds = number.clamp(1, 300),
-            "--nodes" => args.nodes = Some(number.clamp(1, 7) as usize),
-            "--history" => args.history = number.min(100_000_000),
-            other => return Err(format!("unknown flag {other}")),
-        }
-    }
-    if args.reads && (!args.wrk || args.idempotency_keys) {
-        return Err("--reads needs --wrk, and reads carry no Idempotency-Key".into());
-    }
-    if args.tls && !args.wrk {
-        return Err("--tls needs --wrk (the built-in clients speak plain HTTP)".into());
-    }
-    Ok(args)
 }
 
 struct Cluster {
@@ -1052,14 +993,11 @@ fn compare_with_baseline(
 }
 
 fn main() {
-    if let Err(e) = real_main() {
-        eprintln!("cluster_load: {e}");
-        std::process::exit(1);
-    }
+    let args = <Args as clap::Parser>::parse();
+    lineage_benches::exit_on_error("cluster_load", run(&args));
 }
 
-fn real_main() -> Result<(), String> {
-    let args = parse_args()?;
+fn run(args: &Args) -> Result<(), String> {
     let binary = match &args.node {
         Some(path) => path.clone(),
         None => lineage_benches::sibling_binary("lineage-node", "-p lineage-node")?,
@@ -1098,7 +1036,7 @@ fn real_main() -> Result<(), String> {
                 tls: true,
             },
         ];
-        return compare_with_baseline(&runtime, variants, &sizes, &args);
+        return compare_with_baseline(&runtime, variants, &sizes, args);
     }
     if let Some(baseline) = &args.baseline {
         let variants = [
@@ -1113,11 +1051,11 @@ fn real_main() -> Result<(), String> {
                 tls: false,
             },
         ];
-        return compare_with_baseline(&runtime, variants, &sizes, &args);
+        return compare_with_baseline(&runtime, variants, &sizes, args);
     }
     for nodes in sizes {
         let cluster = start_cluster(&binary, nodes, args.no_early_ack, false)?;
-        let r = runtime.block_on(run_load(&cluster, &args))?;
+        let r = runtime.block_on(run_load(&cluster, args))?;
         println!(
             "{nodes} node(s), {} clients over {} agents, {} s: {:.0} decisions/s (p50 {:.2} ms, p99 {:.2} ms), {} decisions, {} errors; {:.2}x the fsync ceiling, {:.3}x the signing ceiling (2 records per decision), {:.2}x the reference storage bound",
             args.clients,

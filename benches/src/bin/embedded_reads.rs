@@ -10,13 +10,21 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use lineage_benches::flag;
 use lineage_core::guard::{decide, seal, AgentState, Command};
 use lineage_core::record::timestamp;
 use lineage_core::{AuditKey, Guard, Policy, ToolRule};
 
+/// What the embedded guard's `pending()` and `action()` cost on a long log.
+#[derive(clap::Parser)]
+struct Args {
+    /// Records in the log.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(10..))]
+    records: u64,
+}
+
 fn main() {
-    if let Err(e) = real_main() {
+    let args = <Args as clap::Parser>::parse();
+    if let Err(e) = real_main(args.records) {
         eprintln!("embedded_reads: {e}");
         std::process::exit(1);
     }
@@ -35,8 +43,7 @@ fn mean_time<T>(
     Ok(started.elapsed() / runs)
 }
 
-fn real_main() -> Result<(), String> {
-    let records = flag("--records", 200_000).max(10);
+fn real_main(records: u64) -> Result<(), String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let path = dir.path().join("agent.jsonl");
     let key = AuditKey::from_seed([9; 32]);

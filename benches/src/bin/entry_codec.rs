@@ -17,7 +17,6 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use lineage_benches::flag;
 use lineage_core::guard::{decide, seal, AgentState, Command};
 use lineage_core::{AuditKey, Policy, Record, ToolRule};
 use lineage_node::raft_types::RecordLine;
@@ -39,8 +38,17 @@ struct LineWrite {
     records: Vec<RecordLine>,
 }
 
+/// What encoding a Raft entry costs.
+#[derive(clap::Parser)]
+struct Args {
+    /// Rounds over the sample records.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
+    rounds: u64,
+}
+
 fn main() {
-    if let Err(e) = run() {
+    let args = <Args as clap::Parser>::parse();
+    if let Err(e) = run(args.rounds) {
         eprintln!("entry_codec: {e}");
         std::process::exit(1);
     }
@@ -111,8 +119,7 @@ fn best_of_five(rounds: u64, mut f: impl FnMut() -> usize) -> Duration {
         .unwrap_or_default()
 }
 
-fn run() -> Result<(), String> {
-    let rounds = flag("--rounds", 2000).clamp(10, 1_000_000);
+fn run(rounds: u64) -> Result<(), String> {
     let samples = sample_records()?;
     let plain: Vec<PlainWrite> = samples
         .iter()

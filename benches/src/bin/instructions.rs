@@ -146,27 +146,33 @@ async fn per_decision(
     Ok((instructions, fsyncs))
 }
 
-fn main() {
-    if let Err(e) = real_main() {
-        eprintln!("instructions: {e}");
-        std::process::exit(1);
-    }
+/// Instructions per decision, counted by callgrind.
+#[derive(clap::Parser)]
+struct Args {
+    /// Decisions in the shorter run.
+    #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    small: usize,
+    /// Decisions in the longer run (more than --small: the difference is measured).
+    #[arg(long, default_value_t = 400, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=1_000_000))]
+    large: usize,
+    /// Another build measured the same way, for a ratio.
+    #[arg(long = "baseline-node")]
+    baseline: Option<std::path::PathBuf>,
 }
 
-fn real_main() -> Result<(), String> {
-    let small = lineage_benches::flag("--small", 100) as usize;
-    let large = lineage_benches::flag("--large", 400) as usize;
+fn main() {
+    let args = <Args as clap::Parser>::parse();
+    lineage_benches::exit_on_error("instructions", measure(args));
+}
+
+fn measure(args: Args) -> Result<(), String> {
+    let Args {
+        small,
+        large,
+        baseline,
+    } = args;
     if large <= small {
         return Err("--large must be more than --small".into());
-    }
-    let mut baseline = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        if arg == "--baseline-node" {
-            baseline = Some(std::path::PathBuf::from(
-                args.next().ok_or("--baseline-node needs a path")?,
-            ));
-        }
     }
     let binary = lineage_benches::sibling_binary("lineage-node", "-p lineage-node")?;
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;

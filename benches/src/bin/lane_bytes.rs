@@ -16,7 +16,6 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Arc;
 
-use lineage_benches::flag;
 use lineage_core::guard::{decide, seal, AgentState, Command};
 use lineage_core::{AuditKey, Policy, ToolRule};
 use lineage_node::agent_lanes::{Lane, Lanes};
@@ -57,7 +56,16 @@ fn live() -> isize {
     LIVE.load(Ordering::Relaxed)
 }
 
+/// Heap bytes per agent lane.
+#[derive(clap::Parser)]
+struct Args {
+    /// Lanes measured.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    lanes: usize,
+}
+
 fn main() {
+    let args = <Args as clap::Parser>::parse();
     let runtime = match tokio::runtime::Builder::new_current_thread().build() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -65,7 +73,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = runtime.block_on(run()) {
+    if let Err(e) = runtime.block_on(run(args.lanes)) {
         eprintln!("lane_bytes: {e}");
         std::process::exit(1);
     }
@@ -181,8 +189,7 @@ async fn bytes_per_lane(count: usize, state: &AgentState, left: Left) -> f64 {
     bytes as f64 / count as f64
 }
 
-async fn run() -> Result<(), String> {
-    let count = flag("--lanes", 10_000).max(1) as usize;
+async fn run(count: usize) -> Result<(), String> {
     let key = AuditKey::generate().map_err(|e| e.to_string())?;
     println!("lane_bytes: {count} lanes of a small agent (one tool, 200-byte inputs)");
     for actions in [10, 100] {

@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lineage_benches::flag;
 use lineage_node::raft_types::{Proposal, TypeConfig};
 use lineage_node::store::LogStore;
 use openraft::storage::RaftLogStorage;
@@ -27,7 +26,25 @@ const ENTRY_BYTES: usize = 18_000;
 /// openraft's default `max_payload_entries`: what one replication read asks for.
 const READ_BATCH: u64 = 300;
 
+/// What a follower catching up from disk costs the leader's appends.
+#[derive(clap::Parser)]
+struct Args {
+    /// Rounds, each running both ways.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    rounds: u64,
+    /// Appends during each read.
+    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    appends: u64,
+    /// Entries in the log before the reads (at least two read batches).
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u64).range(2 * READ_BATCH..=10_000_000))]
+    history: u64,
+    /// The follower's round trip between two reads, in milliseconds.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pause_ms: u64,
+}
+
 fn main() {
+    let args = <Args as clap::Parser>::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -39,7 +56,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = runtime.block_on(run()) {
+    if let Err(e) = runtime.block_on(run(&args)) {
         eprintln!("log_reads: {e}");
         std::process::exit(1);
     }
@@ -54,11 +71,9 @@ fn entry(index: u64) -> Entry<TypeConfig> {
     }
 }
 
-async fn run() -> Result<(), String> {
-    let rounds = flag("--rounds", 3);
-    let appends = flag("--appends", 400);
-    let history = flag("--history", 1500).max(READ_BATCH * 2);
-    let pause = Duration::from_millis(flag("--pause-ms", 2));
+async fn run(args: &Args) -> Result<(), String> {
+    let (rounds, appends, history) = (args.rounds, args.appends, args.history);
+    let pause = Duration::from_millis(args.pause_ms);
     let dir = tempfile::Builder::new()
         .prefix("log_reads")
         .tempdir_in(std::env::current_dir().map_err(|e| e.to_string())?)

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lineage_benches::{flag, sibling_binary};
+use lineage_benches::sibling_binary;
 use serde_json::json;
 
 struct Node {
@@ -487,7 +487,34 @@ fn report_figures(build: &str, sizes: &[u64], figures: &[Figures]) {
     }
 }
 
+/// Memory and disk of one node against history, at a small and a large size.
+#[derive(clap::Parser)]
+struct Args {
+    /// Records at the small size.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    small: u64,
+    /// Records at the large size.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    large: u64,
+    /// Agents the records are spread over.
+    #[arg(long, default_value_t = 16, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    agents: usize,
+    /// Clients loading them at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
+    clients: usize,
+    /// Bytes of each action's input.
+    #[arg(long, default_value_t = 200, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1 << 20))]
+    input_bytes: usize,
+    /// 1: every input one letter repeated; 0: letters drawn at random.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1))]
+    repeated_input: u64,
+    /// Another build measured the same way in the same run, for ratios.
+    #[arg(long = "baseline-node")]
+    baseline: Option<PathBuf>,
+}
+
 fn main() {
+    let args = <Args as clap::Parser>::parse();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -495,27 +522,22 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = runtime.block_on(real_main()) {
+    if let Err(e) = runtime.block_on(real_main(args)) {
         eprintln!("memory_growth: {e}");
         std::process::exit(1);
     }
 }
 
-async fn real_main() -> Result<(), String> {
-    let sizes = [flag("--small", 100_000), flag("--large", 1_000_000)];
+async fn real_main(args: Args) -> Result<(), String> {
+    let sizes = [args.small, args.large];
     let load = Load {
-        agents: flag("--agents", 16).clamp(1, 10_000) as usize,
-        clients: flag("--clients", 16).clamp(1, 256) as usize,
-        input_bytes: flag("--input-bytes", 200).min(1 << 20) as usize,
-        repeated_input: flag("--repeated-input", 0) != 0,
+        agents: args.agents,
+        clients: args.clients,
+        input_bytes: args.input_bytes,
+        repeated_input: args.repeated_input != 0,
     };
     let ours = sibling_binary("lineage-node", "-p lineage-node")?;
-    let args: Vec<String> = std::env::args().collect();
-    let baseline = args
-        .iter()
-        .position(|a| a == "--baseline-node")
-        .and_then(|i| args.get(i + 1))
-        .map(PathBuf::from);
+    let baseline = args.baseline;
     println!(
         "memory_growth: {} agents, {} clients, inputs of {} bytes ({}), sizes {:?}",
         load.agents,

@@ -9,18 +9,22 @@
 
 use redb::{ReadableTableMetadata, TableHandle};
 
-fn main() {
-    if let Err(e) = real_main() {
-        eprintln!("redb_tables: {e}");
-        std::process::exit(1);
-    }
+/// Where a redb file's pages go, table by table.
+#[derive(clap::Parser)]
+struct Args {
+    /// The redb file (its node stopped).
+    file: String,
+    /// Records in it, for bytes per record.
+    #[arg(long, default_value_t = 0)]
+    records: u64,
 }
 
-fn real_main() -> Result<(), String> {
-    let path = std::env::args()
-        .nth(1)
-        .ok_or("usage: redb_tables FILE [--records N]")?;
-    let records = lineage_benches::flag("--records", 0);
+fn main() {
+    let args = <Args as clap::Parser>::parse();
+    lineage_benches::exit_on_error("redb_tables", run(&args.file, args.records));
+}
+
+fn run(path: &str, records: u64) -> Result<(), String> {
     let per_record = |bytes: u64| {
         if records == 0 {
             String::new()
@@ -28,7 +32,7 @@ fn real_main() -> Result<(), String> {
             format!("{:>9.1}", bytes as f64 / records as f64)
         }
     };
-    let db = redb::Database::open(&path).map_err(|e| format!("{path}: {e}"))?;
+    let db = redb::Database::open(path).map_err(|e| format!("{path}: {e}"))?;
     let txn = db.begin_read().map_err(|e| e.to_string())?;
     let page = 4096u64;
     println!(
@@ -67,7 +71,7 @@ fn real_main() -> Result<(), String> {
     let writer = db.begin_write().map_err(|e| e.to_string())?;
     let all = writer.stats().map_err(|e| e.to_string())?;
     writer.abort().map_err(|e| e.to_string())?;
-    let length = std::fs::metadata(&path).map_err(|e| e.to_string())?.len();
+    let length = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
     println!(
         "{:<20} {:>10} {:>12} {:>8} {:>8} {:>7} {:>12}{}",
         "tables",

@@ -27,7 +27,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use lineage_benches::{flag, sibling_binary};
+use lineage_benches::sibling_binary;
 use serde_json::Value;
 
 /// Every figure the parts handed over, each with its labels (`bench`, `build`, `nodes`,
@@ -461,24 +461,42 @@ fn print_instructions(figures: &Figures) {
     );
 }
 
-fn main() {
-    if let Err(e) = real_main() {
-        eprintln!("report: {e}");
-        std::process::exit(1);
-    }
+/// Every figure of the resource and speed goals, from one sitting.
+#[derive(clap::Parser)]
+struct Args {
+    /// Another build of the node, measured beside this one.
+    #[arg(long = "baseline-node")]
+    baseline: Option<PathBuf>,
+    /// Records at the small history.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    small: u64,
+    /// Records at the large history.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    large: u64,
+    /// Seconds of each measured load.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
+    seconds: u64,
+    /// Rounds of each column's pair of builds (2: both orders, averaged).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=10))]
+    rounds: u64,
+    /// Leave out memory_growth.
+    #[arg(long)]
+    skip_memory: bool,
+    /// Leave out instructions.
+    #[arg(long)]
+    skip_instructions: bool,
 }
 
-fn real_main() -> Result<(), String> {
-    let sizes = [flag("--small", 100_000), flag("--large", 1_000_000)];
-    let seconds = flag("--seconds", 10).to_string();
-    let rounds = flag("--rounds", 1).clamp(1, 10);
-    let args: Vec<String> = std::env::args().collect();
-    let has = |name: &str| args.iter().any(|a| a == name);
-    let baseline: Option<PathBuf> = args
-        .iter()
-        .position(|a| a == "--baseline-node")
-        .and_then(|i| args.get(i + 1))
-        .map(PathBuf::from);
+fn main() {
+    let args = <Args as clap::Parser>::parse();
+    lineage_benches::exit_on_error("report", run(args));
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let sizes = [args.small, args.large];
+    let seconds = args.seconds.to_string();
+    let rounds = args.rounds;
+    let baseline = args.baseline.clone();
     let this = sibling_binary("lineage-node", "-p lineage-node")?;
     if let Some(path) = &baseline {
         if !path.exists() {
@@ -526,7 +544,7 @@ fn real_main() -> Result<(), String> {
             }
         }
     }
-    if !has("--skip-memory") {
+    if !args.skip_memory {
         let mut part = vec![
             "--small".to_string(),
             sizes[0].to_string(),
@@ -538,7 +556,7 @@ fn real_main() -> Result<(), String> {
         }
         run_part("memory_growth", &part, "this", scratch.path(), &mut figures)?;
     }
-    if !has("--skip-instructions") {
+    if !args.skip_instructions {
         let mut part = Vec::new();
         if let Some(path) = &baseline {
             part.extend(["--baseline-node".to_string(), path.display().to_string()]);
@@ -549,10 +567,10 @@ fn real_main() -> Result<(), String> {
     println!("\n=== report: every figure from this sitting");
     print_load_table(&figures, &sizes, one_core_verify);
     print_projection(&figures, &sizes, reference_bound(&figures));
-    if !has("--skip-memory") {
+    if !args.skip_memory {
         print_memory_table(&figures, &sizes);
     }
-    if !has("--skip-instructions") {
+    if !args.skip_instructions {
         print_instructions(&figures);
     }
     Ok(())

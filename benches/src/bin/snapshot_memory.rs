@@ -253,17 +253,27 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|e| e.to_string())
 }
 
+/// What a snapshot costs in memory on each side.
+#[derive(clap::Parser)]
+struct Args {
+    /// Agents in the state machine.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    agents: u64,
+    /// Allowed actions per agent (two records each).
+    #[arg(long, default_value_t = 6250, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
+    requests: u64,
+    /// (This program runs itself so for each step: the step measured, in a data
+    /// directory.)
+    #[arg(long, num_args = 2, value_names = ["STEP", "DIR"])]
+    measure: Option<Vec<String>>,
+}
+
 fn main() -> Result<(), String> {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(at) = args.iter().position(|a| a == "--measure") {
-        let (Some(step), Some(dir)) = (args.get(at + 1), args.get(at + 2)) else {
-            return Err("--measure STEP DIR".into());
-        };
+    let args = <Args as clap::Parser>::parse();
+    if let Some([step, dir]) = args.measure.as_deref() {
         let growth = runtime()?.block_on(measure(step, Path::new(dir)))?;
         println!("{growth}");
         return Ok(());
     }
-    let agents = lineage_benches::flag("--agents", 16).max(1);
-    let requests = lineage_benches::flag("--requests", 6250);
-    report(agents, requests)
+    report(args.agents, args.requests)
 }

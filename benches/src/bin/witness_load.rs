@@ -12,13 +12,25 @@ use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
-use lineage_benches::{flag, sibling_binary};
+use lineage_benches::sibling_binary;
 use lineage_core::transparency::{consistency_proof, root, Checkpoint, Hash, NoteSigner};
 use lineage_core::AuditKey;
 use sha2::{Digest, Sha256};
 
+/// Checkpoints a witness takes per second from several logs at once.
+#[derive(clap::Parser)]
+struct Args {
+    /// Logs sending checkpoints at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    logs: usize,
+    /// Seconds of load.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=120))]
+    seconds: u64,
+}
+
 fn main() {
-    if let Err(e) = run() {
+    let args = <Args as clap::Parser>::parse();
+    if let Err(e) = run(&args) {
         eprintln!("witness_load: {e}");
         std::process::exit(1);
     }
@@ -28,9 +40,8 @@ fn main() {
     clippy::too_many_lines,
     reason = "one measured run, step by step: setup, the load, the report"
 )]
-fn run() -> Result<(), String> {
-    let logs = flag("--logs", 8).clamp(1, 64) as usize;
-    let seconds = flag("--seconds", 10).clamp(1, 120);
+fn run(args: &Args) -> Result<(), String> {
+    let (logs, seconds) = (args.logs, args.seconds);
     let witness_bin = sibling_binary("lineage-witness", "-p lineage-checkpointer")?;
 
     let fsync_rate = lineage_benches::durable_appends_per_second()?;
