@@ -56,15 +56,18 @@ impl DiskReserve {
     /// Ok when the data directory's file system has at least the reserve free. A
     /// `statvfs` that fails counts as no space: never write blind.
     pub fn check(&self) -> Result<(), BelowReserve> {
+        self.headroom().map(drop)
+    }
+
+    /// The free bytes above the reserve, or why there are none.
+    pub fn headroom(&self) -> Result<u64, BelowReserve> {
         let free_bytes = free_bytes(&self.dir).unwrap_or(0);
-        if free_bytes >= self.reserve_bytes {
-            Ok(())
-        } else {
-            Err(BelowReserve {
+        free_bytes
+            .checked_sub(self.reserve_bytes)
+            .ok_or(BelowReserve {
                 free_bytes,
                 reserve_bytes: self.reserve_bytes,
             })
-        }
     }
 }
 
@@ -84,6 +87,8 @@ mod tests {
         let free = free_bytes(dir.path()).unwrap();
         assert!(free > 0);
         assert!(DiskReserve::new(dir.path(), 0).check().is_ok());
+        let headroom = DiskReserve::new(dir.path(), 1024).headroom().unwrap();
+        assert!(headroom > 0 && headroom < free, "{headroom} of {free}");
         let refused = DiskReserve::new(dir.path(), u64::MAX).check().unwrap_err();
         assert_eq!(refused.reserve_bytes, u64::MAX);
         assert!(refused.to_string().contains("nothing was recorded"));

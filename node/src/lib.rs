@@ -387,10 +387,17 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     )
     .await;
     let _ = raft.shutdown().await;
-    // So the next start replays only what follows these checkpoints.
-    match state_machine.checkpoint_agents() {
+    // So the next start replays only what follows these checkpoints (below the disk
+    // reserve there are none: it replays more). A stop is clean only once every applied
+    // row is committed.
+    match state_machine
+        .flush()
+        .and_then(|()| state_machine.checkpoint_agents())
+    {
         Ok(_) => store::mark_clean_stop(&config.data_dir),
-        Err(e) => tracing::warn!(error = %e, "could not checkpoint agent states at shutdown"),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not commit and checkpoint the state at shutdown")
+        }
     }
     Ok(())
 }

@@ -978,9 +978,9 @@ async fn a_body_the_disk_reserve_cannot_spare_is_spooled_in_memory() {
 
 /// Below the disk reserve the state machine makes no commit of its own (a commit that
 /// meets ENOSPC leaves redb refusing every later one, applies included): a snapshot build
-/// answers no newer point, so openraft purges nothing; merges and checkpoints write
-/// nothing and keep their agents due. Applies go on. With space, the same calls do
-/// their work.
+/// answers no newer point, so openraft purges nothing, yet a follower is still sent a body
+/// of the state as it is; merges, checkpoints and answer expiry write nothing and keep
+/// their work due. Applies go on. With space, the same calls do their work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn below_the_disk_reserve_the_state_machine_makes_no_commit_of_its_own() {
     use openraft::RaftSnapshotBuilder;
@@ -1003,13 +1003,25 @@ async fn below_the_disk_reserve_the_state_machine_makes_no_commit_of_its_own() {
     };
     let dir = tempfile::tempdir().unwrap();
     let key = AuditKey::from_seed([13; 32]);
-    let appends = entries_with_requests(&key, 21);
+    let mut appends = entries_with_requests(&key, 21);
+    appends[1].idempotency = Some(lineage_node::raft_types::IdempotentAnswer {
+        key: "k".into(),
+        status: 200,
+        body: "{\"decision\":\"allowed\"}".into(),
+        request: "ef".repeat(32),
+    });
     let last = appends.len() - 1;
     let records: u64 = appends[..last].iter().map(|a| a.records.len() as u64).sum();
+    // Past every record's time (2027), so the answer is due.
+    let expire = |sm: &StateMachine| {
+        let now = lineage_node::store::idempotency_expiry::now_secs();
+        sm.prune_idempotency_answers(2_000_000_000, now, 100)
+            .unwrap()
+    };
     {
         let (_log, sm) = store::open(dir.path()).unwrap();
         let mut sm = sm.with_disk_reserve(u64::MAX / 2);
-        assert!(sm.below_disk_reserve().is_some());
+        assert!(sm.own_commits_wait());
         sm.apply(as_entries(&appends[..last], 1)).await.unwrap();
         sm.flush().unwrap();
         let built = sm
@@ -1022,22 +1034,33 @@ async fn below_the_disk_reserve_the_state_machine_makes_no_commit_of_its_own() {
             built.meta.last_log_id, None,
             "a snapshot built below the reserve"
         );
-        assert!(sm.get_current_snapshot().await.unwrap().is_none());
+        let served = sm
+            .get_current_snapshot()
+            .await
+            .unwrap()
+            .expect("no body to send");
+        assert_eq!(served.meta.last_log_id, Some(log_id(1, 1, last as u64)));
+        let mut body = served.snapshot;
+        assert!(!spool::body_bytes(&mut body).await.is_empty());
         assert_eq!(sm.merge_record_runs(true).unwrap(), 0);
         assert_eq!(sm.checkpoint_agents().unwrap(), 0);
+        assert_eq!(expire(&sm).rows(), 0, "an answer removed below the reserve");
         assert_eq!(
             stored_lines(&sm).len() as u64,
             records,
             "an apply was held back"
         );
     }
-    // The writer packs full runs as it commits; the rest stays raw until a merge.
+    // Raw rows hold each writer commit's records until a merge packs them.
     let (raw, checkpoints) = rows(dir.path());
     assert!(raw > 0, "merged below the reserve");
     assert_eq!(checkpoints, 0, "checkpointed below the reserve");
 
     let (_log, mut sm) = store::open(dir.path()).unwrap();
-    assert!(sm.below_disk_reserve().is_none());
+    assert!(!sm.own_commits_wait());
+    assert!(sm.idempotent_answer("bot", "k").unwrap().is_some());
+    assert_eq!(expire(&sm).answers, 1);
+    assert!(sm.idempotent_answer("bot", "k").unwrap().is_none());
     sm.apply(as_entries(&appends[last..], 1 + last as u64))
         .await
         .unwrap();

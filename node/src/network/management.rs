@@ -255,7 +255,11 @@ async fn snapshot_now(
             "snapshot built",
         )
         .await
-        .map_err(|e| ApiError::unavailable(format!("the snapshot was not built: {e}")))?;
+        .map_err(|e| match app.check_disk() {
+            // The disk went below its reserve meanwhile: the build waits for space.
+            Err(full) => ApiError::from(full),
+            Ok(()) => ApiError::unavailable(format!("the snapshot was not built: {e}")),
+        })?;
     let snapshot = built.snapshot.map_or(applied.index, |s| s.index);
     app.raft
         .trigger()

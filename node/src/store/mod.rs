@@ -316,8 +316,9 @@ enum OpenFailure {
 }
 use OpenFailure::{Damaged, Failed};
 
-/// Records a clean stop (everything committed and checkpointed): the next start skips the
-/// integrity check of the state machine's file.
+/// Records a clean stop (everything committed, and checkpointed unless the disk was below
+/// its reserve): the next start checks the state machine's file's pages only while it is
+/// small (`CHECK_PAGES_AFTER_CLEAN_STOP_BYTES`).
 pub fn mark_clean_stop(data_dir: &Path) {
     if let Err(e) = std::fs::write(data_dir.join(CLEAN_STOP), b"") {
         tracing::warn!(error = %e, "cannot record the clean stop");

@@ -134,8 +134,8 @@ impl RunWriter {
 /// packed run, and that run itself if it is not yet full, become packed runs of about a
 /// page each, the last of them possibly small (it is reopened at the next merge).
 /// Waits (`NotYet`) while there are fewer than `MERGE_MIN_ROWS` raw rows holding less than
-/// a raw run's worth of text, unless `however_few`. At most [`MERGE_LIMIT_BYTES`] of raw
-/// rows are read per call; the rest, which follows them, waits for the next.
+/// a raw run's worth of text, unless `however_few`. At most `limit` bytes of raw rows (and
+/// at least one row) are read per call; the rest, which follows them, waits for the next.
 ///
 /// One transaction: a crash leaves either the old rows or the packed ones, the same
 /// records under the same seqs. Rows that do not fit together (a gap, an overlap that
@@ -146,6 +146,7 @@ pub fn merge_tail(
     packed: &mut Table<(&'static str, u64), &'static [u8]>,
     agent_id: &str,
     however_few: bool,
+    limit: usize,
 ) -> Result<Merged, StorageError> {
     // Where the raw tail starts: after the last packed run, or at that run if it is open.
     let last_packed = match packed
@@ -176,7 +177,7 @@ pub fn merge_tail(
     let mut more = false;
     for row in table_range(raw, agent_id, from)? {
         let (key, text) = row?;
-        if bytes > 0 && bytes + text.value().len() > MERGE_LIMIT_BYTES {
+        if bytes > 0 && bytes + text.value().len() > limit {
             more = true;
             break;
         }
@@ -509,7 +510,7 @@ mod tests {
         let merged = {
             let mut raw = txn.open_table(RECORDS).unwrap();
             let mut packed = txn.open_table(PACKED_RUNS).unwrap();
-            merge_tail(&mut raw, &mut packed, agent, however_few).unwrap()
+            merge_tail(&mut raw, &mut packed, agent, however_few, MERGE_LIMIT_BYTES).unwrap()
         };
         txn.commit().unwrap();
         merged

@@ -42,7 +42,7 @@ use super::record_ends;
 use super::record_rows;
 use super::sm_writer::{SmWriter, Tables};
 use super::system_log;
-use crate::disk_reserve::{BelowReserve, DiskReserve};
+use crate::disk_reserve::DiskReserve;
 use crate::raft_types::{
     ApplyOutcome, BatchOutcome, IdempotentAnswer, NodeId, StorageError, TypeConfig,
 };
@@ -308,27 +308,33 @@ impl StateMachine {
         self
     }
 
-    /// Why the state machine's own commits wait now, if they do: a commit that meets
-    /// ENOSPC leaves redb refusing every later one ("Previous I/O error occurred"),
-    /// applies included, and the node exits.
-    /// Said once when they start waiting and once when they resume: openraft asks for a
-    /// snapshot again after every apply while none is built.
-    pub fn below_disk_reserve(&self) -> Option<BelowReserve> {
-        let below = self.disk.check().err();
-        let was_below = self
+    /// Whether the state machine's own commits wait now (`with_disk_reserve`).
+    pub fn own_commits_wait(&self) -> bool {
+        self.headroom_for_own_commits().is_none()
+    }
+
+    /// The free bytes above the disk reserve, or `None` while the state machine's own
+    /// commits wait: a commit that meets ENOSPC leaves redb refusing every later one
+    /// ("Previous I/O error occurred"), applies included, and the node exits. Said once
+    /// when they start waiting and once when they resume: openraft asks for a snapshot
+    /// again after every apply while none is built.
+    fn headroom_for_own_commits(&self) -> Option<u64> {
+        let headroom = self.disk.headroom();
+        let was_waiting = self
             .waiting_for_disk
-            .swap(below.is_some(), std::sync::atomic::Ordering::Relaxed);
-        match (&below, was_below) {
-            (Some(full), false) => tracing::warn!(
-                %full,
-                "record merges, checkpoints, snapshots and answer expiry wait for disk space"
+            .swap(headroom.is_err(), std::sync::atomic::Ordering::Relaxed);
+        match (&headroom, was_waiting) {
+            (Err(full), false) => tracing::warn!(
+                free_kib = full.free_bytes / 1024,
+                reserve_kib = full.reserve_bytes / 1024,
+                "the disk is below its reserve: record merges, checkpoints, snapshots and answer expiry wait"
             ),
-            (None, true) => tracing::info!(
+            (Ok(_), true) => tracing::info!(
                 "disk space above the reserve again: merges, checkpoints, snapshots and answer expiry resume"
             ),
             _ => {}
         }
-        below
+        headroom.ok()
     }
 
     pub fn with_fsync_interval(self, interval: std::time::Duration) -> Self {
@@ -746,7 +752,7 @@ impl StateMachine {
         now_secs: u64,
         limit: usize,
     ) -> Result<idempotency_expiry::Pruned, String> {
-        if self.below_disk_reserve().is_some() {
+        if self.own_commits_wait() {
             return Ok(idempotency_expiry::Pruned::default()); // a removal is a commit too
         }
         let flushed = self.writer.flushed_through();
@@ -762,9 +768,14 @@ impl StateMachine {
     /// go on meanwhile; commits of other writers wait for this one. Below the disk
     /// reserve nothing is written and the agents stay due (start-up replays more).
     pub fn checkpoint_agents(&self) -> Result<usize, StorageError> {
-        if self.below_disk_reserve().is_some() {
+        if self.own_commits_wait() {
             return Ok(0);
         }
+        self.checkpoint_due_agents()
+    }
+
+    /// [`Self::checkpoint_agents`], the disk already looked at.
+    fn checkpoint_due_agents(&self) -> Result<usize, StorageError> {
         let (txn, states, dirty) = {
             let mut data = self.write_data();
             // Checkpoints must not run ahead of the records and last applied id they follow.
@@ -803,13 +814,19 @@ impl StateMachine {
     /// write; `all` (at a snapshot) packs every agent's rows however few. Runs beside
     /// applies: only rows already committed are rewritten, in one write transaction the
     /// writer's commits wait for, committed durably (a crash leaves the old rows or the
-    /// packed ones, the same records). Returns the bytes of rows rewritten. Below the
-    /// disk reserve it waits, its agents still due: a pass writes the packed runs before
-    /// it frees the raw rows (`disk_full.rs` saw one meet ENOSPC and the node exit).
+    /// packed ones, the same records). Returns the bytes of rows rewritten. A pass writes
+    /// the packed runs before it frees the raw rows: below the disk reserve it waits, its
+    /// agents still due (`disk_full.rs` saw one meet ENOSPC and the node exit), and above
+    /// it a pass reads at most half the free bytes above the reserve.
     pub fn merge_record_runs(&self, all: bool) -> Result<usize, StorageError> {
-        if self.below_disk_reserve().is_some() {
-            return Ok(0);
+        match self.headroom_for_own_commits() {
+            Some(headroom) => self.merge_within(all, merge_budget(headroom)),
+            None => Ok(0),
         }
+    }
+
+    /// [`Self::merge_record_runs`] rewriting about `budget` bytes of raw rows at most.
+    fn merge_within(&self, all: bool, budget: usize) -> Result<usize, StorageError> {
         let agents: Vec<String> = if all {
             self.writer.take_committed();
             self.read_data().agents.keys().cloned().collect()
@@ -833,12 +850,14 @@ impl StateMachine {
                 .open_table(record_rows::PACKED_RUNS)
                 .map_err(sm_write_err)?;
             for agent_id in agents {
-                if rewritten >= 4 * record_rows::MERGE_LIMIT_BYTES {
+                if rewritten >= budget {
                     later.push(agent_id); // for the next pass
                     continue;
                 }
-                let merged = record_rows::merge_tail(&mut table, &mut packed, &agent_id, all)
-                    .map_err(sm_write_err)?;
+                let limit = (budget - rewritten).min(record_rows::MERGE_LIMIT_BYTES);
+                let merged =
+                    record_rows::merge_tail(&mut table, &mut packed, &agent_id, all, limit)
+                        .map_err(sm_write_err)?;
                 match merged {
                     record_rows::Merged::Rewrote(bytes) => rewritten += bytes,
                     record_rows::Merged::Partly(bytes) => {
@@ -870,6 +889,14 @@ impl StateMachine {
         let txn = self.db.begin_write().map_err(sm_write_err)?;
         txn.commit().map_err(sm_write_err)
     }
+}
+
+/// Bytes of raw rows one merge pass reads at most with `headroom` bytes free above the
+/// disk reserve: four merge limits, and never more than half that headroom (the packed
+/// runs are written before the raw rows' pages are freed).
+fn merge_budget(headroom: u64) -> usize {
+    let limit = 4 * record_rows::MERGE_LIMIT_BYTES;
+    usize::try_from(headroom / 2).map_or(limit, |half| half.min(limit))
 }
 
 /// Replays `agent_id`'s stored records onto `slot` from where its state is (all of
@@ -1095,5 +1122,20 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         self.snapshot_now().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_merge_pass_reads_at_most_half_the_headroom_and_four_limits() {
+        assert_eq!(merge_budget(0), 0);
+        assert_eq!(merge_budget(1), 0);
+        assert_eq!(merge_budget(10 << 20), 5 << 20);
+        let limit = 4 * record_rows::MERGE_LIMIT_BYTES;
+        assert_eq!(merge_budget(u64::MAX), limit);
+        assert_eq!(merge_budget(2 * limit as u64 + 2), limit);
     }
 }

@@ -200,8 +200,9 @@ impl StateMachine {
     /// now, so no second copy of the records is ever kept on disk. Its meta names the
     /// applied id it was written at, which is never older than the last snapshot built
     /// (and so never behind the log's purge point). `None` until a snapshot was built or
-    /// installed in this process: start-up asks for one only to learn its meta, and
-    /// openraft builds one (cheap: a checkpoint) when the log was purged.
+    /// installed in this process (or asked to be built below the disk reserve): start-up
+    /// asks for one only to learn its meta, and openraft builds one (cheap: a checkpoint)
+    /// when the log was purged.
     pub(super) async fn snapshot_now(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         if self
             .latest_snapshot
@@ -290,21 +291,26 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     /// may purge the log: the body is written only when a follower needs it
     /// (`snapshot_now`).
     ///
-    /// Below the disk reserve nothing is built: the build answers the last snapshot's
-    /// meta, which openraft takes as nothing newer (no purge), and it asks again later.
-    /// An error here would stop Raft, and a commit that meets ENOSPC would leave redb
-    /// refusing every later one.
+    /// Decided once, by the disk: below its reserve nothing is committed (a commit that
+    /// meets ENOSPC leaves redb refusing every later one, and an error here would stop
+    /// Raft). The build then answers the last snapshot's meta, which openraft takes as
+    /// nothing newer (no purge; it asks again later), and is still noted, so a follower
+    /// behind the purge point gets a body written from the state as it is
+    /// (`snapshot_now`): after a restart below the reserve there would be none to send.
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        if self.below_disk_reserve().is_some() {
+        let Some(headroom) = self.headroom_for_own_commits() else {
+            let meta = self.latest_snapshot_meta();
+            self.note_snapshot(&meta);
             return Ok(Snapshot {
-                meta: self.latest_snapshot_meta(),
+                meta,
                 snapshot: Box::new(SnapshotSpool::no_body()),
             });
-        }
+        };
         // Fresh checkpoints, so a restart replays only what follows.
-        self.checkpoint_agents()?;
-        // Every agent's raw record rows packed, however few, once per snapshot.
-        self.merge_record_runs(true)?;
+        self.checkpoint_due_agents()?;
+        // Every agent's raw record rows packed, however few, once per snapshot (what the
+        // disk's headroom leaves for later waits for the next pass).
+        self.merge_within(true, super::merge_budget(headroom))?;
         let (meta, txn) = self.fixed_view()?;
         drop(txn);
         // openraft may purge the log up to this point once this returns: the point must
