@@ -22,7 +22,7 @@ fn tick(window: Duration) -> Duration {
     (window / 4).clamp(Duration::from_millis(100), Duration::from_secs(60))
 }
 
-/// A pass waits while the disk is below its reserve (`StateMachine::below_disk_reserve`).
+/// A pass waits while the disk is below its reserve (`StateMachine::own_commits_wait`).
 pub fn spawn(sm: StateMachine, window: Duration, metrics: std::sync::Arc<Metrics>) {
     if window < Duration::from_secs(60) {
         tracing::warn!(

@@ -435,7 +435,7 @@ const RECORD_MERGE_INTERVAL: Duration = Duration::from_secs(1);
 /// Packs the raw record rows the writer's commits leave into compressed runs
 /// (`StateMachine::merge_record_runs`), so records cost well under their lines on disk
 /// (0.4 of them with 200-byte inputs of random letters, `benches` `memory_growth`).
-/// A pass waits while the disk is below its reserve (`StateMachine::below_disk_reserve`).
+/// A pass waits while the disk is below its reserve (`StateMachine::own_commits_wait`).
 fn spawn_record_merges(state_machine: store::state_machine::StateMachine) {
     tokio::spawn(async move {
         loop {

@@ -976,6 +976,20 @@ async fn a_body_the_disk_reserve_cannot_spare_is_spooled_in_memory() {
     assert_eq!(nameless_files(&here), 0, "nothing in the data directory");
 }
 
+/// What `read` finds in `dir`'s state file (its node stopped: redb locks the file).
+fn read_state_file<T>(dir: &std::path::Path, read: impl FnOnce(&redb::ReadTransaction) -> T) -> T {
+    let db = redb::Database::open(dir.join("node.redb")).unwrap();
+    read(&db.begin_read().unwrap())
+}
+
+/// Record rows not yet packed into runs.
+fn raw_record_rows(txn: &redb::ReadTransaction) -> u64 {
+    let raw = txn
+        .open_table(redb::TableDefinition::<(&str, u64), &str>::new("records"))
+        .unwrap();
+    redb::ReadableTableMetadata::len(&raw).unwrap()
+}
+
 /// Below the disk reserve the state machine makes no commit of its own (a commit that
 /// meets ENOSPC leaves redb refusing every later one, applies included): a snapshot build
 /// answers no newer point, so openraft purges nothing, yet a follower is still sent a body
@@ -986,20 +1000,17 @@ async fn below_the_disk_reserve_the_state_machine_makes_no_commit_of_its_own() {
     use openraft::RaftSnapshotBuilder;
     // (raw record rows, agent checkpoints) in the data directory's state file.
     let rows = |dir: &std::path::Path| {
-        let db = redb::Database::open(dir.join("node.redb")).unwrap();
-        let txn = db.begin_read().unwrap();
-        let raw = txn
-            .open_table(redb::TableDefinition::<(&str, u64), &str>::new("records"))
-            .unwrap();
-        let checkpoints = txn
-            .open_table(redb::TableDefinition::<&str, &[u8]>::new(
-                "agent_checkpoints",
-            ))
-            .unwrap();
-        (
-            redb::ReadableTableMetadata::len(&raw).unwrap(),
-            redb::ReadableTableMetadata::len(&checkpoints).unwrap(),
-        )
+        read_state_file(dir, |txn| {
+            let checkpoints = txn
+                .open_table(redb::TableDefinition::<&str, &[u8]>::new(
+                    "agent_checkpoints",
+                ))
+                .unwrap();
+            (
+                raw_record_rows(txn),
+                redb::ReadableTableMetadata::len(&checkpoints).unwrap(),
+            )
+        })
     };
     let dir = tempfile::tempdir().unwrap();
     let key = AuditKey::from_seed([13; 32]);
@@ -1096,19 +1107,16 @@ async fn records_merged_behind_the_applies_read_the_same_and_survive_reopen() {
         .collect();
     // (raw rows, packed runs' bytes each) of the data directory's state file.
     let rows = |dir: &std::path::Path| {
-        let db = redb::Database::open(dir.join("node.redb")).unwrap();
-        let txn = db.begin_read().unwrap();
-        let raw = txn
-            .open_table(redb::TableDefinition::<(&str, u64), &str>::new("records"))
-            .unwrap();
-        let packed = txn
-            .open_table(lineage_node::store::record_rows::PACKED_RUNS)
-            .unwrap();
-        let packed: Vec<usize> = redb::ReadableTable::iter(&packed)
-            .unwrap()
-            .map(|row| row.unwrap().1.value().len())
-            .collect();
-        (redb::ReadableTableMetadata::len(&raw).unwrap(), packed)
+        read_state_file(dir, |txn| {
+            let packed = txn
+                .open_table(lineage_node::store::record_rows::PACKED_RUNS)
+                .unwrap();
+            let packed: Vec<usize> = redb::ReadableTable::iter(&packed)
+                .unwrap()
+                .map(|row| row.unwrap().1.value().len())
+                .collect();
+            (raw_record_rows(txn), packed)
+        })
     };
     let before_reopen = {
         let (_log, mut sm) = store::open(dir.path()).unwrap();

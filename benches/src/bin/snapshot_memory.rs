@@ -264,7 +264,7 @@ struct Args {
     requests: u64,
     /// (This program runs itself so for each step: the step measured, in a data
     /// directory.)
-    #[arg(long, num_args = 2, value_names = ["STEP", "DIR"])]
+    #[arg(long, num_args = 2, value_names = ["STEP", "DIR"], action = clap::ArgAction::Set)]
     measure: Option<Vec<String>>,
 }
 

@@ -218,6 +218,8 @@ async fn remove_node(
 
 /// How long `POST /v1/node/snapshot` waits for the snapshot, and then for the purge.
 const SNAPSHOT_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+/// How often a wait for a snapshot looks at the disk reserve.
+const SNAPSHOT_WAIT_SLICE: std::time::Duration = std::time::Duration::from_secs(1);
 const PURGE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `POST /v1/node/snapshot`: this node builds a snapshot of what it has applied and purges
@@ -237,8 +239,8 @@ async fn snapshot_now(
             "this node is being repaired from the cluster: {reason}"
         )));
     }
-    // A build commits to the state file: below the reserve it would wait (`build_snapshot`)
-    // and this request would time out saying less.
+    // A build commits to the state file: below the reserve it commits nothing
+    // (`build_snapshot`).
     app.check_disk()?;
     let Some(applied) = app.raft.metrics().borrow().last_applied else {
         return Err(ApiError::Rejected(
@@ -247,19 +249,34 @@ async fn snapshot_now(
     };
     let fatal = |e: openraft::error::Fatal<NodeId>| ApiError::unavailable(e.to_string());
     app.raft.trigger().snapshot().await.map_err(fatal)?;
-    let built = app
-        .raft
-        .wait(Some(SNAPSHOT_WAIT))
-        .metrics(
-            |m| m.snapshot.is_some_and(|s| s.index >= applied.index),
-            "snapshot built",
-        )
-        .await
-        .map_err(|e| match app.check_disk() {
-            // The disk went below its reserve meanwhile: the build waits for space.
-            Err(full) => ApiError::from(full),
-            Ok(()) => ApiError::unavailable(format!("the snapshot was not built: {e}")),
-        })?;
+    // Waited for in slices, the disk looked at between them: below its reserve a build
+    // commits nothing and ends at once (`build_snapshot`), and openraft does not retry a
+    // trigger, so waiting longer would only delay the 507.
+    let deadline = std::time::Instant::now() + SNAPSHOT_WAIT;
+    let built = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let waited = app
+            .raft
+            .wait(Some(left.min(SNAPSHOT_WAIT_SLICE)))
+            .metrics(
+                |m| m.snapshot.is_some_and(|s| s.index >= applied.index),
+                "snapshot built",
+            )
+            .await;
+        match waited {
+            Ok(metrics) => break metrics,
+            Err(e) => {
+                app.check_disk()?;
+                if left <= SNAPSHOT_WAIT_SLICE
+                    || matches!(e, openraft::metrics::WaitError::ShuttingDown)
+                {
+                    return Err(ApiError::unavailable(format!(
+                        "the snapshot was not built: {e}"
+                    )));
+                }
+            }
+        }
+    };
     let snapshot = built.snapshot.map_or(applied.index, |s| s.index);
     app.raft
         .trigger()

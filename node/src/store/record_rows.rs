@@ -65,8 +65,8 @@ pub enum Merged {
     NotYet,
     /// Raw rows holding this many bytes were packed.
     Rewrote(usize),
-    /// Raw rows holding this many bytes were packed, and more wait beyond
-    /// [`MERGE_LIMIT_BYTES`]: the agent wants another pass.
+    /// Raw rows holding this many bytes were packed, and more wait beyond the call's
+    /// limit: the agent wants another pass.
     Partly(usize),
     /// The rows do not agree (a gap, or an overlap that differs): left as they are, for
     /// the scrub and start-up's chain checks to find.
@@ -187,7 +187,8 @@ pub fn merge_tail(
     if tail.is_empty() {
         return Ok(Merged::Nothing);
     }
-    if !however_few && tail.len() < MERGE_MIN_ROWS && bytes < max_run_bytes(agent_id) {
+    // A tail the limit cut is never left waiting: the agent must stay due.
+    if !however_few && !more && tail.len() < MERGE_MIN_ROWS && bytes < max_run_bytes(agent_id) {
         return Ok(Merged::NotYet);
     }
     // Every line from the open run (or the first raw row) on, each once, without a gap.
@@ -506,11 +507,20 @@ mod tests {
 
     /// `merge_tail` for `agent` in a transaction of its own, committed.
     fn merge_committed(db: &Database, agent: &str, however_few: bool) -> Merged {
+        merge_committed_within(db, agent, however_few, MERGE_LIMIT_BYTES)
+    }
+
+    fn merge_committed_within(
+        db: &Database,
+        agent: &str,
+        however_few: bool,
+        limit: usize,
+    ) -> Merged {
         let txn = db.begin_write().unwrap();
         let merged = {
             let mut raw = txn.open_table(RECORDS).unwrap();
             let mut packed = txn.open_table(PACKED_RUNS).unwrap();
-            merge_tail(&mut raw, &mut packed, agent, however_few, MERGE_LIMIT_BYTES).unwrap()
+            merge_tail(&mut raw, &mut packed, agent, however_few, limit).unwrap()
         };
         txn.commit().unwrap();
         merged
@@ -567,6 +577,37 @@ mod tests {
             }
         }
         txn.commit().unwrap();
+    }
+
+    /// A limit of one row packs one row a call, and each call that leaves rows says so
+    /// (`Partly`), never `NotYet`: the caller keeps the agent due until all are packed.
+    #[test]
+    fn a_tail_cut_by_the_limit_is_partly_merged_never_left_waiting() {
+        let (_dir, db) = create();
+        write_one_row_each(&db, "a", 0..5);
+        let before = lines(&db, "a", 0, 100);
+        let one_row = record_line("a", 0).len();
+        for left in (1..5).rev() {
+            assert!(
+                matches!(
+                    merge_committed_within(&db, "a", false, one_row),
+                    Merged::Partly(_)
+                ),
+                "{left} rows left"
+            );
+            assert_eq!(rows(&db, "a").0.len(), left);
+        }
+        // The last, uncut, waits for more like any small tail, unless told otherwise.
+        assert_eq!(
+            merge_committed_within(&db, "a", false, one_row),
+            Merged::NotYet
+        );
+        assert!(matches!(
+            merge_committed_within(&db, "a", true, one_row),
+            Merged::Rewrote(_)
+        ));
+        assert!(rows(&db, "a").0.is_empty(), "raw rows left");
+        assert_eq!(lines(&db, "a", 0, 100), before);
     }
 
     #[test]

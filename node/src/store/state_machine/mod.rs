@@ -808,8 +808,8 @@ impl StateMachine {
 
 impl StateMachine {
     /// Packs the raw record rows of the agents with rows committed since the last call
-    /// (`record_rows::merge_tail`, `SmWriter::take_committed`), at most four times
-    /// [`record_rows::MERGE_LIMIT_BYTES`] of rows per call (the rest waits for the next).
+    /// (`record_rows::merge_tail`, `SmWriter::take_committed`), at most `merge_budget`
+    /// bytes of rows per call (the rest waits for the next).
     /// An agent whose few raw rows are not worth a repack yet waits for its next
     /// write; `all` (at a snapshot) packs every agent's rows however few. Runs beside
     /// applies: only rows already committed are rewritten, in one write transaction the
@@ -817,7 +817,7 @@ impl StateMachine {
     /// packed ones, the same records). Returns the bytes of rows rewritten. A pass writes
     /// the packed runs before it frees the raw rows: below the disk reserve it waits, its
     /// agents still due (`disk_full.rs` saw one meet ENOSPC and the node exit), and above
-    /// it a pass reads at most half the free bytes above the reserve.
+    /// it a pass reads about half the free bytes above the reserve at most.
     pub fn merge_record_runs(&self, all: bool) -> Result<usize, StorageError> {
         match self.headroom_for_own_commits() {
             Some(headroom) => self.merge_within(all, merge_budget(headroom)),
@@ -892,8 +892,9 @@ impl StateMachine {
 }
 
 /// Bytes of raw rows one merge pass reads at most with `headroom` bytes free above the
-/// disk reserve: four merge limits, and never more than half that headroom (the packed
-/// runs are written before the raw rows' pages are freed).
+/// disk reserve: four merge limits, and half that headroom (the packed runs are written
+/// before the raw rows' pages are freed; a pass may pass it by one row and the agent's
+/// open packed run, a few KiB).
 fn merge_budget(headroom: u64) -> usize {
     let limit = 4 * record_rows::MERGE_LIMIT_BYTES;
     usize::try_from(headroom / 2).map_or(limit, |half| half.min(limit))
