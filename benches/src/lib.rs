@@ -124,6 +124,34 @@ impl Drop for NodeProcess {
     }
 }
 
+/// `lineage-node run`'s arguments for node `id` of a cluster on loopback: its address,
+/// every node's (`id=addr`, in id order from 1), its data directory and the shared keys.
+/// Every benchmark starts its nodes with these, adding only what it measures.
+pub fn node_run_args(
+    id: usize,
+    peers: &[String],
+    data_dir: &Path,
+    keys: &Path,
+) -> Vec<std::ffi::OsString> {
+    let addr = id
+        .checked_sub(1)
+        .and_then(|i| peers.get(i))
+        .map_or("", String::as_str);
+    let peer_list: Vec<String> = peers
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect();
+    let mut args: Vec<std::ffi::OsString> = ["run", "--id", &id.to_string(), "--listen", addr]
+        .iter()
+        .map(Into::into)
+        .collect();
+    args.extend(["--peers".into(), peer_list.join(",").into()]);
+    args.extend(["--data-dir".into(), data_dir.into()]);
+    args.extend(["--keys-dir".into(), keys.into()]);
+    args
+}
+
 /// A one-node cluster of `binary` in `dir` (keys in `dir/keys`, data in `dir/data`) on a
 /// free loopback port, logging warnings only: the process, its address and the admin
 /// token. It may not be listening yet.
@@ -135,12 +163,12 @@ pub fn start_single_node(
     let admin = keygen(binary, &keys)?;
     let addr = free_loopback_addr()?;
     let child = std::process::Command::new(binary)
-        .args(["run", "--id", "1", "--listen", &addr])
-        .args(["--peers", &format!("1={addr}")])
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .arg("--keys-dir")
-        .arg(&keys)
+        .args(node_run_args(
+            1,
+            std::slice::from_ref(&addr),
+            &dir.join("data"),
+            &keys,
+        ))
         .env("LINEAGE_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())

@@ -7,7 +7,6 @@
 //!   cargo build --release -p lineage-node -p lineage-checkpointer -p lineage-benches
 //!   target/release/checkpointer_round [--agents 10000] [--changed-percent 1] [--rounds 5]
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,13 +16,6 @@ use lineage_checkpointer::checkpointer::{Checkpointer, WitnessTarget};
 use lineage_checkpointer::checkpointer_metrics::Metrics;
 use lineage_checkpointer::cluster_client::ClusterClient;
 use serde_json::json;
-
-fn free_addr() -> Result<String, String> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.to_string())
-        .map_err(|e| e.to_string())
-}
 
 struct Processes(Vec<Child>);
 
@@ -147,18 +139,18 @@ async fn run(args: &Args) -> Result<(), String> {
     let witness_bin = sibling_binary("lineage-witness", build)?;
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let keys = dir.path().join("keys");
-    let keys_s = keys.to_str().ok_or("path")?;
-    run_quiet(&node_bin, &["keygen", keys_s])?;
-    let admin = std::fs::read_to_string(keys.join("admin.token")).map_err(|e| e.to_string())?;
-    let node_addr = free_addr()?;
+    let admin = lineage_benches::keygen(&node_bin, &keys)?;
+    let node_addr = lineage_benches::free_loopback_addr()?;
     let url = format!("http://{node_addr}");
     let mut processes = Processes(Vec::new());
     processes.0.push(
         Command::new(&node_bin)
-            .args(["run", "--id", "1", "--listen", &node_addr])
-            .arg("--data-dir")
-            .arg(dir.path().join("node"))
-            .args(["--keys-dir", keys_s, "--peers", &format!("1={node_addr}")])
+            .args(lineage_benches::node_run_args(
+                1,
+                std::slice::from_ref(&node_addr),
+                &dir.path().join("node"),
+                &keys,
+            ))
             .args(["--heads-interval-ms", "200"])
             .env("LINEAGE_LOG", "warn")
             .stdout(Stdio::null())
@@ -209,7 +201,7 @@ async fn run(args: &Args) -> Result<(), String> {
             &vkey,
         ],
     )?;
-    let witness_addr = free_addr()?;
+    let witness_addr = lineage_benches::free_loopback_addr()?;
     processes.0.push(
         Command::new(&witness_bin)
             .args([

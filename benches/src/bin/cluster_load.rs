@@ -168,11 +168,6 @@ fn start_cluster(
     let addrs: Vec<String> = (0..nodes)
         .map(|_| lineage_benches::free_loopback_addr())
         .collect::<Result<_, _>>()?;
-    let peers: Vec<String> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| format!("{}={a}", i + 1))
-        .collect();
     let tls_dir = dir.path().join("tls");
     if tls {
         let mut certs = Command::new(binary);
@@ -189,15 +184,14 @@ fn start_cluster(
         }
     }
     let mut children = Vec::new();
-    for (i, addr) in addrs.iter().enumerate() {
+    for i in 0..nodes {
         let child = Command::new(binary)
-            .args(["run", "--id", &(i + 1).to_string(), "--listen", addr])
-            .arg("--data-dir")
-            .arg(data_dir(dir.path(), i))
-            .arg("--keys-dir")
-            .arg(&keys)
-            .arg("--peers")
-            .arg(peers.join(","))
+            .args(lineage_benches::node_run_args(
+                i + 1,
+                &addrs,
+                &data_dir(dir.path(), i),
+                &keys,
+            ))
             .args(
                 no_early_ack
                     .then_some(["--leader-early-ack", "false"])

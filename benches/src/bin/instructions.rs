@@ -48,12 +48,12 @@ async fn run(binary: &Path, decisions: usize) -> Result<Run, String> {
         .arg("--tool=callgrind")
         .arg(format!("--callgrind-out-file={}", out.display()))
         .arg(binary)
-        .args(["run", "--id", "1", "--listen", &addr])
-        .args(["--peers", &format!("1={addr}")])
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .arg("--keys-dir")
-        .arg(&keys)
+        .args(lineage_benches::node_run_args(
+            1,
+            std::slice::from_ref(&addr),
+            &dir.path().join("data"),
+            &keys,
+        ))
         .env("LINEAGE_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -70,13 +70,12 @@ impl Node {
             None => None,
         };
         let child = Command::new(&self.binary)
-            .args(["run", "--id", "1", "--listen", &self.addr])
-            .arg("--data-dir")
-            .arg(self.data_dir())
-            .arg("--keys-dir")
-            .arg(self.dir.path().join("keys"))
-            .arg("--peers")
-            .arg(format!("1={}", self.addr))
+            .args(lineage_benches::node_run_args(
+                1,
+                std::slice::from_ref(&self.addr),
+                &self.data_dir(),
+                &self.dir.path().join("keys"),
+            ))
             .env("LINEAGE_LOG", if log.is_some() { "info" } else { "warn" })
             .stdout(Stdio::null())
             .stderr(log.map_or_else(Stdio::null, Stdio::from))
