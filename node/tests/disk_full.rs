@@ -1,7 +1,9 @@
 //! A full disk is admission control, not an I/O error: a node whose data directory sits on
 //! a small ext4 image (a loop device, made with `mkfs.ext4 -m 0` so that root cannot write
 //! into reserved blocks) answers 507 while the disk is full, records nothing for those
-//! requests, stays up, and serves again by itself once space returns.
+//! requests, stays up, and serves again by itself once space returns. A follower takes
+//! what the leader committed whatever its disk: a full one stops alone (fail-stop) and
+//! catches up once space returns and it is restarted.
 //!
 //! Needs root (losetup, mount). `.ci/run` sets LINEAGE_REQUIRE_LOOP=1: there a missing
 //! capability fails the test instead of skipping it.
@@ -252,4 +254,87 @@ async fn a_full_disk_refuses_writes_cleanly_and_serves_again_once_space_returns(
     assert_eq!(status, 200, "{body}\n{}", node_log());
     assert!(body["snapshot_index"].as_u64() > Some(20), "{body}");
     drop(node);
+}
+
+/// A follower's disk filling up stops no one else: followers take what the leader
+/// committed without looking at their reserve, so the full one keeps up while its log's
+/// zeros written ahead and its state file's free pages last, then fails a write and stops
+/// (fail-stop: its log or redb refuses, Raft stops, the node exits), never a panic. The
+/// leader and the other follower go on as a quorum. Once space returns and the node is
+/// restarted (its supervisor's job), it catches up, and every replica's log is the same
+/// and verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_whose_disk_fills_stops_alone_and_catches_up_once_space_returns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut disks = Vec::new();
+    for i in 0..3 {
+        let Some(disk) = loop_disk::loop_disk_or_skip(tmp.path(), &format!("node-{}", i + 1), 64)
+        else {
+            return;
+        };
+        disks.push(disk);
+    }
+    let dirs = disks.iter().map(|d| d.dir.join("data")).collect();
+    // (openraft's default snapshot interval: the restarted follower catches up from the
+    // leader's log. With a snapshot every 20 entries it needed one of about 8 MB, whose
+    // stream starts again at every new term, and on this shared machine the terms moved
+    // faster than it arrived.)
+    let cluster = util::Cluster::start_on(3, &["--disk-reserve-mb", "8"], Some(dirs)).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let follower = (leader + 1) % 3;
+    let policy = json!({"budget": 100_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}});
+    let token = cluster.create_agent(leader, "bot", policy).await;
+    let path = "/v1/agents/bot/actions";
+    // Inputs of 32 KiB: the full follower's log outgrows the 4 MiB of zeros it wrote ahead.
+    let filling = "a".repeat(32 * 1024);
+    let mut filler = None;
+    for n in 0..250 {
+        if n == 20 {
+            filler = Some(fill(&disks[follower].dir, 64));
+        }
+        // From then on, the leader and the other follower are a quorum: every write goes on.
+        let key = format!("act-{n}");
+        let body = json!({"tool": "search", "input": {"n": n, "text": filling}});
+        let (status, reply) = cluster
+            .post_until_served(leader, path, &token, body, &key)
+            .await;
+        assert_eq!(
+            (status, &reply["decision"]),
+            (200, &json!("allowed")),
+            "{reply}\n{}",
+            cluster.log_tails(40)
+        );
+    }
+    let follower_log = || {
+        std::fs::read_to_string(
+            cluster
+                .dir
+                .path()
+                .join(format!("node-{}.log", follower + 1)),
+        )
+        .unwrap_or_default()
+    };
+    let stopped = cluster.has_exited(follower);
+    let last_words = follower_log()
+        .lines()
+        .rev()
+        .find(|l| l.contains("fatal"))
+        .map(str::to_string);
+    println!("the full follower: {last_words:?}");
+    assert!(!follower_log().contains("panicked"), "{}", follower_log());
+    if stopped {
+        assert!(follower_log().contains("fatal"), "{}", follower_log());
+    }
+
+    std::fs::remove_file(filler.unwrap()).unwrap();
+    cluster.kill(follower);
+    cluster.start_node(follower);
+    cluster.wait_ready(follower, Duration::from_secs(60)).await;
+    let records = cluster.converged_log("bot", Duration::from_secs(60)).await;
+    let actions = records
+        .iter()
+        .filter(|r| r["kind"] == "action_requested")
+        .count();
+    assert_eq!(actions, 250);
+    util::verify_log(&records, &cluster.public_key().await);
 }
