@@ -9,8 +9,9 @@
 //! answer expiry) wait below the reserve too, on every node (`StateMachine::
 //! own_commits_wait`): redb refuses every commit after one that failed with ENOSPC.
 //! Followers do not check (they must take what the leader committed): a follower whose
-//! disk fills fails its log write, exits (`lib.rs`) and is restarted by its supervisor,
-//! catching up once space returns; the quorum goes on meanwhile.
+//! disk fills fails a write (its log's, or its state machine writer's commit), exits
+//! (`lib.rs`) and is restarted by its supervisor, catching up once space returns; the
+//! quorum goes on meanwhile (`disk_full.rs`).
 
 use std::path::{Path, PathBuf};
 

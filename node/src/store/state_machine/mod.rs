@@ -173,7 +173,8 @@ pub struct StateMachine {
     /// Where snapshot bodies are spooled: the data directory (`snapshot.rs`).
     spool_dir: Arc<std::path::Path>,
     /// Free space the node's own commits and a body spooled on disk must leave
-    /// (`disk_reserve`): below it, merges, checkpoints and snapshot builds wait.
+    /// (`disk_reserve`): below it, merges, checkpoints, snapshot builds and answer expiry
+    /// wait.
     disk: DiskReserve,
     /// Whether the last look found the disk below its reserve (to log the change only).
     waiting_for_disk: Arc<std::sync::atomic::AtomicBool>,
