@@ -24,7 +24,7 @@ use lineage_node::raft_types::{
     AppendRecords, Batch, IdempotentAnswer, Proposal, RecordLine, TypeConfig,
 };
 use lineage_node::store::{self, AgentSlot, StateMachine};
-use openraft::storage::{RaftLogStorage, RaftSnapshotBuilder, RaftStateMachine};
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::testing::log_id;
 use openraft::{Entry, EntryPayload, RaftLogReader, SnapshotMeta};
 use serde_json::{json, Value};
@@ -201,13 +201,7 @@ async fn what_this_code_wrote_still_loads_and_gives_the_same_state() {
     .expect("meta");
     let bytes = std::fs::read(dir.join("snapshot.bin")).expect("snapshot.bin");
     // The streaming writer makes the pinned bytes, from the pinned state.
-    let built = sm
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .expect("snapshot");
-    assert_eq!(built.meta, meta, "the snapshot's meta");
+    assert_eq!(spool::build(&mut sm).await, meta, "the snapshot's meta");
     let served = sm
         .get_current_snapshot()
         .await
@@ -257,15 +251,10 @@ async fn write_fixtures(proposals: &[Proposal]) {
             .expect("append");
         sm.apply(entries(proposals)).await.expect("apply");
         sm.checkpoint_agents().expect("checkpoint");
-        let snapshot = sm
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .expect("snapshot");
+        let meta = spool::build(&mut sm).await;
         std::fs::write(
             dir.join("snapshot-meta.json"),
-            serde_json::to_string_pretty(&snapshot.meta).expect("meta") + "\n",
+            serde_json::to_string_pretty(&meta).expect("meta") + "\n",
         )
         .expect("write meta");
         let body = sm

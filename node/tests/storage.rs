@@ -948,7 +948,6 @@ async fn a_spool_damaged_on_disk_is_neither_sent_nor_installed() {
 /// with a reserve the disk cannot keep, it is spooled in memory, and is the same body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_the_disk_reserve_cannot_spare_is_spooled_in_memory() {
-    use openraft::RaftSnapshotBuilder;
     let dir = tempfile::tempdir().unwrap();
     let key = AuditKey::from_seed([12; 32]);
     let (_log, sm) = store::open(dir.path()).unwrap();
@@ -956,11 +955,7 @@ async fn a_body_the_disk_reserve_cannot_spare_is_spooled_in_memory() {
     sm.apply(as_entries(&entries_with_requests(&key, 20), 1))
         .await
         .unwrap();
-    sm.get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
+    spool::build(&mut sm).await;
     let here = dir.path().to_string_lossy().into_owned();
     let mut on_disk = sm.get_current_snapshot().await.unwrap().unwrap().snapshot;
     let bytes = spool::body_bytes(&mut on_disk).await;
@@ -997,7 +992,6 @@ fn raw_record_rows(txn: &redb::ReadTransaction) -> u64 {
 /// their work due. Applies go on. With space, the same calls do their work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn below_the_disk_reserve_the_state_machine_makes_no_commit_of_its_own() {
-    use openraft::RaftSnapshotBuilder;
     // (raw record rows, agent checkpoints) in the data directory's state file.
     let rows = |dir: &std::path::Path| {
         read_state_file(dir, |txn| {
@@ -1035,14 +1029,9 @@ async fn below_the_disk_reserve_the_state_machine_makes_no_commit_of_its_own() {
         assert!(sm.own_commits_wait());
         sm.apply(as_entries(&appends[..last], 1)).await.unwrap();
         sm.flush().unwrap();
-        let built = sm
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
+        let built = spool::build(&mut sm).await;
         assert_eq!(
-            built.meta.last_log_id, None,
+            built.last_log_id, None,
             "a snapshot built below the reserve"
         );
         let served = sm
@@ -1075,16 +1064,8 @@ async fn below_the_disk_reserve_the_state_machine_makes_no_commit_of_its_own() {
     sm.apply(as_entries(&appends[last..], 1 + last as u64))
         .await
         .unwrap();
-    let built = sm
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
-    assert_eq!(
-        built.meta.last_log_id,
-        Some(log_id(1, 1, appends.len() as u64))
-    );
+    let built = spool::build(&mut sm).await;
+    assert_eq!(built.last_log_id, Some(log_id(1, 1, appends.len() as u64)));
     drop(sm);
     assert_eq!(
         rows(dir.path()),
@@ -2427,7 +2408,6 @@ fn edit_bot_row(dir: &std::path::Path, newest: bool, edit: impl FnOnce(&str) -> 
 /// rows (`record_ends`) says the log is short, and the agent is quarantined on this node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_newest_stored_records_cut_away_are_not_a_shorter_log() {
-    use openraft::RaftSnapshotBuilder;
     let key = AuditKey::from_seed([7; 32]);
     let appends = entries_with_requests(&key, 30);
     /// A newest row's cut: what is kept of it (`None`: the row is removed).
@@ -2474,11 +2454,7 @@ async fn the_newest_stored_records_cut_away_are_not_a_shorter_log() {
                 other => panic!("{name}: {other:?}"),
             };
             // Nor does this node hand the shorter log to another as a snapshot body.
-            sm.get_snapshot_builder()
-                .await
-                .build_snapshot()
-                .await
-                .unwrap();
+            spool::build(&mut sm).await;
             let mut body = sm.get_current_snapshot().await.unwrap().unwrap().snapshot;
             let refused =
                 match tokio::io::AsyncReadExt::read_to_end(&mut body, &mut Vec::new()).await {

@@ -22,9 +22,23 @@ pub fn spool_of(bytes: &[u8]) -> Box<SnapshotSpool> {
     Box::new(SnapshotSpool::ready(file))
 }
 
+/// Builds a snapshot of `sm`, as openraft asks for one: the point it names.
+pub async fn build(
+    sm: &mut lineage_node::store::StateMachine,
+) -> openraft::SnapshotMeta<u64, openraft::BasicNode> {
+    use openraft::storage::RaftStateMachine;
+    use openraft::RaftSnapshotBuilder;
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build snapshot")
+        .meta
+}
+
 /// Builds a snapshot of `sm` and asks for it as a follower's send would: its meta and
 /// the spool its body is written into.
-#[allow(dead_code)] // format_pin shares this module and builds no snapshot
+#[allow(dead_code)] // format_pin shares this module and serves no snapshot
 pub async fn build_and_serve(
     sm: &mut lineage_node::store::StateMachine,
 ) -> (
@@ -32,14 +46,7 @@ pub async fn build_and_serve(
     Box<SnapshotSpool>,
 ) {
     use openraft::storage::RaftStateMachine;
-    use openraft::RaftSnapshotBuilder;
-    let meta = sm
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .expect("build snapshot")
-        .meta;
+    let meta = build(sm).await;
     let served = sm
         .get_current_snapshot()
         .await
