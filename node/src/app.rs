@@ -72,6 +72,9 @@ pub struct App {
     pub peers: Arc<PeerContacts>,
     /// Free space the leader keeps before it seals anything (`disk_reserve`).
     disk: Option<DiskReserve>,
+    /// When this node may stand for election (`election_hold`); none: Raft's own
+    /// setting is never changed (nodes built in-process by tests).
+    pub elections: Option<Arc<crate::election_hold::ElectionHold>>,
     batcher: Batcher,
     lanes: Lanes,
     /// Agent ids that may not be created: reference guard logs for them lie in the data
@@ -214,6 +217,7 @@ impl App {
     ) -> Self {
         App {
             id,
+            elections: None,
             metrics,
             committed_index,
             batcher: Batcher::spawn(raft.clone()),
@@ -237,6 +241,12 @@ impl App {
             operator_changes: Default::default(),
             import_writes: Default::default(),
         }
+    }
+
+    /// The node's election hold, made where its Raft is (`election_hold`).
+    pub fn with_elections(mut self, elections: Arc<crate::election_hold::ElectionHold>) -> Self {
+        self.elections = Some(elections);
+        self
     }
 
     /// Peers are reached over TLS, and only nodes' certificates may speak Raft.

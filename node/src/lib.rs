@@ -37,6 +37,7 @@ pub mod batcher;
 pub mod console;
 pub mod dev_certs;
 pub mod disk_reserve;
+pub mod election_hold;
 pub mod heads_rounds;
 pub mod idempotency_key;
 pub mod import_writes;
@@ -335,8 +336,12 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
             metrics.clone(),
         );
     }
+    let elections = {
+        let raft = raft.clone();
+        election_hold::ElectionHold::new(move |on| raft.runtime_config().elect(on), repairing)
+    };
     if repairing {
-        spawn_campaign_after_repair(raft.clone(), log_handle.clone());
+        spawn_campaign_after_repair(elections.clone(), log_handle.clone());
     }
     let disk = disk_reserve::DiskReserve::new(&config.data_dir, config.disk_reserve_bytes);
     spawn_record_merges(state_machine.clone());
@@ -371,7 +376,8 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         .with_reserved_ids(reserved_ids)
         .with_log(log_handle)
         .with_disk_reserve(disk)
-        .with_peer_contacts(peer_contacts),
+        .with_peer_contacts(peer_contacts)
+        .with_elections(elections),
     );
     let connection_metrics = app.metrics.clone();
 
@@ -451,14 +457,17 @@ fn spawn_record_merges(state_machine: store::state_machine::StateMachine) {
 }
 
 /// A node under repair starts with elections off (`store::repair_floor`); they go back on
-/// once its log has passed the floor.
-fn spawn_campaign_after_repair(raft: raft_types::Raft, log: store::log_store::DurableLog) {
+/// once its log has passed the floor (and no snapshot stream holds them, `election_hold`).
+fn spawn_campaign_after_repair(
+    elections: Arc<election_hold::ElectionHold>,
+    log: store::log_store::DurableLog,
+) {
     tokio::spawn(async move {
         while log.repair_floor().is_some() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        tracing::info!("repaired: this node takes part in elections again");
-        raft.runtime_config().elect(true);
+        tracing::info!("repaired: this node's log has passed its repair floor");
+        elections.repaired();
     });
 }
 

@@ -68,6 +68,8 @@ pub struct Metrics {
     pub linearizable_reads: prometheus::IntCounter,
     /// Writes a follower refused (503) because its relays of unknown tokens were all busy.
     pub unverified_relays_refused: prometheus::IntCounter,
+    /// Vote requests received, by candidate (`raft_routes`).
+    pub raft_vote_requests: IntCounterVec,
     /// Stored idempotency answers past their window, by outcome (`idempotency_expiry`).
     pub idempotency_expired: IntCounterVec,
     /// Open client connections (`lineage_http_server`).
@@ -239,6 +241,12 @@ impl Metrics {
              does not know was busy (clients retry another node).",
         ));
         must(registry.register(Box::new(unverified_relays_refused.clone())));
+        let raft_vote_requests = counter(
+            "raft_vote_requests_received_total",
+            "Raft vote requests this node received, by candidate node id (`other`: an id \
+             not in the membership): who keeps starting elections.",
+            &["candidate"],
+        );
         let idempotency_expired = counter(
             "idempotency_answers_expired_total",
             "Index rows of stored Idempotency-Key answers this node took once past their \
@@ -308,6 +316,7 @@ impl Metrics {
             linearizable_reads,
             unverified_relays_refused,
             idempotency_expired,
+            raft_vote_requests,
             exported: Mutex::new(BTreeMap::new()),
         }
     }

@@ -276,9 +276,8 @@ async fn a_follower_whose_disk_fills_stops_alone_and_catches_up_once_space_retur
     }
     let dirs = disks.iter().map(|d| d.dir.join("data")).collect();
     // (openraft's default snapshot interval: the restarted follower catches up from the
-    // leader's log. With a snapshot every 20 entries it needed one of about 8 MB, whose
-    // stream starts again at every new term, and on this shared machine the terms moved
-    // faster than it arrived.)
+    // leader's log. A follower catching up from a long snapshot stream is the `cluster`
+    // test `a_follower_receiving_a_long_snapshot_stream_does_not_campaign`.)
     let cluster = util::Cluster::start_on(3, &["--disk-reserve-mb", "8"], Some(dirs)).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
     let follower = (leader + 1) % 3;

@@ -7,7 +7,7 @@
 //!   `network::peer_contacts`);
 //! - and leaves that import nothing of the crate (`store::agent_slot`,
 //!   `store::caught_panics`, `log_noise`, `spare_cores`, and admission control for disk
-//!   space, `disk_reserve`, which the state machine asks too).
+//!   space, `disk_reserve`, which the state machine asks too, and `election_hold`).
 //!
 //! `lib.rs` wires them and is exempt; edges inside one layer are allowed. Nothing below the
 //! wire layer names `axum`. The check reads every `use` tree (groups, renames, globs) and
@@ -60,6 +60,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("log_noise", Layer::Leaf),
     ("snapshot_spool", Layer::Leaf),
     ("disk_reserve", Layer::Leaf),
+    ("election_hold", Layer::Leaf),
     ("tls", Layer::Leaf),
     ("spare_cores", Layer::Leaf),
 ];

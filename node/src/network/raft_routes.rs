@@ -159,6 +159,7 @@ async fn vote(
     if let Err(e) = sender_is_the_certificate(&app, peer.as_ref(), &request.vote) {
         return e.into_response();
     }
+    count_vote_request(&app, request.vote.leader_id().voted_for());
     let floor = app.log.as_ref().and_then(|log| log.repair_floor());
     if let Some(floor) = floor.filter(|f| !f.floor.allows_candidate(request.last_log_id)) {
         let metrics = app.raft.metrics().borrow().clone();
@@ -177,6 +178,25 @@ async fn vote(
     Json(app.raft.vote(request).await).into_response()
 }
 
+/// Counts a vote request by its candidate; ids outside the membership share one label,
+/// so a peer cannot grow the metric without bound.
+fn count_vote_request(app: &App, candidate: Option<NodeId>) {
+    let member = candidate.filter(|id| {
+        app.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(id)
+            .is_some()
+    });
+    let label = member.map_or_else(|| "other".to_string(), |id| id.to_string());
+    app.metrics
+        .raft_vote_requests
+        .with_label_values(&[&label])
+        .inc();
+}
+
 async fn snapshot(
     State(app): State<Arc<App>>,
     peer: Option<axum::Extension<PeerCertificate>>,
@@ -185,5 +205,13 @@ async fn snapshot(
     if let Err(e) = sender_is_the_certificate(&app, peer.as_ref(), &request.vote) {
         return e.into_response();
     }
+    // Only a current leader's stream holds this node's elections: a deposed one's chunk
+    // is refused below, and must not keep this node from campaigning.
+    let current = request.vote >= app.raft.metrics().borrow().vote;
+    let _turn = app
+        .elections
+        .as_ref()
+        .filter(|_| current)
+        .map(|hold| hold.snapshot_chunk());
     Json(app.raft.install_snapshot(request).await).into_response()
 }

@@ -377,6 +377,89 @@ async fn a_wiped_node_installs_a_snapshot_of_several_chunks() {
     wiped.restart_and_check(20, Duration::from_secs(30)).await;
 }
 
+/// A follower receiving a snapshot whose stream outlasts its election timeout does not
+/// campaign (`election_hold`). openraft does not restart a follower's election timer on
+/// snapshot chunks, and before the hold the follower campaigned in the middle of the
+/// stream: its higher term unseated the leader, the next stream started again from
+/// offset 0, and so on. Without the hold this test failed 8 runs of 9 here, six of them
+/// never converging in 90 s (terms up to 55). The peers count the vote requests they get
+/// by candidate; elections started by others (a leader starved of CPU on a loaded machine
+/// misses heartbeats) are allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_receiving_a_long_snapshot_stream_does_not_campaign() {
+    let cluster = Cluster::start_with(3, &["--snapshot-every", "20"]).await;
+    let public_key = cluster.public_key().await;
+    let token = cluster.create_agent(0, "bot", policy(1000)).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    // The count is live: the leader's election reached the peers that voted for it.
+    let votes = "lineage_raft_vote_requests_received_total{";
+    let mut counted = 0.0;
+    for i in (0..3).filter(|i| *i != leader) {
+        let metrics = cluster.metrics(i).await;
+        let series = metrics.range(votes.to_string()..);
+        counted += series
+            .take_while(|(name, _)| name.starts_with(votes))
+            .map(|(_, n)| n)
+            .sum::<f64>();
+    }
+    assert!(counted >= 1.0, "no vote request counted");
+    // Not node 1: wiped, the lowest id initialises a cluster of its own at start, and
+    // openraft's initialise campaigns whatever the election setting.
+    let victim = (1..3).find(|i| *i != leader).unwrap_or(1);
+    cluster.kill(victim);
+    cluster.wipe(victim);
+    let wiped = WipedFollower {
+        cluster,
+        public_key,
+        token,
+        leader,
+        victim,
+    };
+    // 200 inputs of 60 KB: a snapshot of about 12 MB, 46 chunks of 256 KiB, each its own
+    // request; seconds of streaming in a debug build, against timeouts of 0.7-1.2 s.
+    let big = "y".repeat(60_000);
+    let (cluster, token) = (&wiped.cluster, &wiped.token);
+    for n in 0..200 {
+        let action = json!({"tool": "search", "input": {"blob": big, "n": n}});
+        request_until_served(cluster, leader, "bot", token, &format!("big{n}"), &action).await;
+    }
+    // The leader keeps at most 20 entries behind its snapshot: only a snapshot can
+    // bring the wiped node back.
+    let leader_metrics = cluster.metrics(leader).await;
+    let snapshot_index = leader_metrics.get("lineage_raft_snapshot_index").copied();
+    assert!(snapshot_index >= Some(100.0), "{leader_metrics:?}");
+    let before = vote_requests_from(cluster, victim).await;
+    wiped.restart_and_check(200, Duration::from_secs(90)).await;
+    // After the hold's quiet time its elections are on again, with nothing to start one.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = vote_requests_from(cluster, victim).await;
+    assert_eq!(
+        after,
+        before,
+        "vote requests from node {} while it received the snapshot; {}",
+        victim + 1,
+        cluster.log_tails(30)
+    );
+}
+
+/// The vote requests node `candidate`'s running peers have counted from it.
+async fn vote_requests_from(cluster: &Cluster, candidate: usize) -> f64 {
+    let series = format!(
+        "lineage_raft_vote_requests_received_total{{candidate=\"{}\"}}",
+        candidate + 1
+    );
+    let mut total = 0.0;
+    for i in (0..3).filter(|i| *i != candidate && cluster.is_running(*i)) {
+        total += cluster
+            .metrics(i)
+            .await
+            .get(&series)
+            .copied()
+            .unwrap_or(0.0);
+    }
+    total
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_node_catches_up_from_a_snapshot_when_the_log_was_purged() {
     let wiped = wipe_a_follower(Cluster::start_with(3, &["--snapshot-every", "8"]).await).await;
