@@ -13,36 +13,24 @@ use redb::Database;
 /// write; these stores are small, so the check runs at every start (redb repairs what its
 /// checksums allow).
 pub fn open(path: &Path) -> Result<Database, String> {
-    let restored = lineage_redb_header::restore_or_refuse(path)?;
-    if let lineage_redb_header::Restored::Extended { from, to } = restored {
+    use lineage_redb_header::OpenFailure::{Damaged, Failed};
+    let opened = lineage_redb_header::open_checked(path, &redb::Builder::new(), true);
+    let opened = opened.map_err(|failure| match failure {
+        Damaged(why) => format!(
+            "{} cannot be opened safely: {why}; restore it from a backup",
+            path.display()
+        ),
+        Failed(why) => format!("{}: {why}", path.display()),
+    })?;
+    if let Some((from, to)) = opened.extended {
         tracing::warn!(file = %path.display(), from, to, "store extended to the length its header states, for redb's recovery");
     }
-    // redb asserts on a header field no check can judge (a region tracker page moved
-    // within the file): a refusal naming the file, not a panic.
-    let opened = std::panic::catch_unwind(|| {
-        let mut db = Database::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let intact = db.check_integrity().map_err(|e| {
-            format!(
-                "{} cannot be opened safely: redb's check of its pages failed: {e}",
-                path.display()
-            )
-        })?;
-        Ok::<_, String>((db, intact))
-    });
-    let (db, intact) = opened.unwrap_or_else(|panic| {
-        let message = lineage_redb_header::panic_message(panic.as_ref());
-        Err(format!(
-            "{} cannot be opened safely: redb panicked opening it ({message}); restore it \
-             from a backup",
-            path.display()
-        ))
-    })?;
-    if !intact {
+    if opened.repaired {
         // After a crash in the middle of a commit: redb went back to the previous one,
         // never past a commit that returned (each is durable when it returns here).
         tracing::warn!(file = %path.display(), "store repaired by redb's check of its pages: a commit cut off by a crash may be gone");
     }
-    Ok(db)
+    Ok(opened.db)
 }
 
 #[cfg(test)]

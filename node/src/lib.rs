@@ -343,7 +343,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     if repairing {
         spawn_campaign_after_repair(elections.clone(), log_handle.clone());
     }
-    let disk = disk_reserve::DiskReserve::new(&config.data_dir, config.disk_reserve_bytes);
+    let disk = state_machine.disk_reserve();
     spawn_record_merges(state_machine.clone());
     answer_expiry::spawn(
         state_machine.clone(),

@@ -331,10 +331,10 @@ const EXIT_FATAL: i32 = 70;
 /// would catch the panic and the node would go on answering 503 ("panicked") forever.
 /// Supervisors (`dev`, systemd, compose) restart it, and start-up recovers from disk.
 /// The one exception is redb opening the state file, where a panic is taken for damage
-/// (`store::caught_panics`).
+/// (`lineage_redb_header::open_checked`).
 fn exit_on_panic() {
     std::panic::set_hook(Box::new(|info| {
-        if lineage_node::store::caught_panics::is_catching() {
+        if lineage_redb_header::is_catching() {
             // redb opening the state file: taken for damage where it is caught.
             eprintln!("lineage-node: caught: {info}");
             return;

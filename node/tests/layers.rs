@@ -5,9 +5,9 @@
 //!   `heads_rounds`), the metrics registry;
 //! - **storage**: `store`, `raft_types`, `keys`, outgoing Raft (`network::raft_client`,
 //!   `network::peer_contacts`);
-//! - and leaves that import nothing of the crate (`store::agent_slot`,
-//!   `store::caught_panics`, `log_noise`, `spare_cores`, and admission control for disk
-//!   space, `disk_reserve`, which the state machine asks too, and `election_hold`).
+//! - and leaves that import nothing of the crate (`store::agent_slot`, `log_noise`,
+//!   `spare_cores`, admission control for disk space, `disk_reserve`, which the state
+//!   machine asks too, and `election_hold`).
 //!
 //! `lib.rs` wires them and is exempt; edges inside one layer are allowed. Nothing below the
 //! wire layer names `axum`. The check reads every `use` tree (groups, renames, globs) and
@@ -56,7 +56,6 @@ const LAYERS: &[(&str, Layer)] = &[
     ("network::raft_client", Layer::Storage),
     ("network::peer_contacts", Layer::Storage),
     ("store::agent_slot", Layer::Leaf),
-    ("store::caught_panics", Layer::Leaf),
     ("log_noise", Layer::Leaf),
     ("snapshot_spool", Layer::Leaf),
     ("disk_reserve", Layer::Leaf),

@@ -41,11 +41,10 @@
 //!
 //! What no header check can tell, and who answers it:
 //! - a region tracker page moved within the file (11 of the sweep's flips after a clean
-//!   close): redb panics at open. The node catches a panic while redb opens its file and
-//!   takes it for damage (`store::caught_panics`); the witness and checkpointer catch it
-//!   and refuse to start, naming the file (their `store_file`); [`panic_message`] gives
-//!   both the panic's words. A panic redb turns into an abort (one while it unwinds with
-//!   a poisoned lock) cannot be caught;
+//!   close): redb panics at open. [`open_checked`] catches a panic while redb opens the
+//!   file and takes it for damage: the node rebuilds its file, the witness and
+//!   checkpointer refuse to start, naming the file (their `store_file`). A panic redb
+//!   turns into an abort (one while it unwinds with a poisoned lock) cannot be caught;
 //! - the recovery flag cleared on a file left open: redb opens and reads it, trusting a
 //!   stale allocator state, and panics or aborts at its first write. redb's own check of
 //!   its pages repairs it: the node runs that check after every stop without its
@@ -66,6 +65,10 @@
 //! The header fields read here are redb's file format (versions 2 and 3, which redb 2.6
 //! reads and writes). The tests run the workspace's redb: a redb whose header differs
 //! fails them.
+
+mod open;
+
+pub use open::{is_catching, open_checked, OpenFailure, Opened};
 
 use std::fs::OpenOptions;
 use std::io::{self, Read};

@@ -3,7 +3,6 @@
 
 pub mod agent_checkpoint;
 pub mod agent_slot;
-pub mod caught_panics;
 pub mod checked_row;
 pub mod heads;
 pub mod heads_leaves;
@@ -24,6 +23,7 @@ pub mod state_machine;
 pub mod system_log;
 pub mod watermark;
 
+use lineage_redb_header::OpenFailure::{Damaged, Failed};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -146,17 +146,22 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
     let mut marked = false;
     let check_pages = !clean
         || std::fs::metadata(&path).is_ok_and(|m| m.len() <= CHECK_PAGES_AFTER_CLEAN_STOP_BYTES);
-    let opened = check_header(&path)
-        .and_then(|()| {
-            // redb panics on some damage it does not check for (`caught_panics`).
-            caught_panics::catching(|| {
-                let mut db = create_state_db(&path).map_err(open_failure)?;
-                if check_pages && !db.check_integrity().map_err(open_failure)? {
-                    tracing::warn!(file = %path.display(), clean, "state machine file repaired by redb's check of its pages");
-                }
-                Ok(db)
-            })
-            .unwrap_or_else(|panic| Err(Damaged(format!("redb panicked opening it: {panic}"))))
+    let builder = state_db_builder();
+    let opened = lineage_redb_header::open_checked(&path, &builder, check_pages)
+        .map(|opened| {
+            if let Some((from, to)) = opened.extended {
+                tracing::warn!(
+                    file = %path.display(),
+                    from,
+                    to,
+                    "state machine file shorter than its header states after an unclean stop \
+                     (a growth lost to a power cut): extended for redb's recovery"
+                );
+            }
+            if opened.repaired {
+                tracing::warn!(file = %path.display(), clean, "state machine file repaired by redb's check of its pages");
+            }
+            opened.db
         })
         // A file from a later build is refused, not moved aside: its tables are not
         // damage. (A read error here is left to `meta_intact`, which reads the same table.)
@@ -205,7 +210,8 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
                 reason = %why,
                 "state machine file corrupted: moved aside, rebuilding from the raft log or a snapshot"
             );
-            let db = create_state_db(&path)
+            let db = state_db_builder()
+                .create(&path)
                 .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
             heads::upgrade(&db, false)
                 .map_err(|e| format!("cannot set up {}: {e}", path.display()))?;
@@ -273,48 +279,12 @@ fn compact_if_it_pays(db: &mut redb::Database, path: &Path) {
 }
 
 /// How a redb error opening the state machine's file is taken.
-fn open_failure(error: redb::DatabaseError) -> OpenFailure {
-    match error {
-        redb::DatabaseError::Storage(redb::StorageError::Corrupted(why)) => Damaged(why),
-        other => Failed(other.to_string()),
-    }
+/// The state machine's file, with its cache bound (`STATE_DB_CACHE_BYTES`).
+fn state_db_builder() -> redb::Builder {
+    let mut builder = redb::Builder::new();
+    builder.set_cache_size(STATE_DB_CACHE_BYTES);
+    builder
 }
-
-/// The file's header checked for what redb does not check, and the file put back to the
-/// length its header states where a power cut lost a growth (`lineage_redb_header`),
-/// before redb opens it.
-fn check_header(path: &Path) -> Result<(), OpenFailure> {
-    match lineage_redb_header::restore(path) {
-        Ok(lineage_redb_header::Restored::AsIs) => Ok(()),
-        Ok(lineage_redb_header::Restored::Extended { from, to }) => {
-            tracing::warn!(
-                file = %path.display(),
-                from,
-                to,
-                "state machine file shorter than its header states after an unclean stop \
-                 (a growth lost to a power cut): extended for redb's recovery"
-            );
-            Ok(())
-        }
-        Ok(lineage_redb_header::Restored::Damaged(why)) => Err(Damaged(why)),
-        Err(e) => Err(Failed(format!("reading its header: {e}"))),
-    }
-}
-
-fn create_state_db(path: &Path) -> Result<redb::Database, redb::DatabaseError> {
-    redb::Builder::new()
-        .set_cache_size(STATE_DB_CACHE_BYTES)
-        .create(path)
-}
-
-/// Why the state machine's file could not be used.
-enum OpenFailure {
-    /// Its content is damaged: rebuild it.
-    Damaged(String),
-    /// Anything else (permissions, I/O, a lock): stop and say so.
-    Failed(String),
-}
-use OpenFailure::{Damaged, Failed};
 
 /// Records a clean stop (everything committed, and checkpointed unless the disk was below
 /// its reserve): the next start checks the state machine's file's pages only while it is

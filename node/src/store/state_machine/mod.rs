@@ -314,6 +314,12 @@ impl StateMachine {
         self.headroom_for_own_commits().is_none()
     }
 
+    /// The data directory's disk reserve, for the leader's admission control to check
+    /// the same figure as the state machine's own commits.
+    pub fn disk_reserve(&self) -> DiskReserve {
+        self.disk.clone()
+    }
+
     /// The free bytes above the disk reserve, or `None` while the state machine's own
     /// commits wait: a commit that meets ENOSPC leaves redb refusing every later one
     /// ("Previous I/O error occurred"), applies included, and the node exits. Said once
