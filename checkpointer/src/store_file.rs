@@ -14,7 +14,10 @@ use redb::Database;
 /// checksums allow).
 pub fn open(path: &Path) -> Result<Database, String> {
     use lineage_redb_header::OpenFailure::{Damaged, Failed};
-    let opened = lineage_redb_header::open_checked(path, &redb::Builder::new(), true);
+    let extended = |from, to| {
+        tracing::warn!(file = %path.display(), from, to, "store extended to the length its header states, for redb's recovery");
+    };
+    let opened = lineage_redb_header::open_checked(path, &redb::Builder::new(), true, extended);
     let opened = opened.map_err(|failure| match failure {
         Damaged(why) => format!(
             "{} cannot be opened safely: {why}; restore it from a backup",
@@ -22,9 +25,6 @@ pub fn open(path: &Path) -> Result<Database, String> {
         ),
         Failed(why) => format!("{}: {why}", path.display()),
     })?;
-    if let Some((from, to)) = opened.extended {
-        tracing::warn!(file = %path.display(), from, to, "store extended to the length its header states, for redb's recovery");
-    }
     if opened.repaired {
         // After a crash in the middle of a commit: redb went back to the previous one,
         // never past a commit that returned (each is durable when it returns here).

@@ -158,21 +158,9 @@ pub fn restore(path: &Path) -> io::Result<Restored> {
     Ok(restored)
 }
 
-/// [`restore`] for a file that cannot be rebuilt from elsewhere: damage, and an I/O error,
-/// are an error naming the file.
-pub fn restore_or_refuse(path: &Path) -> Result<Restored, String> {
-    match restore(path) {
-        Ok(Restored::Damaged(why)) => {
-            Err(format!("{} cannot be opened safely: {why}", path.display()))
-        }
-        Ok(restored) => Ok(restored),
-        Err(e) => Err(format!("reading the header of {}: {e}", path.display())),
-    }
-}
-
 /// The message of a panic caught around redb's open or page check (the callers take such a
 /// panic for damage to the file, see the module docs).
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_string())

@@ -45,9 +45,6 @@ pub enum OpenFailure {
 /// A redb file opened by [`open_checked`], and what opening it had to mend.
 pub struct Opened {
     pub db: redb::Database,
-    /// The file was shorter than its header states after an unclean stop (a growth a
-    /// power cut lost), and was extended from, to these lengths for redb's recovery.
-    pub extended: Option<(u64, u64)>,
     /// redb's check of its pages found a commit cut off by a crash and went back to the
     /// one before (never past a commit that returned: each is durable when it returns).
     pub repaired: bool,
@@ -55,21 +52,31 @@ pub struct Opened {
 
 /// Opens (or creates) the redb file at `path` with `builder`: header first, then redb's
 /// open and, with `check_pages`, its check of every page (which reads the whole file).
+/// `extended(from, to)` is told, before redb opens it, that the file was shorter than
+/// its header states (a growth a power cut lost) and was extended for redb's recovery,
+/// so the caller can say so whatever the open then finds. The header checks assume
+/// redb's default page and region sizes, as every caller's builder has.
 pub fn open_checked(
     path: &Path,
     builder: &redb::Builder,
     check_pages: bool,
+    extended: impl FnOnce(u64, u64),
 ) -> Result<Opened, OpenFailure> {
-    let extended = match restore(path) {
-        Ok(Restored::AsIs) => None,
-        Ok(Restored::Extended { from, to }) => Some((from, to)),
+    match restore(path) {
+        Ok(Restored::AsIs) => {}
+        Ok(Restored::Extended { from, to }) => extended(from, to),
         Ok(Restored::Damaged(why)) => return Err(OpenFailure::Damaged(why)),
         Err(e) => return Err(OpenFailure::Failed(format!("reading its header: {e}"))),
-    };
+    }
     let opened = catching(|| {
         let mut db = builder.create(path).map_err(open_failure)?;
         let intact = if check_pages {
-            db.check_integrity().map_err(open_failure)?
+            db.check_integrity().map_err(|e| match open_failure(e) {
+                OpenFailure::Failed(why) => {
+                    OpenFailure::Failed(format!("redb's check of its pages failed: {why}"))
+                }
+                damaged => damaged,
+            })?
         } else {
             true
         };
@@ -80,11 +87,7 @@ pub fn open_checked(
             "redb panicked opening it: {panic}"
         )))
     })?;
-    Ok(Opened {
-        db,
-        extended,
-        repaired,
-    })
+    Ok(Opened { db, repaired })
 }
 
 fn open_failure(error: redb::DatabaseError) -> OpenFailure {
@@ -113,12 +116,13 @@ mod tests {
     fn a_file_that_is_not_redb_is_damaged_and_a_new_one_opens() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.redb");
-        let opened = open_checked(&path, &redb::Builder::new(), true).unwrap();
-        assert_eq!((opened.extended, opened.repaired), (None, false));
+        let not_extended = |from, to| panic!("extended from {from} to {to}");
+        let opened = open_checked(&path, &redb::Builder::new(), true, not_extended).unwrap();
+        assert!(!opened.repaired);
         drop(opened);
         let other = dir.path().join("other.redb");
         std::fs::write(&other, vec![7u8; 8192]).unwrap();
-        let refused = open_checked(&other, &redb::Builder::new(), true).err();
+        let refused = open_checked(&other, &redb::Builder::new(), true, not_extended).err();
         assert!(
             matches!(&refused, Some(OpenFailure::Damaged(why)) if why.contains("magic")),
             "{refused:?}"

@@ -147,17 +147,17 @@ fn open_state_db(data_dir: &Path) -> Result<redb::Database, String> {
     let check_pages = !clean
         || std::fs::metadata(&path).is_ok_and(|m| m.len() <= CHECK_PAGES_AFTER_CLEAN_STOP_BYTES);
     let builder = state_db_builder();
-    let opened = lineage_redb_header::open_checked(&path, &builder, check_pages)
+    let extended = |from, to| {
+        tracing::warn!(
+            file = %path.display(),
+            from,
+            to,
+            "state machine file shorter than its header states after an unclean stop \
+             (a growth lost to a power cut): extended for redb's recovery"
+        );
+    };
+    let opened = lineage_redb_header::open_checked(&path, &builder, check_pages, extended)
         .map(|opened| {
-            if let Some((from, to)) = opened.extended {
-                tracing::warn!(
-                    file = %path.display(),
-                    from,
-                    to,
-                    "state machine file shorter than its header states after an unclean stop \
-                     (a growth lost to a power cut): extended for redb's recovery"
-                );
-            }
             if opened.repaired {
                 tracing::warn!(file = %path.display(), clean, "state machine file repaired by redb's check of its pages");
             }

@@ -443,9 +443,20 @@ async fn a_follower_receiving_a_long_snapshot_stream_does_not_campaign() {
     }
     // The leader keeps at most 20 entries behind its snapshot: only a snapshot can
     // bring the wiped node back.
-    let leader_metrics = cluster.metrics(leader).await;
-    let snapshot_index = leader_metrics.get("lineage_raft_snapshot_index").copied();
-    assert!(snapshot_index >= Some(200.0), "{leader_metrics:?}");
+    // (A build of 12 MB may still be running: wait for it, bounded.)
+    let mut snapshot_index = None;
+    for _ in 0..300 {
+        let leader_metrics = cluster.metrics(leader).await;
+        snapshot_index = leader_metrics.get("lineage_raft_snapshot_index").copied();
+        if snapshot_index >= Some(200.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        snapshot_index >= Some(200.0),
+        "snapshot index {snapshot_index:?}"
+    );
     let before = vote_requests_from(cluster, victim).await;
     wiped.restart_and_check(10, Duration::from_secs(90)).await;
     // After the hold's quiet time its elections are on again, with nothing to start one.
