@@ -97,7 +97,8 @@ impl ElectionHold {
     }
 
     /// Whether this node may stand for election now (the Raft config's flag follows it).
-    pub fn may_elect(&self) -> bool {
+    #[cfg(test)]
+    fn may_elect(&self) -> bool {
         self.lock().electing
     }
 

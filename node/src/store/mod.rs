@@ -278,7 +278,6 @@ fn compact_if_it_pays(db: &mut redb::Database, path: &Path) {
     }
 }
 
-/// How a redb error opening the state machine's file is taken.
 /// The state machine's file, with its cache bound (`STATE_DB_CACHE_BYTES`).
 fn state_db_builder() -> redb::Builder {
     let mut builder = redb::Builder::new();
