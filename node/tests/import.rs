@@ -17,7 +17,7 @@
 mod util;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lineage_core::guard::Outcome;
 use lineage_core::{AuditKey, Guard, Policy, ToolRule};
@@ -653,14 +653,26 @@ async fn an_import_cut_short_resumes_and_is_served_only_once_committed() {
     cluster.kill(follower);
     cluster.start_node(follower);
     cluster.wait_ready(follower, Duration::from_secs(30)).await;
-    let (_, body) = cluster
-        .get(
-            follower,
-            "/v1/agents/long/import?local=true",
-            &cluster.admin,
-        )
-        .await;
-    assert_eq!(body["state"], "importing", "{body}");
+    // Ready means it applied its own log; the import's entries may still be on their
+    // way to it (a quorum acknowledged them, maybe without this node): bounded wait.
+    let restarted = Instant::now();
+    loop {
+        let (_, body) = cluster
+            .get(
+                follower,
+                "/v1/agents/long/import?local=true",
+                &cluster.admin,
+            )
+            .await;
+        if body["state"] == "importing" {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(20),
+            "the restarted node does not know the import is under way: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let admin = scratch.path().join("admin.token");
     std::fs::write(&admin, &cluster.admin).unwrap();

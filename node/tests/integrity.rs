@@ -363,13 +363,18 @@ async fn a_record_edited_behind_a_checkpoint_is_caught_by_the_scrub() {
     node.setup_agents().await;
     node.stop_gracefully();
     tamper(node.data.path());
+    // Start-up trusts the checkpoint, so the agent is served at first (the scrub off:
+    // at one pass a second it could win the race with this read on a slow machine)...
+    node.scrub_secs = "0";
     node.start().await;
-    // Start-up trusted the checkpoint, so the agent is served at first...
     let (status, _) = node
         .call(reqwest::Method::GET, "/v1/agents/victim", ADMIN, None)
         .await;
     assert_eq!(status, StatusCode::OK);
+    node.stop_gracefully();
     // ...until the scrub re-verifies the stored records.
+    node.scrub_secs = "1";
+    node.start().await;
     assert_only_victim_quarantined(&node).await;
 }
 
@@ -849,12 +854,13 @@ async fn a_bit_flipped_in_a_packed_run_is_caught() {
 }
 
 /// One client's actions for "worker", sequential, until `stop` or the node stops
-/// answering; returns the answers it got.
+/// answering; returns the answers it got, and counts them in `acked` as they come.
 async fn pay_until_stopped(
     http: Client,
     base: String,
     client: usize,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    acked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) -> Vec<Value> {
     let mut acknowledged = Vec::new();
     for n in 0..5_000 {
@@ -877,6 +883,7 @@ async fn pay_until_stopped(
         };
         assert_eq!(answer["decision"], "allowed", "{answer}");
         acknowledged.push(answer);
+        acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     acknowledged
 }
@@ -908,15 +915,30 @@ async fn a_node_killed_while_packing_loses_no_acknowledged_action() {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    // Three clients for about three merge passes; then kill -9 with requests in flight.
+    // Three clients for at least three merge passes and 100 acknowledged actions (a
+    // loaded machine answers slowly: counted, not timed); then kill -9 with requests
+    // in flight.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let clients: Vec<_> = (0..3)
         .map(|client| {
             let (http, base) = (node.http.clone(), node.base.clone());
-            tokio::spawn(pay_until_stopped(http, base, client, stop.clone()))
+            tokio::spawn(pay_until_stopped(
+                http,
+                base,
+                client,
+                stop.clone(),
+                acked.clone(),
+            ))
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(3_200)).await;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(3_200)
+        || (acked.load(std::sync::atomic::Ordering::Relaxed) < 100
+            && started.elapsed() < Duration::from_secs(60))
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     node.kill();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut acknowledged = Vec::new();

@@ -120,13 +120,9 @@ async fn power_cycle(cluster: &Cluster, disks: &[LoopDisk], nodes: &[usize]) {
     }
 }
 
-/// After the faults: every acknowledged decision is on every replica, they agree and
-/// verify, and every node is ready (none left under repair).
-async fn check_nothing_acknowledged_was_lost(cluster: &Cluster, acked: &Acked, public_key: &str) {
-    let log = cluster.converged_log("bot", Duration::from_secs(30)).await;
-    verify(&log, public_key);
-    let allowed: BTreeMap<String, String> = log
-        .iter()
+/// Each requested action's input key, with its action id.
+fn actions_by_key(log: &[serde_json::Value]) -> BTreeMap<String, String> {
+    log.iter()
         .filter(|r| r["kind"] == "action_requested")
         .map(|r| {
             (
@@ -137,9 +133,28 @@ async fn check_nothing_acknowledged_was_lost(cluster: &Cluster, acked: &Acked, p
                 r["payload"]["action_id"].as_str().unwrap_or("").to_string(),
             )
         })
-        .collect();
+        .collect()
+}
+
+/// After the faults: every acknowledged decision is on every replica, they agree and
+/// verify, and every node is ready (none left under repair).
+async fn check_nothing_acknowledged_was_lost(cluster: &Cluster, acked: &Acked, public_key: &str) {
     let acked = acked.lock().unwrap().clone();
     assert!(!acked.is_empty(), "the load got no answers at all");
+    // Right after every node restarts, the replicas can agree on a prefix their commit
+    // hints reach before the new leader commits the rest: wait (bounded) until they
+    // agree on a log with every acknowledged decision, or the last agreed log is judged.
+    let settling = std::time::Instant::now();
+    let (log, allowed) = loop {
+        let log = cluster.converged_log("bot", Duration::from_secs(30)).await;
+        let allowed = actions_by_key(&log);
+        let complete = acked.iter().all(|(key, id)| allowed.get(key) == Some(id));
+        if complete || settling.elapsed() > Duration::from_secs(30) {
+            break (log, allowed);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    verify(&log, public_key);
     for (key, id) in &acked {
         assert_eq!(
             allowed.get(key),

@@ -198,8 +198,23 @@ async fn the_cluster_secret_rotates_in_three_phases_without_a_failed_request() {
             "node {i} refused the new secret: {status}"
         );
     }
+    // No node ever refused another's secret. (An election alone proves nothing here: a
+    // leader starved of CPU on a loaded machine misses heartbeats; one caused by the
+    // rotation follows refused Raft calls, which each node logs.)
+    for i in 0..3 {
+        let log = std::fs::read_to_string(cluster.dir.path().join(format!("node-{}.log", i + 1)))
+            .unwrap_or_default();
+        assert!(
+            !log.contains("401 Unauthorized"),
+            "node {} had a Raft call refused during the rotation: {}",
+            i + 1,
+            cluster.log_tails(30)
+        );
+    }
     let (_, view) = cluster.get(leader, "/v1/cluster", &cluster.admin).await;
-    assert_eq!(view["term"], term, "no election was needed: {view}");
+    if view["term"] != term {
+        println!("an election during the rotation, with no refused call: {view}");
+    }
 }
 
 /// Waits until every node reports `until` as its own previous admin token's not_after

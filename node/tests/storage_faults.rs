@@ -396,6 +396,21 @@ fn fault_in(data_dir: &Path, place: Place) {
     }
 }
 
+/// Waits (at most 30 s) until the follower has purged its log behind a snapshot of its
+/// own: it builds and purges in the background, so on a busy machine the last action's
+/// answer can come before the purge marker is written.
+async fn follower_purged(data_dir: &Path) {
+    let marker = data_dir.join("raft-log/purged.json");
+    let started = Instant::now();
+    while !marker.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the follower did not purge its log behind a snapshot within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A fault in the heads log's tables (`Place::in_heads_log`).
 fn fault_in_heads_log(data_dir: &Path, place: Place) {
     match place {
@@ -546,6 +561,9 @@ async fn follower_fault(place: Place) {
     let follower = (leader + 1) % 3;
     if place.in_heads_log() {
         heads_converged(&cluster, 2 + 2 * 30, &format!("{place:?}, before")).await;
+    }
+    if place == Place::PurgedGarbage {
+        follower_purged(&cluster.data_dir(follower)).await;
     }
     cluster.kill(follower);
     fault_in(&cluster.data_dir(follower), place);

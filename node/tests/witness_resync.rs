@@ -76,7 +76,40 @@ async fn setup() -> (Cluster, String, String) {
         .await;
     act(&cluster, &token, "first").await;
     let vkey = cluster.get_text(0, "/v1/transparency/vkey").await;
-    (cluster, token, vkey.trim().to_string())
+    let vkey = vkey.trim().to_string();
+    settled_checkpoint(&cluster, &vkey).await;
+    (cluster, token, vkey)
+}
+
+/// The cluster's checkpoint once a heads round has stated `bot`'s whole log (rounds run
+/// every 100 ms, in the background: one may have stated an earlier head, and the round
+/// stating the last action may not have run yet). No write follows in these tests, so
+/// the checkpoint stays this size. Bounded at 20 s.
+async fn settled_checkpoint(cluster: &Cluster, vkey: &str) -> Checkpoint {
+    let log = cluster.converged_log("bot", Duration::from_secs(10)).await;
+    let start = Instant::now();
+    loop {
+        let note = cluster.get_text(0, "/v1/transparency/checkpoint").await;
+        let checkpoint = Checkpoint::verify(&note, vkey).expect("the cluster's checkpoint");
+        // Before the first round (size 0) there is no statement: 404, read as no proof.
+        let url = cluster.url(
+            0,
+            &format!("/v1/agents/bot/head-proof?size={}", checkpoint.size),
+        );
+        let proof: serde_json::Value = match cluster.http.get(url).send().await {
+            Ok(reply) => reply.json().await.unwrap_or_default(),
+            Err(_) => serde_json::Value::Null,
+        };
+        if proof["statement"]["size"].as_u64() == Some(log.len() as u64) {
+            return checkpoint;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no heads round stated bot's {} records within 20 s: {proof}",
+            log.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,21 +170,7 @@ async fn a_witness_ahead_with_a_longer_log_signed_checkpoint_raises_the_log_alar
 
     // Someone with the log's key signs a longer checkpoint the cluster never served,
     // and shows it to this witness first.
-    // The cluster's checkpoint once its first heads round holds the agent (the round runs
-    // every 100 ms; no write follows, so it stays this size).
-    let start = Instant::now();
-    let served = loop {
-        let note = cluster.get_text(0, "/v1/transparency/checkpoint").await;
-        let checkpoint = Checkpoint::verify(&note, &log_vkey).expect("the cluster's checkpoint");
-        if checkpoint.size >= 1 {
-            break checkpoint;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no heads round within 20 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let served = settled_checkpoint(&cluster, &log_vkey).await;
     let key = AuditKey::load(dir.join("keys/audit.key")).expect("audit key");
     let longer = Checkpoint {
         origin: ORIGIN.into(),

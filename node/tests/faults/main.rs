@@ -385,16 +385,19 @@ async fn leader_killed_and_restarted_under_load_without_early_ack() {
 }
 
 /// The leader, which must be pipelining now: its count of writes decided on a pending
-/// state while earlier ones were in flight grows within a short window.
+/// state while earlier ones were in flight grows (polled, bounded at 10 s).
 async fn pipelining_leader(cluster: &Cluster) -> usize {
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
     let pipelined = async || cluster.metrics(leader).await["lineage_writes_pipelined_total"];
     let before = pipelined().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        pipelined().await > before,
-        "the leader is not pipelining before the fault: the scenario would test nothing"
-    );
+    let start = Instant::now();
+    while pipelined().await <= before {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the leader is not pipelining before the fault: the scenario would test nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     leader
 }
 
