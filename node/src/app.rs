@@ -75,6 +75,9 @@ pub struct App {
     /// When this node may stand for election (`election_hold`); none: Raft's own
     /// setting is never changed (nodes built in-process by tests).
     pub elections: Option<Arc<crate::election_hold::ElectionHold>>,
+    /// The durable writes in flight, and whether the disk is held for stalled
+    /// (`disk_stall`); none: never stalled (nodes built in-process by tests).
+    disk_watch: Option<Arc<crate::disk_watch::DiskWatch>>,
     batcher: Batcher,
     lanes: Lanes,
     /// Agent ids that may not be created: reference guard logs for them lie in the data
@@ -218,6 +221,7 @@ impl App {
         App {
             id,
             elections: None,
+            disk_watch: None,
             metrics,
             committed_index,
             batcher: Batcher::spawn(raft.clone()),
@@ -247,6 +251,26 @@ impl App {
     pub fn with_elections(mut self, elections: Arc<crate::election_hold::ElectionHold>) -> Self {
         self.elections = Some(elections);
         self
+    }
+
+    /// The durable writes this node's stores report (`disk_watch`).
+    pub fn with_disk_watch(mut self, watch: Arc<crate::disk_watch::DiskWatch>) -> Self {
+        self.disk_watch = Some(watch);
+        self
+    }
+
+    /// Why this node steps back while its disk is stalled (`disk_stall`): the write that
+    /// has waited longest, and for how long.
+    pub fn disk_stalled(&self) -> Option<String> {
+        let watch = self.disk_watch.as_ref().filter(|w| w.stalled())?;
+        Some(match watch.oldest() {
+            Some((write, age)) => format!(
+                "this node's disk has not finished a write ({}) for {:.1} s",
+                write.name(),
+                age.as_secs_f64()
+            ),
+            None => "this node's disk has just answered again".to_string(),
+        })
     }
 
     /// Peers are reached over TLS, and only nodes' certificates may speak Raft.

@@ -1,5 +1,7 @@
 //! When this node may stand for election: never while it is under repair
-//! (`store::repair_floor`), and never while a current leader streams it a snapshot.
+//! (`store::repair_floor`), never while a current leader streams it a snapshot, and
+//! never while its disk is stalled (`disk_stall`: it could not keep the vote it asks
+//! for, nor the entries it would lead with).
 //!
 //! Why the second: openraft 0.9 does not restart a follower's election timer on
 //! snapshot chunks, and while a large body streamed and was installed the heartbeats
@@ -31,6 +33,7 @@ pub struct ElectionHold {
 #[derive(Debug)]
 struct Hold {
     repairing: bool,
+    disk_stalled: bool,
     /// Snapshot requests in hand right now (their bodies read, their chunks being
     /// stored, or, for the last, the snapshot being installed).
     chunks_in_hand: usize,
@@ -51,7 +54,7 @@ impl Hold {
     }
 
     fn may_elect(&self, now: Instant) -> bool {
-        !self.repairing && !self.streaming(now)
+        !self.repairing && !self.disk_stalled && !self.streaming(now)
     }
 }
 
@@ -62,6 +65,7 @@ impl ElectionHold {
             set_elect: Box::new(set_elect),
             hold: Mutex::new(Hold {
                 repairing,
+                disk_stalled: false,
                 chunks_in_hand: 0,
                 last_chunk: None,
                 electing: !repairing,
@@ -96,6 +100,14 @@ impl ElectionHold {
         self.settle(&mut hold, Instant::now());
     }
 
+    /// This node's disk stalled (`true`) or answers again (`false`). Called from
+    /// `disk_stall`'s own thread: nothing here needs the async runtime.
+    pub fn disk_stalled(&self, stalled: bool) {
+        let mut hold = self.lock();
+        hold.disk_stalled = stalled;
+        self.settle(&mut hold, Instant::now());
+    }
+
     /// Whether this node may stand for election now (the Raft config's flag follows it).
     #[cfg(test)]
     fn may_elect(&self) -> bool {
@@ -125,6 +137,8 @@ impl ElectionHold {
             (self.set_elect)(may_elect);
             if may_elect {
                 tracing::info!("this node takes part in elections again");
+            } else if hold.disk_stalled {
+                tracing::info!("the disk is stalled: elections off until it answers");
             } else if hold.streaming(now) {
                 tracing::info!("receiving a snapshot: elections off until its stream is over");
             }
@@ -225,5 +239,26 @@ mod tests {
         drop(turn);
         pass(STREAM_QUIET * 2).await;
         assert!(elects() && hold.may_elect());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_disk_holds_elections_until_it_answers_and_any_stream_is_over() {
+        let (hold, raft_elects) = recorded(false);
+        let elects = || raft_elects.load(Ordering::SeqCst);
+        hold.disk_stalled(true);
+        assert!(!elects());
+        drop(hold.snapshot_chunk());
+        hold.disk_stalled(false);
+        assert!(!elects(), "the disk answering does not end a stream");
+        pass(STREAM_QUIET * 2).await;
+        assert!(elects());
+        hold.disk_stalled(true);
+        pass(STREAM_QUIET * 2).await;
+        assert!(
+            !elects(),
+            "a stall has no quiet time: it lasts until the disk answers"
+        );
+        hold.disk_stalled(false);
+        assert!(elects());
     }
 }

@@ -37,6 +37,8 @@ pub mod batcher;
 pub mod console;
 pub mod dev_certs;
 pub mod disk_reserve;
+pub mod disk_stall;
+pub mod disk_watch;
 pub mod election_hold;
 pub mod heads_rounds;
 pub mod idempotency_key;
@@ -111,6 +113,9 @@ pub struct NodeConfig {
     pub witnesses: app::WitnessPolicy,
     /// Free bytes the data directory's disk keeps; below it writes are refused (507).
     pub disk_reserve_bytes: u64,
+    /// How long a durable write may wait for the disk before this node steps back
+    /// (`disk_stall`); `None`: never.
+    pub disk_stall_after: Option<Duration>,
     /// Open client connections at most (`None`: half the open-file limit).
     pub max_connections: Option<usize>,
     /// How long a request head (or a stalled request body) may take to arrive.
@@ -197,8 +202,13 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         config.state_fsync_interval,
         configured_alone,
     )?;
-    let mut log_store = log_store.with_append_timer(metrics.log_append_duration.clone());
-    let mut state_machine = state_machine.with_disk_reserve(config.disk_reserve_bytes);
+    let disk_watch = Arc::new(disk_watch::DiskWatch::default());
+    let mut log_store = log_store
+        .with_append_timer(metrics.log_append_duration.clone())
+        .with_disk_watch(disk_watch.clone());
+    let mut state_machine = state_machine
+        .with_disk_reserve(config.disk_reserve_bytes)
+        .with_disk_watch(disk_watch.clone());
     // Never the leader of its old term after a restart, whatever `--leader-early-ack` is
     // now: entries it acknowledged early and lost before a crash may be on followers
     // under the same log ids (`LogStore::leading_as`), and a log under repair is cut.
@@ -343,6 +353,22 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
     if repairing {
         spawn_campaign_after_repair(elections.clone(), log_handle.clone());
     }
+    let _disk_stall = match config.disk_stall_after {
+        Some(after) => {
+            let (raft, elections) = (raft.clone(), elections.clone());
+            let step_back = disk_stall::StepBack {
+                heartbeats: Box::new(move |on| raft.runtime_config().heartbeat(on)),
+                elections: Box::new(move |stalled| elections.disk_stalled(stalled)),
+            };
+            Some(disk_stall::spawn(
+                disk_watch.clone(),
+                after,
+                step_back,
+                metrics.clone(),
+            )?)
+        }
+        None => None,
+    };
     let disk = state_machine.disk_reserve();
     spawn_record_merges(state_machine.clone());
     answer_expiry::spawn(
@@ -377,7 +403,8 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         .with_log(log_handle)
         .with_disk_reserve(disk)
         .with_peer_contacts(peer_contacts)
-        .with_elections(elections),
+        .with_elections(elections)
+        .with_disk_watch(disk_watch),
     );
     let connection_metrics = app.metrics.clone();
 

@@ -146,6 +146,11 @@ enum Command {
         /// new writes 507 insufficient_storage, recording nothing, until space returns
         #[arg(long, env = "LINEAGE_DISK_RESERVE_MB", default_value_t = lineage_node::disk_reserve::DEFAULT_DISK_RESERVE_MB)]
         disk_reserve_mb: u64,
+        /// Milliseconds a durable write (Raft log or state file) may wait for the disk
+        /// before this node steps back: no heartbeats, no elections, 503 to requests,
+        /// until the disk answers (0: never)
+        #[arg(long, env = "LINEAGE_DISK_STALL_MS", default_value_t = millis(lineage_node::disk_stall::DEFAULT_STALL_AFTER))]
+        disk_stall_ms: u64,
         /// Seconds a stored Idempotency-Key answer is kept for retries; after that the
         /// same key makes a new request. Give every node the same
         #[arg(long, env = "LINEAGE_IDEMPOTENCY_WINDOW_SECS", default_value_t = IDEMPOTENCY_WINDOW_SECS, value_parser = clap::value_parser!(u64).range(1..))]
@@ -426,6 +431,7 @@ fn main() -> ExitCode {
             witness_keys,
             witness_quorum,
             disk_reserve_mb,
+            disk_stall_ms,
             idempotency_window_secs,
             connections,
             tls,
@@ -453,6 +459,7 @@ fn main() -> ExitCode {
                 reference_dir: None,
                 witnesses,
                 disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
+                disk_stall_after: disk_stall(disk_stall_ms),
                 max_connections: connections.max_connections,
                 http_header_timeout: connections.header_timeout(),
                 http_idle_timeout: connections.idle_timeout(),
@@ -585,6 +592,10 @@ fn reference_mode() -> Result<(), String> {
         "LINEAGE_DISK_RESERVE_MB",
         lineage_node::disk_reserve::DEFAULT_DISK_RESERVE_MB,
     )?;
+    let disk_stall_ms = env_number(
+        "LINEAGE_DISK_STALL_MS",
+        millis(lineage_node::disk_stall::DEFAULT_STALL_AFTER),
+    )?;
     let idempotency_window_secs =
         env_number("LINEAGE_IDEMPOTENCY_WINDOW_SECS", IDEMPOTENCY_WINDOW_SECS)?;
     if idempotency_window_secs == 0 {
@@ -637,11 +648,17 @@ fn reference_mode() -> Result<(), String> {
         reference_dir: Some(data_dir.clone()),
         witnesses: WitnessPolicy::default(),
         disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
+        disk_stall_after: disk_stall(disk_stall_ms),
         max_connections: connections.max_connections,
         http_header_timeout: connections.header_timeout(),
         http_idle_timeout: connections.idle_timeout(),
         idempotency_window: std::time::Duration::from_secs(idempotency_window_secs),
     })
+}
+
+/// `--disk-stall-ms`: 0 turns the check off.
+fn disk_stall(ms: u64) -> Option<std::time::Duration> {
+    (ms > 0).then(|| std::time::Duration::from_millis(ms))
 }
 
 const IDEMPOTENCY_WINDOW_SECS: u64 = lineage_node::store::idempotency_expiry::DEFAULT_WINDOW_SECS;

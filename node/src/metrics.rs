@@ -72,6 +72,10 @@ pub struct Metrics {
     pub raft_vote_requests: IntCounterVec,
     /// Stored idempotency answers past their window, by outcome (`idempotency_expiry`).
     pub idempotency_expired: IntCounterVec,
+    /// The age of the oldest durable write in flight, and whether the node holds its
+    /// disk for stalled (`disk_stall`).
+    pub disk_write_in_flight: prometheus::Gauge,
+    pub disk_stalled: IntGauge,
     /// Open client connections (`lineage_http_server`).
     http_connections: IntGauge,
     http_connections_closed: IntCounterVec,
@@ -258,6 +262,17 @@ impl Metrics {
         for outcome in ["removed", "reindexed", "absent"] {
             idempotency_expired.with_label_values(&[outcome]);
         }
+        let disk_write_in_flight = must(prometheus::Gauge::new(
+            "disk_write_in_flight_seconds",
+            "How long the oldest durable write in flight (a Raft log group commit, a state \
+             file commit) has been waiting for the disk; 0 when none is.",
+        ));
+        must(registry.register(Box::new(disk_write_in_flight.clone())));
+        let disk_stalled = gauge(
+            "disk_stalled",
+            "1 while this node's disk has not finished a write for longer than \
+             --disk-stall-ms: it steps back from leading and answers 503.",
+        );
         let http_connections_closed = counter(
             "http_connections_closed_total",
             "Client connections the server closed, by reason (header_timeout, body_timeout, \
@@ -317,6 +332,8 @@ impl Metrics {
             unverified_relays_refused,
             idempotency_expired,
             raft_vote_requests,
+            disk_write_in_flight,
+            disk_stalled,
             exported: Mutex::new(BTreeMap::new()),
         }
     }

@@ -2,12 +2,13 @@
 //!
 //! - **wire**: the HTTP API (`api`), cluster management and Raft routes, the console;
 //! - **service**: the write path (`app`, `batcher`), background work (`scrub`,
-//!   `heads_rounds`), the metrics registry;
+//!   `heads_rounds`, `disk_stall`), the metrics registry;
 //! - **storage**: `store`, `raft_types`, `keys`, outgoing Raft (`network::raft_client`,
 //!   `network::peer_contacts`);
 //! - and leaves that import nothing of the crate (`store::agent_slot`, `log_noise`,
 //!   `spare_cores`, admission control for disk space, `disk_reserve`, which the state
-//!   machine asks too, and `election_hold`).
+//!   machine asks too, `election_hold`, and `disk_watch`, which the stores tell of their
+//!   writes in flight).
 //!
 //! `lib.rs` wires them and is exempt; edges inside one layer are allowed. Nothing below the
 //! wire layer names `axum`. The check reads every `use` tree (groups, renames, globs) and
@@ -60,6 +61,8 @@ const LAYERS: &[(&str, Layer)] = &[
     ("snapshot_spool", Layer::Leaf),
     ("disk_reserve", Layer::Leaf),
     ("election_hold", Layer::Leaf),
+    ("disk_watch", Layer::Leaf),
+    ("disk_stall", Layer::Service),
     ("tls", Layer::Leaf),
     ("spare_cores", Layer::Leaf),
 ];

@@ -33,6 +33,11 @@ pub async fn route_to_leader(
         )
         .into_response();
     }
+    if let Some(why) = app.disk_stalled().filter(|_| !serves_locally(&request)) {
+        // Nothing can become durable here, and the cluster elects a leader without this
+        // node (`disk_stall`): say so at once, so the client tries another node.
+        return ApiError::unavailable(format!("{why}; ask another node")).into_response();
+    }
     if serves_locally(&request) {
         if let Some(reason) = app.repairing().filter(|_| asks_for_local_copy(&request)) {
             // This node's copy may lack acknowledged decisions: never serve it as is.

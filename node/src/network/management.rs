@@ -43,14 +43,19 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"ok": true}))
 }
 
-/// Ready when a leader is known and this node has applied what it knows is committed.
+/// Ready when a leader is known, this node has applied what it knows is committed, and
+/// it is neither under repair nor stepping back from a stalled disk.
 async fn readyz(State(app): State<Arc<App>>) -> Response {
     let metrics = app.raft.metrics().borrow().clone();
     let applied = metrics.last_applied.map_or(0, |l| l.index);
     let logged = metrics.last_log_index.unwrap_or(0);
     let repairing = app.repairing();
-    let ready = metrics.current_leader.is_some() && applied >= logged && repairing.is_none();
-    let body = json!({"ready": ready, "leader": metrics.current_leader, "applied_index": applied, "repairing": repairing});
+    let disk_stalled = app.disk_stalled();
+    let ready = metrics.current_leader.is_some()
+        && applied >= logged
+        && repairing.is_none()
+        && disk_stalled.is_none();
+    let body = json!({"ready": ready, "leader": metrics.current_leader, "applied_index": applied, "repairing": repairing, "disk_stalled": disk_stalled});
     let status = if ready {
         StatusCode::OK
     } else {

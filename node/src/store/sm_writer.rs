@@ -65,6 +65,8 @@ struct WriterState {
     /// the apply: a merge sees only committed rows, and an agent it took before its rows
     /// were committed would wait for its next write.
     committed_agents: Mutex<BTreeSet<String>>,
+    /// Told when each commit is in flight (`disk_stall`), when wired.
+    disk_watch: std::sync::OnceLock<Arc<crate::disk_watch::DiskWatch>>,
 }
 
 impl WriterState {
@@ -123,6 +125,7 @@ impl SmWriter {
             last_durable: Mutex::new(Instant::now()),
             fsync_interval_ms: AtomicU64::new(fsync_interval.as_millis() as u64),
             committed_agents: Mutex::new(BTreeSet::new()),
+            disk_watch: std::sync::OnceLock::new(),
         });
         let for_thread = state.clone();
         let thread = std::thread::Builder::new()
@@ -139,6 +142,11 @@ impl SmWriter {
             }),
             state,
         })
+    }
+
+    /// Tells `watch` when each commit is in flight (`disk_stall`).
+    pub fn watch_disk(&self, watch: Arc<crate::disk_watch::DiskWatch>) {
+        let _ = self.state.disk_watch.set(watch);
     }
 
     pub fn set_fsync_interval(&self, interval: Duration) {
@@ -268,7 +276,13 @@ fn commit(state: &WriterState, db: &Database, tables: Tables, rows: Vec<RowBatch
         return;
     }
     let durable = state.take_durable_turn();
-    match write_rows(db, tables, durable, &rows) {
+    let writing = state
+        .disk_watch
+        .get()
+        .map(|watch| watch.writing(crate::disk_watch::DiskWrite::StateFile));
+    let written = write_rows(db, tables, durable, &rows);
+    drop(writing);
+    match written {
         Ok(ends) => {
             state
                 .committed_agents

@@ -257,6 +257,8 @@ struct Shared {
     writer_running: std::sync::atomic::AtomicBool,
     /// Observes each group commit's write + fdatasync, when metrics are wired.
     append_timer: OnceLock<prometheus::Histogram>,
+    /// Told when each of the writer's operations starts and ends, when wired.
+    disk_watch: OnceLock<Arc<crate::disk_watch::DiskWatch>>,
 }
 
 impl Shared {
@@ -277,6 +279,12 @@ pub struct LogStore {
 impl LogStore {
     pub fn with_append_timer(self, timer: prometheus::Histogram) -> Self {
         let _ = self.shared.append_timer.set(timer);
+        self
+    }
+
+    /// Tells `watch` when each of the writer's operations is in flight (`disk_stall`).
+    pub fn with_disk_watch(self, watch: Arc<crate::disk_watch::DiskWatch>) -> Self {
+        let _ = self.shared.disk_watch.set(watch);
         self
     }
 
@@ -382,6 +390,7 @@ impl LogStore {
                 floor,
             }),
             append_timer: OnceLock::new(),
+            disk_watch: OnceLock::new(),
             flushed: Condvar::new(),
             leader_self: OnceLock::new(),
             writer_running: std::sync::atomic::AtomicBool::new(true),

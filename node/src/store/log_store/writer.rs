@@ -40,11 +40,13 @@ pub(super) fn run_writer(shared: &Shared, ops: &mpsc::Receiver<Op>, mut watermar
         let first = match ops.recv_timeout(COMMITTED_HINT_EVERY) {
             Ok(op) => op,
             Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _writing = writing(shared);
                 save_committed_hint(shared, &mut hint);
                 continue;
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
+        let _writing = writing(shared);
         let mut batch = vec![first];
         batch.extend(ops.try_iter());
         let mut appends = Vec::new();
@@ -76,6 +78,14 @@ pub(super) fn run_writer(shared: &Shared, ops: &mpsc::Receiver<Op>, mut watermar
         flush_appends(shared, &mut watermark, appends);
         save_committed_hint(shared, &mut hint);
     }
+}
+
+/// The writer's disk work from now until the guard drops (`disk_watch`), when wired.
+fn writing(shared: &Shared) -> Option<crate::disk_watch::Writing<'_>> {
+    shared
+        .disk_watch
+        .get()
+        .map(|watch| watch.writing(crate::disk_watch::DiskWrite::RaftLog))
 }
 
 /// Writes the pending entries of `appends` with one write and one fdatasync, then calls

@@ -309,6 +309,12 @@ impl StateMachine {
         self
     }
 
+    /// Tells `watch` when each of the writer's commits is in flight (`disk_stall`).
+    pub fn with_disk_watch(self, watch: Arc<crate::disk_watch::DiskWatch>) -> Self {
+        self.writer.watch_disk(watch);
+        self
+    }
+
     /// Whether the state machine's own commits wait now (`with_disk_reserve`).
     pub fn own_commits_wait(&self) -> bool {
         self.headroom_for_own_commits().is_none()

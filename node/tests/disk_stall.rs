@@ -1,0 +1,206 @@
+//! A leader whose disk stops answering: its file system frozen (FIFREEZE), so every write
+//! and fsync on it blocks, as on a hung disk or a stalled network volume. Needs root and
+//! loop mounts, like the other loop-disk tests (skips without, unless LINEAGE_REQUIRE_LOOP).
+
+#[path = "cluster/loop_disk.rs"]
+mod loop_disk;
+#[path = "cluster/util.rs"]
+mod util;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use util::{verify_log, Cluster};
+
+/// A frozen file system, thawed when dropped (also when the test fails: processes
+/// blocked on a frozen file system cannot be killed, and the harness kills the nodes).
+struct Frozen(PathBuf);
+
+impl Frozen {
+    fn new(dir: &Path) -> Frozen {
+        ioctl(dir, "0xC0045877"); // FIFREEZE
+        Frozen(dir.to_path_buf())
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        ioctl(&self.0, "0xC0045878"); // FITHAW
+    }
+}
+
+fn ioctl(dir: &Path, request: &str) {
+    const CODE: &str = "import fcntl, os, sys\n\
+        fd = os.open(sys.argv[1], os.O_RDONLY)\n\
+        fcntl.ioctl(fd, int(sys.argv[2], 16), 0)\n";
+    let status = std::process::Command::new("python3")
+        .args(["-c", CODE, loop_disk::path(dir), request])
+        .status()
+        .expect("python3");
+    assert!(status.success(), "ioctl {request} on {}", dir.display());
+}
+
+/// Before `disk_stall`, the whole cluster stopped answering for as long as the leader's
+/// disk was frozen: the leader kept sending heartbeats, so no one campaigned, and every
+/// request routed to it timed out (30 s of timeouts, no election, here). Now the stalled
+/// node steps back after --disk-stall-ms, the others elect a leader and serve, the
+/// stalled node says why, and once its disk answers it rejoins with nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_disk_stalls_steps_back_and_the_others_serve() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut disks = Vec::new();
+    for i in 0..3 {
+        let Some(disk) = loop_disk::loop_disk_or_skip(tmp.path(), &format!("node-{}", i + 1), 96)
+        else {
+            return;
+        };
+        disks.push(disk);
+    }
+    let dirs = disks.iter().map(|d| d.dir.join("data")).collect();
+    let cluster = Cluster::start_on(3, &["--disk-stall-ms", "2000"], Some(dirs)).await;
+    let public_key = cluster.public_key().await;
+    let token = cluster
+        .create_agent(
+            0,
+            "bot",
+            json!({"budget": 1_000_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}}),
+        )
+        .await;
+    let stalled = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    let mut acked: BTreeMap<String, String> = BTreeMap::new();
+    let mut act = async |node: usize, key: String| {
+        let (status, body) = cluster
+            .post(
+                node,
+                "/v1/agents/bot/actions",
+                &token,
+                json!({"tool": "search", "input": {"k": key}}),
+                Some(&key),
+            )
+            .await;
+        if status == 200 {
+            acked.insert(key, body["action_id"].as_str().unwrap_or("").to_string());
+        }
+        (status, body)
+    };
+    for n in 0..10 {
+        let (status, body) = act(stalled, format!("before-{n}")).await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    let frozen = Frozen::new(&disks[stalled].dir);
+    // Writes through the two others, each retried with its key until answered: bounded.
+    let others: Vec<usize> = (0..3).filter(|i| *i != stalled).collect();
+    let start = Instant::now();
+    let mut attempts = 0;
+    for n in 0..5 {
+        let key = format!("during-{n}");
+        loop {
+            let (status, body) = act(others[attempts % 2], key.clone()).await;
+            attempts += 1;
+            if status == 200 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no write answered within 60 s of the leader's disk freezing: \
+                 last {status} {body}\n{}",
+                cluster.log_tails(20)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    println!(
+        "5 writes answered by the others {:.1} s after the leader's disk froze ({attempts} attempts)",
+        start.elapsed().as_secs_f64()
+    );
+    let leader = cluster
+        .leader_seen_by(others[0])
+        .await
+        .expect("a leader known");
+    assert_ne!(leader, stalled, "the stalled node still leads");
+
+    says_why(&cluster, stalled, &token).await;
+
+    drop(frozen);
+    cluster.wait_ready(stalled, Duration::from_secs(30)).await;
+    let (status, body) = act(stalled, "after".into()).await;
+    assert_eq!(status, 200, "{body}");
+    let log = every_acknowledged_on_every_replica(&cluster, &acked).await;
+    verify_log(&log, &public_key);
+    assert_eq!(
+        cluster.metrics(stalled).await.get("lineage_disk_stalled"),
+        Some(&0.0)
+    );
+    let text =
+        std::fs::read_to_string(cluster.dir.path().join(format!("node-{}.log", stalled + 1)))
+            .unwrap_or_default();
+    assert!(
+        text.contains("the disk answers again"),
+        "{}",
+        cluster.log_tails(20)
+    );
+    drop(cluster);
+    drop(disks);
+}
+
+/// The stalled node answers at once, and says why: 503 to requests, not ready, the metric.
+async fn says_why(cluster: &Cluster, stalled: usize, token: &str) {
+    let (status, body) = cluster.get(stalled, "/v1/agents/bot", token).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.to_string().contains("disk has not finished a write"),
+        "{body}"
+    );
+    let ready = cluster
+        .http
+        .get(cluster.url(stalled, "/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status().as_u16(), 503);
+    let ready: serde_json::Value = ready.json().await.expect("json");
+    assert!(ready["disk_stalled"].is_string(), "{ready}");
+    assert_eq!(
+        cluster.metrics(stalled).await.get("lineage_disk_stalled"),
+        Some(&1.0)
+    );
+}
+
+/// The replicas' agreed log once it holds every acknowledged decision (bounded).
+async fn every_acknowledged_on_every_replica(
+    cluster: &Cluster,
+    acked: &BTreeMap<String, String>,
+) -> Vec<serde_json::Value> {
+    let start = Instant::now();
+    loop {
+        let log = cluster.converged_log("bot", Duration::from_secs(30)).await;
+        let keys: BTreeMap<String, String> = log
+            .iter()
+            .filter(|r| r["kind"] == "action_requested")
+            .map(|r| {
+                (
+                    r["payload"]["input"]["k"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
+                    r["payload"]["action_id"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect();
+        let missing: Vec<_> = acked
+            .iter()
+            .filter(|(key, id)| keys.get(*key) != Some(*id))
+            .collect();
+        if missing.is_empty() {
+            break log;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "acknowledged and not in every replica's log: {missing:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
