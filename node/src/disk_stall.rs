@@ -4,16 +4,24 @@
 //! queued behind gigabytes of someone else's writeback) still runs its Raft core, so it
 //! keeps sending heartbeats and no follower campaigns, while no write can become durable
 //! on it and every request routed to it waits. The whole cluster stopped answering for as
-//! long as one disk did (`tests/disk_stall.rs`, before this module: 30 s of timeouts
-//! with the leader's file system frozen, and no election).
+//! long as one disk did (`tests/disk_stall.rs`, before this module: no write answered in
+//! 60 s with the leader's file system frozen, and no election).
 //!
 //! What it does, once a durable write (`disk_watch`) has been in flight longer than
-//! `--disk-stall-ms`: this node sends no heartbeats and stands for no election, so the
-//! others elect a leader among themselves within an election timeout; and it answers 503
-//! to requests (`api::forward`) and not ready to `/readyz`, so clients and load balancers
-//! go elsewhere at once instead of waiting. When the write returns, all of that ends.
-//! Nothing here touches what is stored or decided: heartbeats and elections are liveness
-//! only, and a write refused with 503 was never decided.
+//! `--disk-stall-ms`: this node sends no heartbeats, runs no heads rounds and stands for
+//! no election, so the others elect a leader among themselves once their leases run out;
+//! while it believes it leads it answers 503 to what it would serve itself
+//! (`api::forward`; a stalled follower still relays, which needs no disk), and
+//! `/readyz` says not ready, so clients and load balancers go elsewhere at once instead
+//! of waiting. When the write returns, all of that ends. Nothing here touches what is
+//! stored or decided: heartbeats and elections are liveness only, and a write refused
+//! with 503 was never decided.
+//!
+//! What still reaches followers from a stalled leader, and so still renews their leases
+//! (openraft 0.9 has no way to hand leadership over): the entries already proposed, a
+//! commit index moving, a read check already in flight, and a catch-up or snapshot
+//! stream to a lagging follower. The first three end within moments; a long stream
+//! delays the election until it ends or fails.
 //!
 //! The check runs on its own thread: it must see the stall even when the async runtime's
 //! workers are the ones waiting on the disk, and everything it sets is an atomic or a
@@ -25,10 +33,15 @@ use std::time::Duration;
 
 use crate::disk_watch::{DiskWatch, DiskWrite};
 
-/// Far longer than a healthy disk's writes take, even queued behind other writes (a
-/// false alarm costs an election), short against what a stall costs: every request the
-/// cluster gets meanwhile.
+/// Long against one group commit or one commit of the state file's rows (a false alarm
+/// costs an election), short against what a stall costs: every request the cluster gets
+/// meanwhile. Not measured against the slowest disks in service; operators of slow
+/// volumes raise it.
 pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(5);
+
+/// The shortest `--disk-stall-ms` taken: below it ordinary fsyncs would make heartbeats
+/// and elections flap.
+pub const MIN_STALL_AFTER: Duration = Duration::from_secs(1);
 
 const CHECK_EVERY: Duration = Duration::from_millis(200);
 
@@ -79,30 +92,32 @@ pub fn spawn(
                 metrics
                     .disk_write_in_flight
                     .set(oldest.map_or(0.0, |(_, age)| age.as_secs_f64()));
+                // Act first, then say so: the log may be written to the stalled disk.
                 match stall.judge(oldest) {
                     Some(true) => {
+                        watch.set_stalled(true);
+                        metrics.disk_stalled.set(1);
+                        (step_back.heartbeats)(false);
+                        (step_back.elections)(true);
                         let (which, age) = oldest.unwrap_or((DiskWrite::RaftLog, after));
                         since = oldest;
                         tracing::warn!(
                             write = which.name(),
                             waited_ms = age.as_millis() as u64,
                             "the disk has not finished a write: this node steps back (no \
-                             heartbeats, no elections, 503 to requests) until it does"
+                             heartbeats, no elections, no heads rounds, 503 to what it \
+                             would serve itself) until it does"
                         );
-                        watch.set_stalled(true);
-                        metrics.disk_stalled.set(1);
-                        (step_back.heartbeats)(false);
-                        (step_back.elections)(true);
                     }
                     Some(false) => {
-                        tracing::info!(
-                            write = since.map_or("", |(w, _)| w.name()),
-                            "the disk answers again: this node takes part again"
-                        );
                         watch.set_stalled(false);
                         metrics.disk_stalled.set(0);
                         (step_back.heartbeats)(true);
                         (step_back.elections)(false);
+                        tracing::info!(
+                            write = since.map_or("", |(w, _)| w.name()),
+                            "the disk answers again: this node takes part again"
+                        );
                     }
                     None => {}
                 }

@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use crate::disk_reserve::DiskReserve;
+use crate::disk_watch::DiskWatch;
 use crate::raft_types::{NodeId, Proposal, Raft};
 use crate::store::StateMachine;
 
@@ -15,6 +18,7 @@ pub fn spawn(
     raft: Raft,
     sm: StateMachine,
     disk: DiskReserve,
+    disk_watch: Arc<DiskWatch>,
     id: NodeId,
     origin: String,
     interval: Duration,
@@ -25,7 +29,9 @@ pub fn spawn(
         loop {
             ticker.tick().await;
             let leading = raft.metrics().borrow().current_leader == Some(id);
-            if !leading || sm.read_data().heads.pending.is_empty() {
+            // A stalled disk (`disk_stall`): a round would be one more entry whose
+            // replication renews the followers' leases, and its apply would wait anyway.
+            if !leading || disk_watch.stalled() || sm.read_data().heads.pending.is_empty() {
                 continue;
             }
             if let Err(full) = disk.check() {

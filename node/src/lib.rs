@@ -381,6 +381,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         raft.clone(),
         state_machine.clone(),
         disk.clone(),
+        disk_watch.clone(),
         config.id,
         config.cluster_name.clone(),
         config.heads_interval,

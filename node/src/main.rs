@@ -147,8 +147,8 @@ enum Command {
         #[arg(long, env = "LINEAGE_DISK_RESERVE_MB", default_value_t = lineage_node::disk_reserve::DEFAULT_DISK_RESERVE_MB)]
         disk_reserve_mb: u64,
         /// Milliseconds a durable write (Raft log or state file) may wait for the disk
-        /// before this node steps back: no heartbeats, no elections, 503 to requests,
-        /// until the disk answers (0: never)
+        /// before this node steps back: no heartbeats, no elections, 503 to what it
+        /// would serve itself as leader, until the disk answers (0: never; else >= 1000)
         #[arg(long, env = "LINEAGE_DISK_STALL_MS", default_value_t = millis(lineage_node::disk_stall::DEFAULT_STALL_AFTER))]
         disk_stall_ms: u64,
         /// Seconds a stored Idempotency-Key answer is kept for retries; after that the
@@ -459,7 +459,7 @@ fn main() -> ExitCode {
                 reference_dir: None,
                 witnesses,
                 disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
-                disk_stall_after: disk_stall(disk_stall_ms),
+                disk_stall_after: disk_stall(disk_stall_ms)?,
                 max_connections: connections.max_connections,
                 http_header_timeout: connections.header_timeout(),
                 http_idle_timeout: connections.idle_timeout(),
@@ -648,7 +648,7 @@ fn reference_mode() -> Result<(), String> {
         reference_dir: Some(data_dir.clone()),
         witnesses: WitnessPolicy::default(),
         disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
-        disk_stall_after: disk_stall(disk_stall_ms),
+        disk_stall_after: disk_stall(disk_stall_ms)?,
         max_connections: connections.max_connections,
         http_header_timeout: connections.header_timeout(),
         http_idle_timeout: connections.idle_timeout(),
@@ -656,9 +656,17 @@ fn reference_mode() -> Result<(), String> {
     })
 }
 
-/// `--disk-stall-ms`: 0 turns the check off.
-fn disk_stall(ms: u64) -> Option<std::time::Duration> {
-    (ms > 0).then(|| std::time::Duration::from_millis(ms))
+/// `--disk-stall-ms`: 0 turns the check off; otherwise at least a second.
+fn disk_stall(ms: u64) -> Result<Option<std::time::Duration>, String> {
+    let after = std::time::Duration::from_millis(ms);
+    match ms {
+        0 => Ok(None),
+        _ if after < lineage_node::disk_stall::MIN_STALL_AFTER => Err(format!(
+            "--disk-stall-ms (LINEAGE_DISK_STALL_MS) must be 0 (off) or at least {}",
+            millis(lineage_node::disk_stall::MIN_STALL_AFTER)
+        )),
+        _ => Ok(Some(after)),
+    }
 }
 
 const IDEMPOTENCY_WINDOW_SECS: u64 = lineage_node::store::idempotency_expiry::DEFAULT_WINDOW_SECS;

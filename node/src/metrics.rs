@@ -70,6 +70,8 @@ pub struct Metrics {
     pub unverified_relays_refused: prometheus::IntCounter,
     /// Vote requests received, by candidate (`raft_routes`).
     pub raft_vote_requests: IntCounterVec,
+    /// Raft requests refused before their body was read, by reason (`raft_routes`).
+    pub raft_requests_refused: IntCounterVec,
     /// Stored idempotency answers past their window, by outcome (`idempotency_expiry`).
     pub idempotency_expired: IntCounterVec,
     /// The age of the oldest durable write in flight, and whether the node holds its
@@ -251,6 +253,16 @@ impl Metrics {
              not in the membership): who keeps starting elections.",
             &["candidate"],
         );
+        let raft_requests_refused = counter(
+            "raft_requests_refused_total",
+            "Raft requests this node refused before reading them, by reason: secret (no \
+             cluster secret it accepts, as in a rotation gone wrong), certificate (with TLS, \
+             not a member node's).",
+            &["reason"],
+        );
+        for reason in ["secret", "certificate"] {
+            raft_requests_refused.with_label_values(&[reason]);
+        }
         let idempotency_expired = counter(
             "idempotency_answers_expired_total",
             "Index rows of stored Idempotency-Key answers this node took once past their \
@@ -332,6 +344,7 @@ impl Metrics {
             unverified_relays_refused,
             idempotency_expired,
             raft_vote_requests,
+            raft_requests_refused,
             disk_write_in_flight,
             disk_stalled,
             exported: Mutex::new(BTreeMap::new()),

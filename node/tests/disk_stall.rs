@@ -20,10 +20,28 @@ struct Frozen(PathBuf);
 
 impl Frozen {
     fn new(dir: &Path) -> Frozen {
+        // Should the test process itself be killed (a harness timeout), a process of its
+        // own thaws the file system after two minutes anyway (a second thaw is refused,
+        // harmlessly), so no node is left unkillable on it.
+        let _ = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "sleep 120; python3 -c \"$0\" \"$1\" 0xC0045878 2>/dev/null",
+                IOCTL_CODE,
+                loop_disk::path(dir),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
         ioctl(dir, "0xC0045877"); // FIFREEZE
         Frozen(dir.to_path_buf())
     }
 }
+
+/// Runs `ioctl(open(argv[1]), argv[2])`: FIFREEZE or FITHAW on a mount point.
+const IOCTL_CODE: &str = "import fcntl, os, sys\n\
+    fd = os.open(sys.argv[1], os.O_RDONLY)\n\
+    fcntl.ioctl(fd, int(sys.argv[2], 16), 0)\n";
 
 impl Drop for Frozen {
     fn drop(&mut self) {
@@ -32,11 +50,8 @@ impl Drop for Frozen {
 }
 
 fn ioctl(dir: &Path, request: &str) {
-    const CODE: &str = "import fcntl, os, sys\n\
-        fd = os.open(sys.argv[1], os.O_RDONLY)\n\
-        fcntl.ioctl(fd, int(sys.argv[2], 16), 0)\n";
     let status = std::process::Command::new("python3")
-        .args(["-c", CODE, loop_disk::path(dir), request])
+        .args(["-c", IOCTL_CODE, loop_disk::path(dir), request])
         .status()
         .expect("python3");
     assert!(status.success(), "ioctl {request} on {}", dir.display());
@@ -44,30 +59,16 @@ fn ioctl(dir: &Path, request: &str) {
 
 /// Before `disk_stall`, the whole cluster stopped answering for as long as the leader's
 /// disk was frozen: the leader kept sending heartbeats, so no one campaigned, and every
-/// request routed to it timed out (30 s of timeouts, no election, here). Now the stalled
+/// request routed to it timed out (no write answered in 60 s, no election, here). Now the stalled
 /// node steps back after --disk-stall-ms, the others elect a leader and serve, the
 /// stalled node says why, and once its disk answers it rejoins with nothing lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_disk_stalls_steps_back_and_the_others_serve() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut disks = Vec::new();
-    for i in 0..3 {
-        let Some(disk) = loop_disk::loop_disk_or_skip(tmp.path(), &format!("node-{}", i + 1), 96)
-        else {
-            return;
-        };
-        disks.push(disk);
-    }
-    let dirs = disks.iter().map(|d| d.dir.join("data")).collect();
-    let cluster = Cluster::start_on(3, &["--disk-stall-ms", "2000"], Some(dirs)).await;
+    let Some((disks, cluster, token)) = three_on_loop_disks(tmp.path()).await else {
+        return;
+    };
     let public_key = cluster.public_key().await;
-    let token = cluster
-        .create_agent(
-            0,
-            "bot",
-            json!({"budget": 1_000_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}}),
-        )
-        .await;
     let stalled = cluster.wait_for_leader(Duration::from_secs(10)).await;
     let mut acked: BTreeMap<String, String> = BTreeMap::new();
     let mut act = async |node: usize, key: String| {
@@ -142,6 +143,97 @@ async fn a_leader_whose_disk_stalls_steps_back_and_the_others_serve() {
         "{}",
         cluster.log_tails(20)
     );
+    drop(cluster);
+    drop(disks);
+}
+
+/// Three nodes, each on its own loop-mounted ext4 image, stepping back after 2 s of a
+/// stalled disk; an agent `bot` and its token. `None`: no loop mounts here (skipped).
+async fn three_on_loop_disks(tmp: &Path) -> Option<(Vec<loop_disk::LoopDisk>, Cluster, String)> {
+    let mut disks = Vec::new();
+    for i in 0..3 {
+        disks.push(loop_disk::loop_disk_or_skip(
+            tmp,
+            &format!("node-{}", i + 1),
+            96,
+        )?);
+    }
+    let dirs = disks.iter().map(|d| d.dir.join("data")).collect();
+    let cluster = Cluster::start_on(3, &["--disk-stall-ms", "2000"], Some(dirs)).await;
+    let token = cluster
+        .create_agent(
+            0,
+            "bot",
+            json!({"budget": 1_000_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}}),
+        )
+        .await;
+    Some((disks, cluster, token))
+}
+
+/// A follower whose disk stalls still relays what it is asked to the leader, which needs
+/// no disk of its own, while it says it is not ready and stands for no election; once its
+/// disk answers it catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_whose_disk_stalls_still_relays_and_says_it_is_not_ready() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((disks, cluster, token)) = three_on_loop_disks(tmp.path()).await else {
+        return;
+    };
+    let public_key = cluster.public_key().await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    let stalled = (leader + 1) % 3;
+    let frozen = Frozen::new(&disks[stalled].dir);
+    let start = Instant::now();
+    let mut relayed = 0;
+    let mut n = 0;
+    // Writes through the stalled follower until it has held its disk for stalled and
+    // five more were relayed after that (bounded).
+    while relayed < 5 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the stalled follower did not relay 5 writes within 60 s\n{}",
+            cluster.log_tails(20)
+        );
+        let key = format!("through-{n}");
+        n += 1;
+        let (status, body) = cluster
+            .post(
+                stalled,
+                "/v1/agents/bot/actions",
+                &token,
+                json!({"tool": "search", "input": {"k": key}}),
+                Some(&key),
+            )
+            .await;
+        assert_eq!(status, 200, "relayed by a stalled follower: {body}");
+        let stalled_now = cluster
+            .metrics(stalled)
+            .await
+            .get("lineage_disk_stalled")
+            .copied();
+        if stalled_now == Some(1.0) {
+            relayed += 1;
+        } else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let ready = cluster
+        .http
+        .get(cluster.url(stalled, "/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status().as_u16(), 503);
+    assert_eq!(
+        cluster.leader_seen_by(leader).await,
+        Some(leader),
+        "the leader kept leading"
+    );
+    drop(frozen);
+    cluster.wait_ready(stalled, Duration::from_secs(30)).await;
+    let log = cluster.converged_log("bot", Duration::from_secs(30)).await;
+    assert_eq!(log.len(), 2 + 2 * n, "every relayed write on every replica");
+    verify_log(&log, &public_key);
     drop(cluster);
     drop(disks);
 }

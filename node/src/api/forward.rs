@@ -33,7 +33,10 @@ pub async fn route_to_leader(
         )
         .into_response();
     }
-    if let Some(why) = app.disk_stalled().filter(|_| !serves_locally(&request)) {
+    if let Some(why) = app
+        .disk_stalled()
+        .filter(|_| serves_here_on_its_disk(&app, &request))
+    {
         // Nothing can become durable here, and the cluster elects a leader without this
         // node (`disk_stall`): say so at once, so the client tries another node.
         return ApiError::unavailable(format!("{why}; ask another node")).into_response();
@@ -103,6 +106,18 @@ fn admit_body<'a>(
                 )
             }),
     }
+}
+
+/// What a node whose disk is stalled refuses: what it would serve itself as the leader
+/// it believes it is (its reads wait for applies, its writes for fsyncs, and leadership
+/// checks renew the leases that keep the others from electing), and operator actions on
+/// the node itself that write (a snapshot). Local reads are served from memory; a
+/// follower relays the rest, which needs no disk of its own.
+fn serves_here_on_its_disk(app: &App, request: &Request) -> bool {
+    if serves_locally(request) {
+        return !is_read(request.method()) && !asks_for_local_copy(request);
+    }
+    app.raft.metrics().borrow().current_leader == Some(app.id)
 }
 
 /// Node-local answers: the public key, `?local=true` reads of a node's own copy, and

@@ -56,6 +56,10 @@ async fn require_cluster_secret(
         let peer = request.extensions().get::<PeerCertificate>();
         if let Err(why) = node_certificate(&app, peer) {
             tracing::warn!(why, "a Raft request without a member node's certificate");
+            app.metrics
+                .raft_requests_refused
+                .with_label_values(&["certificate"])
+                .inc();
             return ApiError::NotANode(why).into_response();
         }
     }
@@ -74,6 +78,10 @@ async fn require_cluster_secret(
         }
         response
     } else {
+        app.metrics
+            .raft_requests_refused
+            .with_label_values(&["secret"])
+            .inc();
         ApiError::Unauthorized.into_response()
     }
 }

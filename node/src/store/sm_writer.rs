@@ -276,13 +276,7 @@ fn commit(state: &WriterState, db: &Database, tables: Tables, rows: Vec<RowBatch
         return;
     }
     let durable = state.take_durable_turn();
-    let writing = state
-        .disk_watch
-        .get()
-        .map(|watch| watch.writing(crate::disk_watch::DiskWrite::StateFile));
-    let written = write_rows(db, tables, durable, &rows);
-    drop(writing);
-    match written {
+    match write_rows(db, tables, durable, &rows, state.disk_watch.get()) {
         Ok(ends) => {
             state
                 .committed_agents
@@ -302,14 +296,18 @@ fn commit(state: &WriterState, db: &Database, tables: Tables, rows: Vec<RowBatch
 type Ends<'a> = BTreeMap<&'a str, u64>;
 
 /// Commits `rows` in one transaction; returns where each agent's records in it end.
+/// `watch` hears of the write from when the transaction is ours (waiting for another
+/// transaction, a merge or a checkpoint, is not the disk stalling) until it returns.
 fn write_rows<'a>(
     db: &Database,
     tables: Tables,
     durable: bool,
     rows: &'a [RowBatch],
+    watch: Option<&Arc<crate::disk_watch::DiskWatch>>,
 ) -> Result<Ends<'a>, String> {
     let text = |e: redb::Error| e.to_string();
     let mut txn = db.begin_write().map_err(|e| text(e.into()))?;
+    let _writing = watch.map(|w| w.writing(crate::disk_watch::DiskWrite::StateFile));
     if !durable {
         txn.set_durability(redb::Durability::None);
     }

@@ -442,19 +442,21 @@ async fn a_follower_receiving_a_long_snapshot_stream_does_not_campaign() {
         act_until_served(cluster, leader, "bot", token, &format!("s{n}")).await;
     }
     // The leader keeps at most 20 entries behind its snapshot: only a snapshot can
-    // bring the wiped node back.
+    // bring the wiped node back. The log holds at least 214 entries (the two creates,
+    // 210 writes, the membership and a blank), heads rounds a varying few more, so the
+    // last snapshot of every 20 lies at 180 or past it, with most of the 12 MB in it.
     // (A build of 12 MB may still be running: wait for it, bounded.)
     let mut snapshot_index = None;
     for _ in 0..300 {
         let leader_metrics = cluster.metrics(leader).await;
         snapshot_index = leader_metrics.get("lineage_raft_snapshot_index").copied();
-        if snapshot_index >= Some(200.0) {
+        if snapshot_index >= Some(180.0) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
-        snapshot_index >= Some(200.0),
+        snapshot_index >= Some(180.0),
         "snapshot index {snapshot_index:?}"
     );
     let before = vote_requests_from(cluster, victim).await;
