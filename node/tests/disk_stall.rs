@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use util::{verify_log, Cluster};
+use util::{actions_by_key, verify_log, Cluster};
 
 /// A frozen file system, thawed when dropped (also when the test fails: processes
 /// blocked on a frozen file system cannot be killed, and the harness kills the nodes).
@@ -72,15 +72,7 @@ async fn a_leader_whose_disk_stalls_steps_back_and_the_others_serve() {
     let stalled = cluster.wait_for_leader(Duration::from_secs(10)).await;
     let mut acked: BTreeMap<String, String> = BTreeMap::new();
     let mut act = async |node: usize, key: String| {
-        let (status, body) = cluster
-            .post(
-                node,
-                "/v1/agents/bot/actions",
-                &token,
-                json!({"tool": "search", "input": {"k": key}}),
-                Some(&key),
-            )
-            .await;
+        let (status, body) = search(&cluster, node, &token, &key).await;
         if status == 200 {
             acked.insert(key, body["action_id"].as_str().unwrap_or("").to_string());
         }
@@ -147,17 +139,28 @@ async fn a_leader_whose_disk_stalls_steps_back_and_the_others_serve() {
     drop(disks);
 }
 
+/// One action of `bot`'s through node `node`, its input and Idempotency-Key `key`.
+async fn search(
+    cluster: &Cluster,
+    node: usize,
+    token: &str,
+    key: &str,
+) -> (u16, serde_json::Value) {
+    cluster
+        .post(
+            node,
+            "/v1/agents/bot/actions",
+            token,
+            json!({"tool": "search", "input": {"k": key}}),
+            Some(key),
+        )
+        .await
+}
+
 /// Three nodes, each on its own loop-mounted ext4 image, stepping back after 2 s of a
 /// stalled disk; an agent `bot` and its token. `None`: no loop mounts here (skipped).
 async fn three_on_loop_disks(tmp: &Path) -> Option<(Vec<loop_disk::LoopDisk>, Cluster, String)> {
-    let mut disks = Vec::new();
-    for i in 0..3 {
-        disks.push(loop_disk::loop_disk_or_skip(
-            tmp,
-            &format!("node-{}", i + 1),
-            96,
-        )?);
-    }
+    let disks = loop_disk::three_disks(tmp, 96)?;
     let dirs = disks.iter().map(|d| d.dir.join("data")).collect();
     let cluster = Cluster::start_on(3, &["--disk-stall-ms", "2000"], Some(dirs)).await;
     let token = cluster
@@ -196,15 +199,7 @@ async fn a_follower_whose_disk_stalls_still_relays_and_says_it_is_not_ready() {
         );
         let key = format!("through-{n}");
         n += 1;
-        let (status, body) = cluster
-            .post(
-                stalled,
-                "/v1/agents/bot/actions",
-                &token,
-                json!({"tool": "search", "input": {"k": key}}),
-                Some(&key),
-            )
-            .await;
+        let (status, body) = search(&cluster, stalled, &token, &key).await;
         assert_eq!(status, 200, "relayed by a stalled follower: {body}");
         let stalled_now = cluster
             .metrics(stalled)
@@ -269,19 +264,7 @@ async fn every_acknowledged_on_every_replica(
     let start = Instant::now();
     loop {
         let log = cluster.converged_log("bot", Duration::from_secs(30)).await;
-        let keys: BTreeMap<String, String> = log
-            .iter()
-            .filter(|r| r["kind"] == "action_requested")
-            .map(|r| {
-                (
-                    r["payload"]["input"]["k"]
-                        .as_str()
-                        .unwrap_or("")
-                        .to_string(),
-                    r["payload"]["action_id"].as_str().unwrap_or("").to_string(),
-                )
-            })
-            .collect();
+        let keys = actions_by_key(&log);
         let missing: Vec<_> = acked
             .iter()
             .filter(|(key, id)| keys.get(*key) != Some(*id))

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use loop_disk::LoopDisk;
 use serde_json::json;
-use util::{verify_log as verify, Cluster};
+use util::{actions_by_key, verify_log as verify, Cluster};
 
 const CLIENTS: usize = 4;
 /// Requests each client sends at most (the load also stops at the power cut).
@@ -120,22 +120,6 @@ async fn power_cycle(cluster: &Cluster, disks: &[LoopDisk], nodes: &[usize]) {
     }
 }
 
-/// Each requested action's input key, with its action id.
-fn actions_by_key(log: &[serde_json::Value]) -> BTreeMap<String, String> {
-    log.iter()
-        .filter(|r| r["kind"] == "action_requested")
-        .map(|r| {
-            (
-                r["payload"]["input"]["k"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string(),
-                r["payload"]["action_id"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect()
-}
-
 /// After the faults: every acknowledged decision is on every replica, they agree and
 /// verify, and every node is ready (none left under repair).
 async fn check_nothing_acknowledged_was_lost(cluster: &Cluster, acked: &Acked, public_key: &str) {
@@ -213,14 +197,7 @@ fn assert_torn_writes_cut(cluster: &Cluster, i: usize, cuts: usize) {
 }
 
 async fn disks_and_cluster(tmp: &Path) -> Option<(Vec<LoopDisk>, Arc<Cluster>)> {
-    let mut disks = Vec::new();
-    for i in 0..3 {
-        disks.push(loop_disk::loop_disk_or_skip(
-            tmp,
-            &format!("node-{}", i + 1),
-            96,
-        )?);
-    }
+    let disks = loop_disk::three_disks(tmp, 96)?;
     let dirs = disks.iter().map(|d| d.dir.join("data")).collect();
     let cluster = Cluster::start_on(3, &["--disk-reserve-mb", "4"], Some(dirs)).await;
     Some((disks, Arc::new(cluster)))

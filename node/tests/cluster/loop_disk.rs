@@ -55,6 +55,14 @@ impl Drop for LoopDisk {
     }
 }
 
+/// One fresh `size_mb` image per node of a three-node cluster, named `node-1`..`node-3`
+/// under `parent` (`None`: loop mounts cannot work here, and the test skips).
+pub fn three_disks(parent: &Path, size_mb: u64) -> Option<Vec<LoopDisk>> {
+    (1..=3)
+        .map(|i| loop_disk_or_skip(parent, &format!("node-{i}"), size_mb))
+        .collect()
+}
+
 pub fn path(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }

@@ -915,3 +915,19 @@ fn stack_digest(pid: u32) -> String {
     // Bounded, so the log tails above stay in view of a report that is cut short.
     out.lines().take(80).map(|l| format!("{l}\n")).collect()
 }
+
+/// Each requested action's input key (`input.k`), with its action id.
+pub fn actions_by_key(log: &[Value]) -> BTreeMap<String, String> {
+    log.iter()
+        .filter(|r| r["kind"] == "action_requested")
+        .map(|r| {
+            (
+                r["payload"]["input"]["k"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+                r["payload"]["action_id"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
