@@ -2,9 +2,8 @@
 //! head statement, propose a round. Followers do nothing; a new leader picks up where
 //! the old one stopped, since what is pending is derived from the applied state.
 
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::disk_reserve::DiskReserve;
 use crate::disk_watch::DiskWatch;

@@ -680,3 +680,19 @@ fn env_number<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String>
         Err(_) => Ok(default),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_stall_is_off_at_zero_and_at_least_a_second_otherwise() {
+        assert_eq!(disk_stall(0), Ok(None));
+        let refused = disk_stall(999).expect_err("under a second");
+        assert!(refused.contains("at least 1000"), "{refused}");
+        assert_eq!(
+            disk_stall(1000),
+            Ok(Some(std::time::Duration::from_secs(1)))
+        );
+    }
+}
