@@ -83,6 +83,7 @@ async fn a_leader_whose_disk_stalls_steps_back_and_the_others_serve() {
         assert_eq!(status, 200, "{body}");
     }
 
+    heads_stated(&cluster, stalled, 2 + 2 * 10).await;
     let frozen = Frozen::new(&disks[stalled].dir);
     // Writes through the two others, each retried with its key until answered: bounded.
     let others: Vec<usize> = (0..3).filter(|i| *i != stalled).collect();
@@ -139,6 +140,31 @@ async fn a_leader_whose_disk_stalls_steps_back_and_the_others_serve() {
     drop(disks);
 }
 
+/// Waits (bounded) until a heads round has stated `bot`'s `records` in node `node`'s own
+/// copy.
+/// Frozen in the middle of applying a heads entry, a node would hold its state's lock
+/// waiting on the frozen writer (ARCHITECTURE, `disk_stall.rs`), and its HTTP would
+/// answer nothing; with every round stated before the freeze, none is applied during
+/// it (applies wait for the log's fsync before they take the lock).
+async fn heads_stated(cluster: &Cluster, node: usize, records: u64) {
+    let start = Instant::now();
+    loop {
+        let url = cluster.url(node, "/v1/agents/bot/head-proof?local=true");
+        let proof: serde_json::Value = match cluster.http.get(url).send().await {
+            Ok(reply) => reply.json().await.unwrap_or_default(),
+            Err(_) => serde_json::Value::Null,
+        };
+        if proof["statement"]["size"].as_u64() == Some(records) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no heads round stated bot's {records} records within 20 s: {proof}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// One action of `bot`'s through node `node`, its input and Idempotency-Key `key`.
 async fn search(
     cluster: &Cluster,
@@ -185,6 +211,7 @@ async fn a_follower_whose_disk_stalls_still_relays_and_says_it_is_not_ready() {
     let public_key = cluster.public_key().await;
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     let stalled = (leader + 1) % 3;
+    heads_stated(&cluster, stalled, 2).await;
     let frozen = Frozen::new(&disks[stalled].dir);
     let start = Instant::now();
     let mut relayed = 0;
