@@ -18,6 +18,7 @@ use lineage_core::guard::{DenyReason, TerminationCause};
 
 use crate::network::peer_contacts::PeerContacts;
 use crate::raft_types::{NodeId, Raft};
+use crate::store::state_machine::SmData;
 use crate::store::{AgentSlot, StateMachine};
 
 /// What the metrics read from a node: its applied state, its Raft, when each peer last
@@ -78,6 +79,7 @@ pub struct Metrics {
     /// disk for stalled (`disk_stall`).
     pub disk_write_in_flight: prometheus::Gauge,
     pub disk_stalled: IntGauge,
+    pub state_write_held: prometheus::Gauge,
     /// Open client connections (`lineage_http_server`).
     http_connections: IntGauge,
     http_connections_closed: IntCounterVec,
@@ -280,6 +282,13 @@ impl Metrics {
              file commit) has been waiting for the disk; 0 when none is.",
         ));
         must(registry.register(Box::new(disk_write_in_flight.clone())));
+        let state_write_held = must(prometheus::Gauge::new(
+            "state_write_held_seconds",
+            "How long one write has held this node's applied state (a heads, operator or \
+             import entry's commit, a checkpoint's flush); 0 when none does. Past a second \
+             the node answers /v1 with 503.",
+        ));
+        must(registry.register(Box::new(state_write_held.clone())));
         let disk_stalled = gauge(
             "disk_stalled",
             "1 while this node's disk has not finished a write for longer than \
@@ -346,6 +355,7 @@ impl Metrics {
             raft_vote_requests,
             raft_requests_refused,
             disk_write_in_flight,
+            state_write_held,
             disk_stalled,
             exported: Mutex::new(BTreeMap::new()),
         }
@@ -374,12 +384,20 @@ impl Metrics {
         exported.insert(key, total);
     }
 
-    /// Sets every state-derived figure from what this node holds now.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one pass over the state sets every figure; split, each part would walk the agents again"
-    )]
-    pub fn refresh(&self, node: &NodeView<'_>) {
+    /// Sets every state-derived figure from what this node holds now: the agents' from
+    /// `state` (`None`: a write holds it, and they keep their last values).
+    pub fn refresh(&self, node: &NodeView<'_>, state: Option<&SmData>) {
+        let held = node.sm.state_write_held_for();
+        self.state_write_held
+            .set(held.map_or(0.0, |held| held.as_secs_f64()));
+        if let Some(state) = state {
+            self.refresh_agents(state);
+        }
+        self.refresh_raft(node);
+    }
+
+    /// The figures that walk every agent, in one pass over the state as applied.
+    fn refresh_agents(&self, data: &SmData) {
         let mut allowed = 0u64;
         let mut pending_decisions = 0u64;
         let mut denied: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -389,7 +407,6 @@ impl Metrics {
         let mut pending_now = 0usize;
         let mut oldest_pending: Option<i64> = None;
         {
-            let data = node.sm.read_data();
             let none = crate::store::imports::ImportPoint::default();
             for (agent_id, slot) in &data.agents {
                 let state = match slot {
@@ -476,7 +493,10 @@ impl Metrics {
         self.pending_approvals.set(pending_now as i64);
         let age = oldest_pending.map_or(0.0, |t| (timestamp::now_micros() - t).max(0) as f64 / 1e6);
         self.oldest_pending_age.set(age);
+    }
 
+    /// The figures Raft's own metrics give.
+    fn refresh_raft(&self, node: &NodeView<'_>) {
         let metrics = node.raft.metrics().borrow().clone();
         self.raft_term.set(metrics.current_term as i64);
         self.raft_leader

@@ -1,5 +1,6 @@
-//! A leader whose disk stops answering: its file system frozen (FIFREEZE), so every write
-//! and fsync on it blocks, as on a hung disk or a stalled network volume. Needs root and
+//! A node whose disk stops answering: its file system frozen (FIFREEZE), so every write
+//! and fsync on it blocks, as on a hung disk or a stalled network volume; the leader's,
+//! a follower's, and a node's state file's alone (its Raft log elsewhere). Needs root and
 //! loop mounts, like the other loop-disk tests (skips without, unless LINEAGE_REQUIRE_LOOP).
 
 #[path = "cluster/loop_disk.rs"]
@@ -143,9 +144,10 @@ async fn a_leader_whose_disk_stalls_steps_back_and_the_others_serve() {
 /// Waits (bounded) until a heads round has stated `bot`'s `records` in node `node`'s own
 /// copy.
 /// Frozen in the middle of applying a heads entry, a node would hold its state's lock
-/// waiting on the frozen writer (ARCHITECTURE, `disk_stall.rs`), and its HTTP would
-/// answer nothing; with every round stated before the freeze, none is applied during
-/// it (applies wait for the log's fsync before they take the lock).
+/// waiting on the frozen writer, and answer `/v1` with "state held" instead of the
+/// disk-stall answer these tests look for (that case has a test of its own below); with
+/// every round stated before the freeze, none is applied during it (applies wait for
+/// the log's fsync before they take the lock).
 async fn heads_stated(cluster: &Cluster, node: usize, records: u64) {
     let start = Instant::now();
     loop {
@@ -187,6 +189,11 @@ async fn search(
 /// stalled disk; an agent `bot` and its token. `None`: no loop mounts here (skipped).
 async fn three_on_loop_disks(tmp: &Path) -> Option<(Vec<loop_disk::LoopDisk>, Cluster, String)> {
     let disks = loop_disk::three_disks(tmp, 96)?;
+    let (cluster, token) = cluster_with_bot(&disks).await;
+    Some((disks, cluster, token))
+}
+
+async fn cluster_with_bot(disks: &[loop_disk::LoopDisk]) -> (Cluster, String) {
     let dirs = disks.iter().map(|d| d.dir.join("data")).collect();
     let cluster = Cluster::start_on(3, &["--disk-stall-ms", "2000"], Some(dirs)).await;
     let token = cluster
@@ -196,7 +203,185 @@ async fn three_on_loop_disks(tmp: &Path) -> Option<(Vec<loop_disk::LoopDisk>, Cl
             json!({"budget": 1_000_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}}),
         )
         .await;
-    Some((disks, cluster, token))
+    (cluster, token)
+}
+
+/// A directory of the test's own file system bind-mounted at `at`, unmounted when
+/// dropped.
+struct BindMount(PathBuf);
+
+impl BindMount {
+    fn new(from: &Path, at: &Path) -> BindMount {
+        std::fs::create_dir_all(from).expect("bind source");
+        std::fs::create_dir_all(at).expect("bind target");
+        let status = std::process::Command::new("mount")
+            .args(["--bind", loop_disk::path(from), loop_disk::path(at)])
+            .status()
+            .expect("mount");
+        assert!(status.success(), "mount --bind at {}", at.display());
+        BindMount(at.to_path_buf())
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// A node whose state file's disk stalls while its Raft log's disk answers (the log on
+/// a disk of its own, as many run it). Its log keeps taking entries, so it goes on
+/// applying them, and the first that commits to the state file (a heads round, each
+/// second) holds the state's lock until the disk answers. Before `data_lock`, every
+/// request to that node then waited on the lock, each on one of the runtime's two
+/// workers, and /metrics and /readyz went unanswered too. Now it answers at once: 503
+/// naming the held write to /v1, not ready, the metrics say so; the cluster serves
+/// without it, and once the disk answers it catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_state_disk_stalls_answers_at_once_and_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(disks) = loop_disk::three_disks(tmp.path(), 96) else {
+        return;
+    };
+    // Each node's Raft log on the test's own file system, bind-mounted into its data
+    // directory on the loop disk: freezing the loop disk freezes the state file only.
+    let logs: Vec<BindMount> = disks
+        .iter()
+        .enumerate()
+        .map(|(i, disk)| {
+            BindMount::new(
+                &tmp.path().join(format!("log-{i}")),
+                &disk.dir.join("data").join("raft-log"),
+            )
+        })
+        .collect();
+    let (cluster, token) = cluster_with_bot(&disks).await;
+    let public_key = cluster.public_key().await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    let stalled = (leader + 1) % 3;
+    let mut acked: BTreeMap<String, String> = BTreeMap::new();
+    let mut n = 0;
+    let mut act = async |node: usize| {
+        let key = format!("w-{n}");
+        n += 1;
+        let (status, body) = search(&cluster, node, &token, &key).await;
+        if status == 200 {
+            acked.insert(key, body["action_id"].as_str().unwrap_or("").to_string());
+        }
+        (status, body)
+    };
+    for _ in 0..10 {
+        let (status, body) = act(leader).await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    let frozen = Frozen::new(&disks[stalled].dir);
+    // Writes go on through the leader until the stalled node's state has been held past
+    // a second and it has declared the stall (bounded); its metrics answer throughout.
+    let start = Instant::now();
+    loop {
+        let (status, body) = act(leader).await;
+        assert_eq!(
+            status, 200,
+            "the leader serves without the stalled node: {body}"
+        );
+        let metrics = metrics_answered(&cluster, stalled).await;
+        let held = metrics.get("lineage_state_write_held_seconds").copied();
+        let disk_stalled = metrics.get("lineage_disk_stalled").copied();
+        if held.is_some_and(|h| h >= 1.0) && disk_stalled == Some(1.0) {
+            println!(
+                "state held {:.1} s, the disk declared stalled, {:.1} s after the freeze",
+                held.unwrap_or(0.0),
+                start.elapsed().as_secs_f64()
+            );
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "within 30 s of the freeze the stalled node's state was not held past a second \
+             with the stall declared: held {held:?}, stalled {disk_stalled:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    answers_at_once_while_held(&cluster, stalled, &token).await;
+    for _ in 0..5 {
+        let (status, body) = act(leader).await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    drop(frozen);
+    cluster.wait_ready(stalled, Duration::from_secs(30)).await;
+    let (status, body) = act(stalled).await;
+    assert_eq!(status, 200, "{body}");
+    let log = every_acknowledged_on_every_replica(&cluster, &acked).await;
+    verify_log(&log, &public_key);
+    let metrics = metrics_answered(&cluster, stalled).await;
+    assert_eq!(metrics.get("lineage_state_write_held_seconds"), Some(&0.0));
+    drop(cluster);
+    drop(logs);
+    drop(disks);
+}
+
+/// Node `stalled`, its state held by a write on a frozen disk, answers at once: 503 to
+/// `/v1` reads and writes (more at once than the runtime has workers), not ready,
+/// naming the state file's write.
+async fn answers_at_once_while_held(cluster: &Cluster, stalled: usize, token: &str) {
+    let mut reads = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let request = cluster
+            .http
+            .get(cluster.url(stalled, "/v1/agents/bot"))
+            .bearer_auth(token);
+        reads.spawn(async move {
+            let reply = request
+                .send()
+                .await
+                .expect("a read of the stalled node answers");
+            (
+                reply.status().as_u16(),
+                reply.text().await.unwrap_or_default(),
+            )
+        });
+    }
+    while let Some(read) = reads.join_next().await {
+        let (status, body) = read.expect("read task");
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("held by one write"), "{body}");
+    }
+    let (status, body) = search(cluster, stalled, token, "refused").await;
+    assert_eq!(status, 503, "a write to the stalled node: {body}");
+    let ready = cluster
+        .http
+        .get(cluster.url(stalled, "/readyz"))
+        .send()
+        .await
+        .expect("readyz answers");
+    assert_eq!(ready.status().as_u16(), 503);
+    let ready: serde_json::Value = ready.json().await.expect("json");
+    assert!(
+        ready["disk_stalled"]
+            .as_str()
+            .is_some_and(|why| why.contains("state_file")),
+        "{ready}"
+    );
+}
+
+/// Node `node`'s metrics, which must answer (within the client's 5 s).
+async fn metrics_answered(cluster: &Cluster, node: usize) -> BTreeMap<String, f64> {
+    let reply = cluster
+        .http
+        .get(cluster.url(node, "/metrics"))
+        .send()
+        .await
+        .unwrap_or_else(|e| {
+            panic!("node {node}'s /metrics did not answer (its HTTP waits on its held state?): {e}")
+        });
+    assert!(reply.status().is_success(), "{}", reply.status());
+    util::parse_metrics(&reply.text().await.expect("metrics body"))
 }
 
 /// A follower whose disk stalls still relays what it is asked to the leader, which needs

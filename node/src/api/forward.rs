@@ -18,6 +18,12 @@ use crate::app::{App, AppError, Lead};
 const FORWARDED_HEADER: &str = "x-lineage-forwarded";
 /// Request headers the leader needs to see.
 const FORWARDED_REQUEST_HEADERS: [&str; 3] = ["authorization", "content-type", "idempotency-key"];
+/// How long one write may have held the node's state before `/v1` requests are refused
+/// at once rather than left to wait for it (`StateMachine::state_write_held_for`). An
+/// apply holds it for well under a millisecond; past a second its commit is waiting on
+/// a disk that does not answer (or a snapshot is being installed), and every request
+/// here would only queue behind it.
+pub const STATE_HELD_REFUSE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Serves here when this node leads, otherwise forwards to the leader.
 pub async fn route_to_leader(
@@ -31,6 +37,19 @@ pub async fn route_to_leader(
             "local=true is for GET reads of this node's copy; writes always go to the leader"
                 .into(),
         )
+        .into_response();
+    }
+    if let Some(held) = app
+        .sm
+        .state_write_held_for()
+        .filter(|held| *held >= STATE_HELD_REFUSE_AFTER)
+    {
+        // Every /v1 route reads the state (the token check at least): none would answer
+        // until that write ends.
+        return ApiError::unavailable(format!(
+            "this node's state has been held by one write for {:.1} s (its disk may have stalled); ask another node",
+            held.as_secs_f64()
+        ))
         .into_response();
     }
     if let Some(why) = app

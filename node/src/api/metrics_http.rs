@@ -17,13 +17,33 @@ use crate::metrics::NodeView;
 
 /// `GET /metrics`.
 pub async fn serve(State(app): State<Arc<App>>) -> Response {
-    app.metrics.refresh(&NodeView {
-        id: app.id,
-        sm: &app.sm,
-        raft: &app.raft,
-        committed_index: app.committed_index.load(Ordering::Relaxed),
-        peers: &app.peers,
-    });
+    // The agents' figures need the applied state. A write may hold it (an apply, for
+    // well under a millisecond; a commit on a stalled disk, for as long as the disk
+    // takes): wait for it, off the worker and without holding it, only as long as a
+    // request would (`STATE_HELD_REFUSE_AFTER`), then answer with those figures as
+    // they last were.
+    let waited = Instant::now();
+    let state = loop {
+        if let Some(state) = app.sm.try_read_data() {
+            break Some(state);
+        }
+        let held = app.sm.state_write_held_for().unwrap_or_default();
+        if held.max(waited.elapsed()) >= super::forward::STATE_HELD_REFUSE_AFTER {
+            break None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    };
+    app.metrics.refresh(
+        &NodeView {
+            id: app.id,
+            sm: &app.sm,
+            raft: &app.raft,
+            committed_index: app.committed_index.load(Ordering::Relaxed),
+            peers: &app.peers,
+        },
+        state.as_deref(),
+    );
+    drop(state);
     match app.metrics.render() {
         Ok(text) => ([(CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
         Err(e) => ApiError::Internal(e).into_response(),

@@ -20,12 +20,14 @@ use redb::{Database, ReadableTable, TableDefinition};
 use serde::Serialize;
 
 mod apply;
+mod data_lock;
 mod overlay;
 mod snapshot;
 mod snapshot_body;
 
 pub use apply::check_extends;
 use apply::fold_into;
+use data_lock::{DataLock, WriteHold};
 use overlay::Unflushed;
 
 use super::agent_checkpoint;
@@ -157,7 +159,7 @@ pub struct SmData {
 #[derive(Clone)]
 pub struct StateMachine {
     db: Arc<Database>,
-    pub data: Arc<RwLock<SmData>>,
+    data: Arc<DataLock<SmData>>,
     /// The last snapshot built or installed (`snapshot::snapshot_now`).
     latest_snapshot: Arc<RwLock<Option<SnapshotMeta<NodeId, BasicNode>>>>,
     /// Commits applied rows behind the applies (and durably every fsync interval: the
@@ -280,7 +282,7 @@ impl StateMachine {
         .map_err(sm_err)?;
         let sm = StateMachine {
             db,
-            data: Arc::new(RwLock::new(SmData::default())),
+            data: Arc::new(DataLock::new(SmData::default())),
             latest_snapshot: Arc::new(RwLock::new(None)),
             writer,
             next_batch: Arc::default(),
@@ -360,14 +362,24 @@ impl StateMachine {
         self.writer.barrier().map_err(sm_err)
     }
 
-    fn write_data(&self) -> std::sync::RwLockWriteGuard<'_, SmData> {
-        // A panic while holding the lock is a bug we cannot recover from consistently;
-        // the data itself is rebuilt from disk on restart.
-        self.data.write().unwrap_or_else(|p| p.into_inner())
+    fn write_data(&self) -> WriteHold<'_, SmData> {
+        self.data.write()
     }
 
     pub fn read_data(&self) -> std::sync::RwLockReadGuard<'_, SmData> {
-        self.data.read().unwrap_or_else(|p| p.into_inner())
+        self.data.read()
+    }
+
+    /// The state to read if no write holds it or waits for it now (`None`: try later).
+    pub fn try_read_data(&self) -> Option<std::sync::RwLockReadGuard<'_, SmData>> {
+        self.data.try_read()
+    }
+
+    /// How long the write holding the state now has held it (`None`: none does). An
+    /// apply holds it for a few hundred µs; a heads, operator or import entry's commit,
+    /// or a checkpoint's flush, holds it while the disk takes a write.
+    pub fn state_write_held_for(&self) -> Option<std::time::Duration> {
+        self.data.write_held_for()
     }
 
     fn load_from_disk(&self) -> Result<SmData, StorageError> {
