@@ -78,6 +78,9 @@ pub struct App {
     /// The durable writes in flight, and whether the disk is held for stalled
     /// (`disk_stall`); none: never stalled (nodes built in-process by tests).
     disk_watch: Option<Arc<crate::disk_watch::DiskWatch>>,
+    /// How long readers of the state may have been kept out before requests that read
+    /// it are refused at once (`state_busy`): --disk-stall-ms.
+    state_refuse_after: Option<std::time::Duration>,
     batcher: Batcher,
     lanes: Lanes,
     /// Agent ids that may not be created: reference guard logs for them lie in the data
@@ -92,6 +95,11 @@ pub struct App {
 
 /// Whole-log reads at once (`App::whole_log_reads`).
 const WHOLE_LOG_READS: usize = 2;
+/// Requests that may wait for the state's lock at once, each on a thread of tokio's
+/// blocking pool (512 by default, shared with applies and file work): past this one
+/// more is refused at once (`App::state_busy`). Requests wait only while a write holds
+/// or waits for the lock: an apply's few hundred µs, a heads commit's fsync.
+const MAX_STATE_WAITERS: usize = 256;
 /// Writes with a token this node does not know, relayed at once (`App::unverified_forwards`).
 const UNVERIFIED_FORWARDS: usize = 4;
 
@@ -174,6 +182,9 @@ pub enum AppError {
     NoLeader,
     #[error("{0}")]
     Unavailable(String),
+    /// The state cannot be read here soon (`App::state_busy`).
+    #[error("{0}")]
+    StateBusy(String),
     /// A decision was made on state that was behind the log; it was not applied.
     #[error("the write was decided on stale state ({0}); retry")]
     Stale(String),
@@ -222,6 +233,7 @@ impl App {
             id,
             elections: None,
             disk_watch: None,
+            state_refuse_after: None,
             metrics,
             committed_index,
             batcher: Batcher::spawn(raft.clone()),
@@ -257,6 +269,32 @@ impl App {
     pub fn with_disk_watch(mut self, watch: Arc<crate::disk_watch::DiskWatch>) -> Self {
         self.disk_watch = Some(watch);
         self
+    }
+
+    /// Refuses requests that read the state at once once its readers have been kept
+    /// out for `after` (`None`: never for how long, only for how many wait).
+    pub fn with_state_refuse_after(mut self, after: Option<std::time::Duration>) -> Self {
+        self.state_refuse_after = after;
+        self
+    }
+
+    /// Why a request that reads this node's state should not wait for it: a write has
+    /// kept readers out for longer than the node judges its disk stalled after (a commit
+    /// waiting on that disk), or too many already wait (each on a thread of its own,
+    /// `data_lock`).
+    pub fn state_busy(&self) -> Option<String> {
+        let waiters = self.sm.state_waiters();
+        if waiters >= MAX_STATE_WAITERS {
+            return Some(format!(
+                "{waiters} requests are already waiting for this node's state"
+            ));
+        }
+        let after = self.state_refuse_after?;
+        let blocked = self.sm.state_blocked_for().filter(|b| *b >= after)?;
+        Some(format!(
+            "this node's state has been held by a write waiting on its disk for {:.1} s",
+            blocked.as_secs_f64()
+        ))
     }
 
     /// Why this node steps back while its disk is stalled (`disk_stall`): the write that

@@ -405,7 +405,8 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         .with_disk_reserve(disk)
         .with_peer_contacts(peer_contacts)
         .with_elections(elections)
-        .with_disk_watch(disk_watch),
+        .with_disk_watch(disk_watch)
+        .with_state_refuse_after(config.disk_stall_after),
     );
     let connection_metrics = app.metrics.clone();
 

@@ -79,7 +79,8 @@ pub struct Metrics {
     /// disk for stalled (`disk_stall`).
     pub disk_write_in_flight: prometheus::Gauge,
     pub disk_stalled: IntGauge,
-    pub state_write_held: prometheus::Gauge,
+    pub state_blocked: prometheus::Gauge,
+    pub state_waiters: IntGauge,
     /// Open client connections (`lineage_http_server`).
     http_connections: IntGauge,
     http_connections_closed: IntCounterVec,
@@ -282,13 +283,19 @@ impl Metrics {
              file commit) has been waiting for the disk; 0 when none is.",
         ));
         must(registry.register(Box::new(disk_write_in_flight.clone())));
-        let state_write_held = must(prometheus::Gauge::new(
-            "state_write_held_seconds",
-            "How long one write has held this node's applied state (a heads, operator or \
-             import entry's commit, a checkpoint's flush); 0 when none does. Past a second \
-             the node answers /v1 with 503.",
+        let state_blocked = must(prometheus::Gauge::new(
+            "state_blocked_seconds",
+            "How long readers of this node's applied state have been kept out by a write \
+             holding it or queued for it (a heads, operator or import entry's commit, a \
+             checkpoint's flush, a snapshot's); 0 when they are not. Past --disk-stall-ms \
+             requests that read it are answered 503 at once.",
         ));
-        must(registry.register(Box::new(state_write_held.clone())));
+        must(registry.register(Box::new(state_blocked.clone())));
+        let state_waiters = gauge(
+            "state_waiters",
+            "Requests and tasks waiting for this node's applied state, each on a thread of \
+             its own; past 256 requests that read it are answered 503 at once.",
+        );
         let disk_stalled = gauge(
             "disk_stalled",
             "1 while this node's disk has not finished a write for longer than \
@@ -355,7 +362,8 @@ impl Metrics {
             raft_vote_requests,
             raft_requests_refused,
             disk_write_in_flight,
-            state_write_held,
+            state_blocked,
+            state_waiters,
             disk_stalled,
             exported: Mutex::new(BTreeMap::new()),
         }
@@ -384,20 +392,26 @@ impl Metrics {
         exported.insert(key, total);
     }
 
-    /// Sets every state-derived figure from what this node holds now: the agents' from
-    /// `state` (`None`: a write holds it, and they keep their last values).
-    pub fn refresh(&self, node: &NodeView<'_>, state: Option<&SmData>) {
-        let held = node.sm.state_write_held_for();
-        self.state_write_held
-            .set(held.map_or(0.0, |held| held.as_secs_f64()));
-        if let Some(state) = state {
-            self.refresh_agents(state);
-        }
+    /// Sets the figures Raft's metrics and the state's lock give.
+    pub fn refresh(&self, node: &NodeView<'_>) {
+        let blocked = node.sm.state_blocked_for();
+        self.state_blocked
+            .set(blocked.map_or(0.0, |blocked| blocked.as_secs_f64()));
+        self.state_waiters
+            .set(i64::try_from(node.sm.state_waiters()).unwrap_or(i64::MAX));
         self.refresh_raft(node);
     }
 
+    /// Sets the figures that walk every agent from `state` (`None`: a write keeps it,
+    /// and they keep their last values).
+    pub fn refresh_agents(&self, state: Option<&SmData>) {
+        if let Some(state) = state {
+            self.refresh_state(state);
+        }
+    }
+
     /// The figures that walk every agent, in one pass over the state as applied.
-    fn refresh_agents(&self, data: &SmData) {
+    fn refresh_state(&self, data: &SmData) {
         let mut allowed = 0u64;
         let mut pending_decisions = 0u64;
         let mut denied: BTreeMap<&'static str, u64> = BTreeMap::new();

@@ -236,10 +236,12 @@ impl Drop for BindMount {
 /// a disk of its own, as many run it). Its log keeps taking entries, so it goes on
 /// applying them, and the first that commits to the state file (a heads round, each
 /// second) holds the state's lock until the disk answers. Before `data_lock`, every
-/// request to that node then waited on the lock, each on one of the runtime's two
-/// workers, and /metrics and /readyz went unanswered too. Now it answers at once: 503
-/// naming the held write to /v1, not ready, the metrics say so; the cluster serves
-/// without it, and once the disk answers it catches up.
+/// request to that node that read its state then waited on the lock, each on one of
+/// the runtime's two workers, and /metrics and /readyz went unanswered too (this test
+/// fails so with the waits left on the workers). Now those requests wait off the
+/// workers, the metrics answer and count them, and past --disk-stall-ms the node
+/// answers what reads its state with 503 at once, says it is not ready, and serves reads
+/// it relays; the cluster serves without it, and once the disk answers it catches up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_state_disk_stalls_answers_at_once_and_says_why() {
     let tmp = tempfile::tempdir().unwrap();
@@ -279,9 +281,15 @@ async fn a_node_whose_state_disk_stalls_answers_at_once_and_says_why() {
     }
 
     let frozen = Frozen::new(&disks[stalled].dir);
+    // Reads of the stalled node from the freeze on, ten a second for four seconds: those
+    // sent once the state is held and before the refusals begin wait for it, each off
+    // the runtime's workers, or the metrics below would go unanswered.
+    let waiting = waiting_reads(&cluster, stalled, &token);
     // Writes go on through the leader until the stalled node's state has been held past
-    // a second and it has declared the stall (bounded); its metrics answer throughout.
+    // --disk-stall-ms and it has declared the stall (bounded); its metrics answer
+    // throughout.
     let start = Instant::now();
+    let mut most_waiting = 0.0f64;
     loop {
         let (status, body) = act(leader).await;
         assert_eq!(
@@ -289,11 +297,14 @@ async fn a_node_whose_state_disk_stalls_answers_at_once_and_says_why() {
             "the leader serves without the stalled node: {body}"
         );
         let metrics = metrics_answered(&cluster, stalled).await;
-        let held = metrics.get("lineage_state_write_held_seconds").copied();
+        let waiting_now = metrics.get("lineage_state_waiters").copied().unwrap_or(0.0);
+        most_waiting = most_waiting.max(waiting_now);
+        let held = metrics.get("lineage_state_blocked_seconds").copied();
         let disk_stalled = metrics.get("lineage_disk_stalled").copied();
-        if held.is_some_and(|h| h >= 1.0) && disk_stalled == Some(1.0) {
+        if held.is_some_and(|h| h >= 2.0) && disk_stalled == Some(1.0) {
             println!(
-                "state held {:.1} s, the disk declared stalled, {:.1} s after the freeze",
+                "state held {:.1} s, the disk declared stalled, {:.1} s after the freeze; \
+                 at most {most_waiting} reads seen waiting for it",
                 held.unwrap_or(0.0),
                 start.elapsed().as_secs_f64()
             );
@@ -301,12 +312,17 @@ async fn a_node_whose_state_disk_stalls_answers_at_once_and_says_why() {
         }
         assert!(
             start.elapsed() < Duration::from_secs(30),
-            "within 30 s of the freeze the stalled node's state was not held past a second \
-             with the stall declared: held {held:?}, stalled {disk_stalled:?}"
+            "within 30 s of the freeze the stalled node's state was not held past 2 s with \
+             the stall declared: held {held:?}, stalled {disk_stalled:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
+    // More than the runtime's two workers waited, and the metrics still answered.
+    assert!(
+        most_waiting > 2.0,
+        "at most {most_waiting} reads were seen waiting for the held state"
+    );
     answers_at_once_while_held(&cluster, stalled, &token).await;
     for _ in 0..5 {
         let (status, body) = act(leader).await;
@@ -314,27 +330,31 @@ async fn a_node_whose_state_disk_stalls_answers_at_once_and_says_why() {
     }
 
     drop(frozen);
+    let not_served = waiting.await.expect("waiting reads");
+    println!("{not_served} of the 40 reads sent in the first 4 s were refused");
     cluster.wait_ready(stalled, Duration::from_secs(30)).await;
     let (status, body) = act(stalled).await;
     assert_eq!(status, 200, "{body}");
     let log = every_acknowledged_on_every_replica(&cluster, &acked).await;
     verify_log(&log, &public_key);
     let metrics = metrics_answered(&cluster, stalled).await;
-    assert_eq!(metrics.get("lineage_state_write_held_seconds"), Some(&0.0));
+    let blocked = metrics.get("lineage_state_blocked_seconds").copied();
+    assert!(blocked.is_some_and(|b| b < 1.0), "{blocked:?}");
     drop(cluster);
     drop(logs);
     drop(disks);
 }
 
 /// Node `stalled`, its state held by a write on a frozen disk, answers at once: 503 to
-/// `/v1` reads and writes (more at once than the runtime has workers), not ready,
-/// naming the state file's write.
+/// reads of its own copy (more at once than the runtime has workers) and to a write
+/// (its token is checked there before it is relayed), not ready, naming the state
+/// file's write. A read it relays to the leader needs none of its state, and is served.
 async fn answers_at_once_while_held(cluster: &Cluster, stalled: usize, token: &str) {
     let mut reads = tokio::task::JoinSet::new();
     for _ in 0..8 {
         let request = cluster
             .http
-            .get(cluster.url(stalled, "/v1/agents/bot"))
+            .get(cluster.url(stalled, "/v1/agents/bot?local=true"))
             .bearer_auth(token);
         reads.spawn(async move {
             let reply = request
@@ -350,10 +370,15 @@ async fn answers_at_once_while_held(cluster: &Cluster, stalled: usize, token: &s
     while let Some(read) = reads.join_next().await {
         let (status, body) = read.expect("read task");
         assert_eq!(status, 503, "{body}");
-        assert!(body.contains("held by one write"), "{body}");
+        assert!(
+            body.contains("held by a write waiting on its disk"),
+            "{body}"
+        );
     }
     let (status, body) = search(cluster, stalled, token, "refused").await;
     assert_eq!(status, 503, "a write to the stalled node: {body}");
+    let (status, body) = cluster.get(stalled, "/v1/agents/bot", token).await;
+    assert_eq!(status, 200, "a read relayed to the leader: {body}");
     let ready = cluster
         .http
         .get(cluster.url(stalled, "/readyz"))
@@ -368,6 +393,31 @@ async fn answers_at_once_while_held(cluster: &Cluster, stalled: usize, token: &s
             .is_some_and(|why| why.contains("state_file")),
         "{ready}"
     );
+}
+
+/// Sends reads of node `node`'s own copy of `bot` ten a second for four seconds, without waiting
+/// for their answers; the task ends once every one has an answer or its client gave up
+/// (5 s), and says how many were not served (those that waited are served after the
+/// thaw).
+fn waiting_reads(cluster: &Cluster, node: usize, token: &str) -> tokio::task::JoinHandle<usize> {
+    let http = cluster.http.clone();
+    let url = cluster.url(node, "/v1/agents/bot?local=true");
+    let token = token.to_string();
+    tokio::spawn(async move {
+        let mut reads = tokio::task::JoinSet::new();
+        for _ in 0..40 {
+            let request = http.get(url.clone()).bearer_auth(&token);
+            reads.spawn(async move { request.send().await.map(|r| r.status().as_u16()) });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut not_served = 0;
+        while let Some(read) = reads.join_next().await {
+            if !matches!(read, Ok(Ok(200))) {
+                not_served += 1;
+            }
+        }
+        not_served
+    })
 }
 
 /// Node `node`'s metrics, which must answer (within the client's 5 s).

@@ -18,13 +18,6 @@ use crate::app::{App, AppError, Lead};
 const FORWARDED_HEADER: &str = "x-lineage-forwarded";
 /// Request headers the leader needs to see.
 const FORWARDED_REQUEST_HEADERS: [&str; 3] = ["authorization", "content-type", "idempotency-key"];
-/// How long one write may have held the node's state before `/v1` requests are refused
-/// at once rather than left to wait for it (`StateMachine::state_write_held_for`). An
-/// apply holds it for well under a millisecond; past a second its commit is waiting on
-/// a disk that does not answer (or a snapshot is being installed), and every request
-/// here would only queue behind it.
-pub const STATE_HELD_REFUSE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// Serves here when this node leads, otherwise forwards to the leader.
 pub async fn route_to_leader(
     State(app): State<Arc<App>>,
@@ -39,18 +32,14 @@ pub async fn route_to_leader(
         )
         .into_response();
     }
-    if let Some(held) = app
-        .sm
-        .state_write_held_for()
-        .filter(|held| *held >= STATE_HELD_REFUSE_AFTER)
+    if let Some(why) = app
+        .state_busy()
+        .filter(|_| reads_state_here(&app, &request))
     {
-        // Every /v1 route reads the state (the token check at least): none would answer
-        // until that write ends.
-        return ApiError::unavailable(format!(
-            "this node's state has been held by one write for {:.1} s (its disk may have stalled); ask another node",
-            held.as_secs_f64()
-        ))
-        .into_response();
+        // Waiting would hold this request (and a thread) until the disk answers, or
+        // add to too many already waiting (`data_lock`): say so at once instead.
+        return ApiError::App(AppError::StateBusy(format!("{why}; ask another node")))
+            .into_response();
     }
     if let Some(why) = app
         .disk_stalled()
@@ -137,6 +126,15 @@ fn serves_here_on_its_disk(app: &App, request: &Request) -> bool {
         return !is_read(request.method()) && !asks_for_local_copy(request);
     }
     app.raft.metrics().borrow().current_leader == Some(app.id)
+}
+
+/// Whether this node reads its own state for `request`: what it serves itself, and a
+/// write it relays (its token is checked here first, `auth::principal_before_body`); a
+/// read it relays is not looked at here.
+fn reads_state_here(app: &App, request: &Request) -> bool {
+    !is_read(request.method())
+        || serves_locally(request)
+        || app.raft.metrics().borrow().current_leader == Some(app.id)
 }
 
 /// Node-local answers: the public key, `?local=true` reads of a node's own copy, and

@@ -15,35 +15,46 @@ use super::error::ApiError;
 use crate::app::App;
 use crate::metrics::NodeView;
 
-/// `GET /metrics`.
-pub async fn serve(State(app): State<Arc<App>>) -> Response {
-    // The agents' figures need the applied state. A write may hold it (an apply, for
-    // well under a millisecond; a commit on a stalled disk, for as long as the disk
-    // takes): wait for it, off the worker and without holding it, only as long as a
-    // request would (`STATE_HELD_REFUSE_AFTER`), then answer with those figures as
-    // they last were.
+/// How long a scrape waits for the applied state before it answers with the agents'
+/// figures as they last were.
+const STATE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The applied state for the agents' figures, unless a write keeps it for longer than
+/// `STATE_WAIT` (a commit on a stalled disk). Polled without holding it; once holders
+/// are seen to come and go quickly (applies), the scrape queues with them.
+async fn state_for_metrics(
+    app: &App,
+) -> Option<std::sync::RwLockReadGuard<'_, crate::store::state_machine::SmData>> {
     let waited = Instant::now();
-    let state = loop {
+    loop {
         if let Some(state) = app.sm.try_read_data() {
-            break Some(state);
+            return Some(state);
         }
-        let held = app.sm.state_write_held_for().unwrap_or_default();
-        if held.max(waited.elapsed()) >= super::forward::STATE_HELD_REFUSE_AFTER {
-            break None;
+        let blocked = app.sm.state_blocked_for().unwrap_or_default();
+        if blocked.max(waited.elapsed()) >= STATE_WAIT {
+            return None;
+        }
+        if waited.elapsed() >= std::time::Duration::from_millis(20)
+            && blocked < std::time::Duration::from_millis(20)
+        {
+            return Some(app.sm.read_data());
         }
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    };
-    app.metrics.refresh(
-        &NodeView {
-            id: app.id,
-            sm: &app.sm,
-            raft: &app.raft,
-            committed_index: app.committed_index.load(Ordering::Relaxed),
-            peers: &app.peers,
-        },
-        state.as_deref(),
-    );
+    }
+}
+
+/// `GET /metrics`.
+pub async fn serve(State(app): State<Arc<App>>) -> Response {
+    let state = state_for_metrics(&app).await;
+    app.metrics.refresh_agents(state.as_deref());
     drop(state);
+    app.metrics.refresh(&NodeView {
+        id: app.id,
+        sm: &app.sm,
+        raft: &app.raft,
+        committed_index: app.committed_index.load(Ordering::Relaxed),
+        peers: &app.peers,
+    });
     match app.metrics.render() {
         Ok(text) => ([(CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
         Err(e) => ApiError::Internal(e).into_response(),

@@ -1,16 +1,19 @@
-//! The lock over the applied state. Beyond a plain `RwLock` it does two things, both for
-//! a holder that waits on a stalled disk (a heads, operator or import entry commits
-//! under the write lock, and a checkpoint flushes under it):
+//! The lock over the applied state. Beyond a plain `RwLock` it does two things, for a
+//! holder that waits on a stalled disk (a heads, operator or import entry commits under
+//! the write lock; a checkpoint flushes under it; a snapshot's view flushes under a
+//! read hold, which a writer then queues behind, and readers behind that writer):
 //! - a wait for it on one of tokio's worker threads is moved off that worker
-//!   (`block_in_place`), so requests stuck behind such a holder cannot take every worker,
-//!   and the node's health, readiness and metrics still answer;
-//! - it says how long the current write hold has lasted, so the HTTP layer can refuse
-//!   at once past a limit (`api::forward`), instead of piling up waiting requests.
+//!   (`block_in_place`), so requests stuck behind such a holder do not take every
+//!   worker, and the node's health, readiness and metrics still answer;
+//! - it says how long readers have been kept out (a write holding it, or a writer
+//!   waiting for it), and how many threads wait, so the HTTP layer can refuse at once
+//!   past a limit (`api::forward`) instead of piling up waiting requests (each waits
+//!   on a thread of tokio's blocking pool, which is finite).
 //!
-//! The uncontended path is one `try_read`/`try_write`, as before.
+//! Uncontended, a hold is one `try_read`/`try_write`, and a write's reads the clock.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -18,6 +21,12 @@ pub struct DataLock<T> {
     lock: RwLock<T>,
     /// When the current write hold began: µs since `epoch`, plus one; 0 while none.
     write_held_since: AtomicU64,
+    /// When a writer that found the lock taken began to wait, the same way (the first
+    /// such writer marks it, and clears it once it holds the lock; readers wait behind
+    /// a waiting writer).
+    writer_waiting_since: AtomicU64,
+    /// Threads waiting for the lock off a worker.
+    waiters: AtomicUsize,
     epoch: Instant,
 }
 
@@ -53,6 +62,8 @@ impl<T> DataLock<T> {
         DataLock {
             lock: RwLock::new(value),
             write_held_since: AtomicU64::new(0),
+            writer_waiting_since: AtomicU64::new(0),
+            waiters: AtomicUsize::new(0),
             epoch: Instant::now(),
         }
     }
@@ -65,7 +76,7 @@ impl<T> DataLock<T> {
             Ok(guard) => guard,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => {
-                off_the_worker(|| self.lock.read().unwrap_or_else(|p| p.into_inner()))
+                self.wait(|| self.lock.read().unwrap_or_else(|p| p.into_inner()))
             }
         }
     }
@@ -85,11 +96,18 @@ impl<T> DataLock<T> {
             Ok(guard) => guard,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => {
-                off_the_worker(|| self.lock.write().unwrap_or_else(|p| p.into_inner()))
+                let marked = self
+                    .writer_waiting_since
+                    .compare_exchange(0, self.now(), Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok();
+                let guard = self.wait(|| self.lock.write().unwrap_or_else(|p| p.into_inner()));
+                if marked {
+                    self.writer_waiting_since.store(0, Ordering::Release);
+                }
+                guard
             }
         };
-        let now = self.epoch.elapsed().as_micros() as u64;
-        self.write_held_since.store(now + 1, Ordering::Release);
+        self.write_held_since.store(self.now(), Ordering::Release);
         WriteHold {
             guard,
             since: &self.write_held_since,
@@ -98,12 +116,38 @@ impl<T> DataLock<T> {
 
     /// How long the current write hold has lasted (`None`: no write holds it).
     pub fn write_held_for(&self) -> Option<Duration> {
-        let since = self
-            .write_held_since
-            .load(Ordering::Acquire)
-            .checked_sub(1)?;
-        let now = self.epoch.elapsed().as_micros() as u64;
-        Some(Duration::from_micros(now.saturating_sub(since)))
+        self.age(&self.write_held_since)
+    }
+
+    /// How long a reader arriving now would have been kept out: the longer of the
+    /// current write hold and the wait of a writer queued for the lock (`None`: neither).
+    pub fn readers_kept_out_for(&self) -> Option<Duration> {
+        match (self.write_held_for(), self.age(&self.writer_waiting_since)) {
+            (Some(held), Some(waited)) => Some(held.max(waited)),
+            (held, waited) => held.or(waited),
+        }
+    }
+
+    /// Threads waiting for the lock now (each on a thread of its own).
+    pub fn waiters(&self) -> usize {
+        self.waiters.load(Ordering::Relaxed)
+    }
+
+    fn wait<R>(&self, wait: impl FnOnce() -> R) -> R {
+        self.waiters.fetch_add(1, Ordering::Relaxed);
+        let result = off_the_worker(wait);
+        self.waiters.fetch_sub(1, Ordering::Relaxed);
+        result
+    }
+
+    /// Now as a mark: µs since `epoch`, plus one (0 means "no mark").
+    fn now(&self) -> u64 {
+        (self.epoch.elapsed().as_micros() as u64).saturating_add(1)
+    }
+
+    fn age(&self, mark: &AtomicU64) -> Option<Duration> {
+        let since = mark.load(Ordering::Acquire);
+        (since != 0).then(|| Duration::from_micros(self.now().saturating_sub(since)))
     }
 }
 
@@ -141,6 +185,36 @@ mod tests {
         assert_eq!(lock.write_held_for(), None);
         assert_eq!(*lock.read(), 1);
         assert_eq!(lock.try_read().map(|g| *g), Some(1));
+    }
+
+    /// A long read hold (a snapshot's view flushing on a slow disk) with a writer queued
+    /// behind it keeps readers out too: that is counted from when the writer began to
+    /// wait, and the waiting writer is counted.
+    #[test]
+    fn a_writer_waiting_behind_a_long_read_counts_as_keeping_readers_out() {
+        let lock = Arc::new(DataLock::new(0u32));
+        let read = lock.read();
+        let writer = {
+            let lock = lock.clone();
+            std::thread::spawn(move || *lock.write() += 1)
+        };
+        let start = std::time::Instant::now();
+        while lock.waiters() == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no writer waited"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let kept_out = lock.readers_kept_out_for().expect("a writer waits");
+        assert!(kept_out >= Duration::from_millis(20), "{kept_out:?}");
+        assert_eq!(lock.write_held_for(), None);
+        drop(read);
+        writer.join().unwrap();
+        assert_eq!(lock.readers_kept_out_for(), None);
+        assert_eq!(lock.waiters(), 0);
+        assert_eq!(*lock.read(), 1);
     }
 
     /// A holder stuck for as long as the test says (a stalled disk) while the runtime's

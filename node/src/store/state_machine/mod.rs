@@ -375,11 +375,18 @@ impl StateMachine {
         self.data.try_read()
     }
 
-    /// How long the write holding the state now has held it (`None`: none does). An
-    /// apply holds it for a few hundred µs; a heads, operator or import entry's commit,
-    /// or a checkpoint's flush, holds it while the disk takes a write.
-    pub fn state_write_held_for(&self) -> Option<std::time::Duration> {
-        self.data.write_held_for()
+    /// How long a reader of the state arriving now would have been kept out (`None`:
+    /// it would not be). An apply holds the state for a few hundred µs; a heads,
+    /// operator or import entry's commit, or a checkpoint's flush, holds it while the
+    /// disk takes a write, and a snapshot's view flushes under a read hold that a
+    /// writer then queues behind.
+    pub fn state_blocked_for(&self) -> Option<std::time::Duration> {
+        self.data.readers_kept_out_for()
+    }
+
+    /// Threads waiting for the state's lock now.
+    pub fn state_waiters(&self) -> usize {
+        self.data.waiters()
     }
 
     fn load_from_disk(&self) -> Result<SmData, StorageError> {
