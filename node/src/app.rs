@@ -182,9 +182,10 @@ pub enum AppError {
     NoLeader,
     #[error("{0}")]
     Unavailable(String),
-    /// The state cannot be read here soon (`App::state_busy`).
+    /// This node steps back from a disk that has not answered, or from a state a write
+    /// on it holds (`App::disk_stalled`, `App::state_busy`): ask another node.
     #[error("{0}")]
-    StateBusy(String),
+    SteppingBack(String),
     /// A decision was made on state that was behind the log; it was not applied.
     #[error("the write was decided on stale state ({0}); retry")]
     Stale(String),

@@ -232,35 +232,42 @@ impl Drop for BindMount {
     }
 }
 
-/// A node whose state file's disk stalls while its Raft log's disk answers (the log on
-/// a disk of its own, as many run it). Its log keeps taking entries, so it goes on
-/// applying them, and the first that commits to the state file (a heads round, each
-/// second) holds the state's lock until the disk answers. Before `data_lock`, every
-/// request to that node that read its state then waited on the lock, each on one of
-/// the runtime's two workers, and /metrics and /readyz went unanswered too (this test
-/// fails so with the waits left on the workers). Now those requests wait off the
-/// workers, the metrics answer and count them, and past --disk-stall-ms the node
-/// answers what reads its state with 503 at once, says it is not ready, and serves reads
-/// it relays; the cluster serves without it, and once the disk answers it catches up.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_whose_state_disk_stalls_answers_at_once_and_says_why() {
-    let tmp = tempfile::tempdir().unwrap();
-    let Some(disks) = loop_disk::three_disks(tmp.path(), 96) else {
-        return;
-    };
-    // Each node's Raft log on the test's own file system, bind-mounted into its data
-    // directory on the loop disk: freezing the loop disk freezes the state file only.
-    let logs: Vec<BindMount> = disks
+/// Three nodes, each with its state file on a loop disk of its own and its Raft log on
+/// the test's own file system, bind-mounted into its data directory (a log on a disk
+/// of its own, as many run it): freezing a loop disk freezes that node's state file
+/// only. An agent `bot` and its token. `None`: no loop mounts here (skipped).
+async fn three_with_logs_apart(
+    tmp: &Path,
+) -> Option<(Vec<loop_disk::LoopDisk>, Vec<BindMount>, Cluster, String)> {
+    let disks = loop_disk::three_disks(tmp, 96)?;
+    let logs = disks
         .iter()
         .enumerate()
         .map(|(i, disk)| {
             BindMount::new(
-                &tmp.path().join(format!("log-{i}")),
+                &tmp.join(format!("log-{i}")),
                 &disk.dir.join("data").join("raft-log"),
             )
         })
         .collect();
     let (cluster, token) = cluster_with_bot(&disks).await;
+    Some((disks, logs, cluster, token))
+}
+
+/// A node whose state file's disk stalls while its Raft log's answers: its log keeps
+/// taking entries, it applies them, and its writer waits on the disk. Applies wait for
+/// the writer without holding the state (a heads round waits for the writer's backlog
+/// before it takes the lock; so does a run of writes once 256 batches wait), so the
+/// node goes on answering from memory: reads of its own copy, the token check of a
+/// write it relays, its metrics. It declares the stall, and once the disk answers it
+/// catches up. Before, the first heads round after the freeze held the state's lock
+/// while it waited for the writer, and every request that read the state waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_state_disk_stalls_serves_from_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((disks, logs, cluster, token)) = three_with_logs_apart(tmp.path()).await else {
+        return;
+    };
     let public_key = cluster.public_key().await;
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     let stalled = (leader + 1) % 3;
@@ -281,21 +288,130 @@ async fn a_node_whose_state_disk_stalls_answers_at_once_and_says_why() {
     }
 
     let frozen = Frozen::new(&disks[stalled].dir);
-    // Reads of the stalled node from the freeze on, ten a second for four seconds: those
-    // sent once the state is held and before the refusals begin wait for it, each off
-    // the runtime's workers, or the metrics below would go unanswered.
+    // Writes go on through the leader (heads rounds each second with them) until the
+    // stalled node has declared the stall and three seconds have passed (bounded).
+    let start = Instant::now();
+    loop {
+        let (status, body) = act(leader).await;
+        assert_eq!(status, 200, "{body}");
+        let metrics = metrics_answered(&cluster, stalled).await;
+        let blocked = metrics.get("lineage_state_blocked_seconds").copied();
+        assert!(
+            blocked.is_some_and(|b| b < 1.0),
+            "the stalled node's state was held for {blocked:?} s"
+        );
+        if metrics.get("lineage_disk_stalled") == Some(&1.0)
+            && start.elapsed() > Duration::from_secs(3)
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the stalled node did not declare the stall within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut reads = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let request = cluster
+            .http
+            .get(cluster.url(stalled, "/v1/agents/bot?local=true"))
+            .bearer_auth(&token);
+        reads.spawn(async move {
+            let reply = request.send().await.expect("a read of the stalled node");
+            let status = reply.status().as_u16();
+            (
+                status,
+                reply.json::<serde_json::Value>().await.unwrap_or_default(),
+            )
+        });
+    }
+    while let Some(read) = reads.join_next().await {
+        let (status, body) = read.expect("read task");
+        assert_eq!(status, 200, "its own copy, from memory: {body}");
+        assert!(body["actions_allowed"].as_u64() >= Some(10), "{body}");
+    }
+    let (status, body) = act(stalled).await;
+    assert_eq!(status, 200, "a write relayed by the stalled node: {body}");
+    let ready = cluster
+        .http
+        .get(cluster.url(stalled, "/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status().as_u16(), 503, "a stalled node is not ready");
+
+    drop(frozen);
+    cluster.wait_ready(stalled, Duration::from_secs(30)).await;
+    let log = every_acknowledged_on_every_replica(&cluster, &acked).await;
+    verify_log(&log, &public_key);
+    drop(cluster);
+    drop(logs);
+    drop(disks);
+}
+
+/// A node whose state is held by an entry's own commit to the state file (an operator
+/// change here; a heads round, a witnessed note or an import step alike) when that
+/// file's disk stalls, the Raft log's answering. Until the disk answers, every request
+/// that reads the state would wait. Before `data_lock`, each waited on one of the
+/// runtime's two workers, and /metrics and /readyz went unanswered too (this test
+/// fails so with the waits left on the workers). Now those requests wait off the
+/// workers, the metrics answer and count them, and past --disk-stall-ms the node
+/// answers what reads its state with 503 at once, says it is not ready, and serves
+/// reads it relays; the cluster serves without it, and once the disk answers it
+/// catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_state_is_held_by_a_commit_on_a_stalled_disk_answers_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((disks, logs, cluster, token)) = three_with_logs_apart(tmp.path()).await else {
+        return;
+    };
+    let public_key = cluster.public_key().await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    let stalled = (leader + 1) % 3;
+    let mut acked: BTreeMap<String, String> = BTreeMap::new();
+    let mut n = 0;
+    let mut act = async |node: usize| {
+        let key = format!("w-{n}");
+        n += 1;
+        let (status, body) = search(&cluster, node, &token, &key).await;
+        if status == 200 {
+            acked.insert(key, body["action_id"].as_str().unwrap_or("").to_string());
+        }
+        (status, body)
+    };
+    for _ in 0..10 {
+        let (status, body) = act(leader).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // Its writer idle, every heads round applied: the next entry to commit on its own
+    // finds nothing to wait for, takes the lock, and commits on the frozen disk.
+    heads_stated(&cluster, stalled, 2 + 2 * 10).await;
+
+    let frozen = Frozen::new(&disks[stalled].dir);
+    // Reads of the stalled node's own copy from the freeze on, ten a second for four
+    // seconds: those sent once the state is held and before the refusals begin wait for
+    // it, each off the runtime's workers, or the metrics below would go unanswered.
     let waiting = waiting_reads(&cluster, stalled, &token);
-    // Writes go on through the leader until the stalled node's state has been held past
-    // --disk-stall-ms and it has declared the stall (bounded); its metrics answer
-    // throughout.
+    let (status, body) = cluster
+        .post(
+            leader,
+            "/v1/operators",
+            &cluster.admin,
+            json!({"name": "carol", "role": "approver",
+                   "token_sha256": lineage_core::operators::token_sha256("carol's token")}),
+            None,
+        )
+        .await;
+    assert_eq!(
+        status, 200,
+        "an operator added without the stalled node: {body}"
+    );
+    // Its metrics answer throughout, until the state has been held past
+    // --disk-stall-ms and the stall is declared (bounded).
     let start = Instant::now();
     let mut most_waiting = 0.0f64;
     loop {
-        let (status, body) = act(leader).await;
-        assert_eq!(
-            status, 200,
-            "the leader serves without the stalled node: {body}"
-        );
         let metrics = metrics_answered(&cluster, stalled).await;
         let waiting_now = metrics.get("lineage_state_waiters").copied().unwrap_or(0.0);
         most_waiting = most_waiting.max(waiting_now);
@@ -317,7 +433,6 @@ async fn a_node_whose_state_disk_stalls_answers_at_once_and_says_why() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-
     // More than the runtime's two workers waited, and the metrics still answered.
     assert!(
         most_waiting > 2.0,

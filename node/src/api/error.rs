@@ -88,7 +88,7 @@ fn app_status_and_code(error: &AppError) -> (StatusCode, &'static str) {
         AppError::IdReserved(_) => (StatusCode::CONFLICT, "agent_id_reserved"),
         AppError::Quarantined(_) => (StatusCode::SERVICE_UNAVAILABLE, "quarantined"),
         AppError::NoLeader => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
-        AppError::Unavailable(_) | AppError::Stale(_) | AppError::StateBusy(_) => {
+        AppError::Unavailable(_) | AppError::Stale(_) | AppError::SteppingBack(_) => {
             (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
         }
         AppError::Guard(e) => match e {
@@ -142,10 +142,10 @@ impl IntoResponse for ApiError {
         if matches!(self, ApiError::App(AppError::NoLeader)) {
             // Routine while an election runs (and at every start): clients retry.
             tracing::debug!(code, "request failed: no leader yet");
-        } else if matches!(self, ApiError::App(AppError::StateBusy(_))) {
+        } else if matches!(self, ApiError::App(AppError::SteppingBack(_))) {
             // One a request while a disk stalls: `disk_stall` says it once, and the log
             // may be on that disk.
-            tracing::debug!(code, error = %self, "request refused: state busy");
+            tracing::debug!(code, error = %self, "request refused: this node steps back");
         } else if status.is_server_error() {
             tracing::warn!(code, error = %self, "request failed");
         }

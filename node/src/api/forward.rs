@@ -38,7 +38,7 @@ pub async fn route_to_leader(
     {
         // Waiting would hold this request (and a thread) until the disk answers, or
         // add to too many already waiting (`data_lock`): say so at once instead.
-        return ApiError::App(AppError::StateBusy(format!("{why}; ask another node")))
+        return ApiError::App(AppError::SteppingBack(format!("{why}; ask another node")))
             .into_response();
     }
     if let Some(why) = app
@@ -47,7 +47,8 @@ pub async fn route_to_leader(
     {
         // Nothing can become durable here, and the cluster elects a leader without this
         // node (`disk_stall`): say so at once, so the client tries another node.
-        return ApiError::unavailable(format!("{why}; ask another node")).into_response();
+        return ApiError::App(AppError::SteppingBack(format!("{why}; ask another node")))
+            .into_response();
     }
     if serves_locally(&request) {
         if let Some(reason) = app.repairing().filter(|_| asks_for_local_copy(&request)) {

@@ -24,7 +24,7 @@ const STATE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// are seen to come and go quickly (applies), the scrape queues with them.
 async fn state_for_metrics(
     app: &App,
-) -> Option<std::sync::RwLockReadGuard<'_, crate::store::state_machine::SmData>> {
+) -> Option<parking_lot::RwLockReadGuard<'_, crate::store::state_machine::SmData>> {
     let waited = Instant::now();
     loop {
         if let Some(state) = app.sm.try_read_data() {

@@ -149,6 +149,14 @@ impl SmWriter {
         let _ = self.state.disk_watch.set(watch);
     }
 
+    /// Marks a commit to the state file made beside the writer, while the writer has
+    /// nothing to commit (an entry committed on its own after a barrier), as in flight
+    /// until the guard is dropped: it shares the writer's slot, which is free then.
+    pub fn commit_in_flight(&self) -> Option<crate::disk_watch::Writing<'_>> {
+        let watch = self.state.disk_watch.get()?;
+        Some(watch.writing(crate::disk_watch::DiskWrite::StateFile))
+    }
+
     pub fn set_fsync_interval(&self, interval: Duration) {
         self.state
             .fsync_interval_ms

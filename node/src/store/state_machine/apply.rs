@@ -69,17 +69,69 @@ impl StateMachine {
         if let (Some(log), Some(last)) = (&self.durable_log, entries.last()) {
             log.wait_durable(last.log_id).map_err(sm_err)?;
         }
+        // Errors end here for good: openraft stops the node on a state machine error, and
+        // a restart rebuilds memory from disk and re-applies from the log.
+        let mut outcomes = Vec::with_capacity(entries.len());
+        let mut run = Vec::new();
+        for entry in entries {
+            match entry.payload {
+                EntryPayload::Normal(proposal) if !matches!(proposal, Proposal::Writes(_)) => {
+                    if !run.is_empty() {
+                        outcomes.extend(self.apply_run(std::mem::take(&mut run))?);
+                    }
+                    outcomes.push(self.apply_own_commit(entry.log_id, proposal)?);
+                }
+                payload => run.push(Entry {
+                    log_id: entry.log_id,
+                    payload,
+                }),
+            }
+        }
+        if !run.is_empty() {
+            outcomes.extend(self.apply_run(run)?);
+        }
+        Ok(outcomes)
+    }
+
+    /// Applies writes (and blank and membership entries) under the lock, their rows
+    /// handed to the writer. A wait for the writer is made without the lock, so readers
+    /// go on meanwhile: the writer's backlog is only the apply's own rows, and nothing
+    /// else applies while this thread waits.
+    fn apply_run(
+        &self,
+        entries: Vec<Entry<TypeConfig>>,
+    ) -> Result<Vec<BatchOutcome>, StorageError> {
         let mut data = self.write_data();
         self.writer.check().map_err(sm_err)?;
         data.unflushed.prune(self.writer.flushed_through());
         if data.unflushed.batches.len() >= MAX_UNFLUSHED_BATCHES {
             // The writer is behind: wait for it rather than grow the overlay.
+            drop(data);
             self.writer.barrier().map_err(sm_err)?;
+            data = self.write_data();
             data.unflushed.prune(self.writer.flushed_through());
         }
-        // Errors end here for good: openraft stops the node on a state machine error, and
-        // a restart rebuilds memory from disk and re-applies from the log.
-        self.apply_batch_locked(&mut data, entries)
+        let outcomes = self.apply_writes_locked(&mut data, entries)?;
+        drop(data);
+        if self.writer.writes_through() {
+            self.writer.barrier().map_err(sm_err)?;
+        }
+        Ok(outcomes)
+    }
+
+    /// A heads round, a witnessed note, an operator change or an import step: committed
+    /// on its own once the writer has committed every earlier row (waited for without
+    /// the lock), so redb never holds them out of order.
+    fn apply_own_commit(
+        &self,
+        log_id: LogId<NodeId>,
+        proposal: Proposal,
+    ) -> Result<BatchOutcome, StorageError> {
+        self.writer.barrier().map_err(sm_err)?;
+        let mut data = self.write_data();
+        self.writer.check().map_err(sm_err)?;
+        let outcome = self.apply_heads_entry(&mut data, log_id, proposal)?;
+        Ok(BatchOutcome(vec![outcome]))
     }
 
     /// Whether `apply_batch` would neither wait nor commit to redb: only writes (and
@@ -107,10 +159,8 @@ impl StateMachine {
             && self.read_data().unflushed.batches.len() + 1 < MAX_UNFLUSHED_BATCHES
     }
 
-    /// Folds the entries into memory and hands their rows to the writer. Heads-log
-    /// entries (about one a second) are committed here instead, after the writer has
-    /// caught up, so redb never holds them out of order.
-    fn apply_batch_locked(
+    /// Folds writes into memory and hands their rows to the writer (`apply_run`).
+    fn apply_writes_locked(
         &self,
         data: &mut SmData,
         entries: Vec<Entry<TypeConfig>>,
@@ -131,12 +181,10 @@ impl StateMachine {
                     continue;
                 }
                 EntryPayload::Normal(Proposal::Writes(batch)) => batch,
-                EntryPayload::Normal(heads_entry) => {
-                    self.send_rows(data, std::mem::replace(&mut rows, self.new_rows()))?;
-                    self.writer.barrier().map_err(sm_err)?;
-                    let outcome = self.apply_heads_entry(data, entry.log_id, heads_entry)?;
-                    outcomes.push(BatchOutcome(vec![outcome]));
-                    continue;
+                EntryPayload::Normal(_) => {
+                    return Err(sm_err(
+                        "an entry that commits on its own was given to the writes' apply".into(),
+                    ));
                 }
             };
             data.last_applied = Some(entry.log_id);
@@ -210,9 +258,6 @@ impl StateMachine {
         rows.membership = meta_row(&data.membership)?;
         data.unflushed.add(&rows);
         self.writer.send(rows).map_err(sm_err)?;
-        if self.writer.writes_through() {
-            self.writer.barrier().map_err(sm_err)?;
-        }
         Ok(())
     }
 
@@ -270,6 +315,7 @@ impl StateMachine {
         };
         data.last_applied = Some(log_id);
         write_applied(&txn, &data.last_applied, &data.membership)?;
+        let _in_flight = self.writer.commit_in_flight();
         txn.commit().map_err(sm_write_err)?;
         Ok(outcome)
     }

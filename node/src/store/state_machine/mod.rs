@@ -366,12 +366,12 @@ impl StateMachine {
         self.data.write()
     }
 
-    pub fn read_data(&self) -> std::sync::RwLockReadGuard<'_, SmData> {
+    pub fn read_data(&self) -> parking_lot::RwLockReadGuard<'_, SmData> {
         self.data.read()
     }
 
     /// The state to read if no write holds it or waits for it now (`None`: try later).
-    pub fn try_read_data(&self) -> Option<std::sync::RwLockReadGuard<'_, SmData>> {
+    pub fn try_read_data(&self) -> Option<parking_lot::RwLockReadGuard<'_, SmData>> {
         self.data.try_read()
     }
 
