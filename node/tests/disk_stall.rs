@@ -286,6 +286,10 @@ async fn a_node_whose_state_disk_stalls_serves_from_memory() {
         let (status, body) = act(leader).await;
         assert_eq!(status, 200, "{body}");
     }
+    // Every heads round applied: each after the freeze follows a write whose rows wait
+    // in the frozen writer, so it waits for them without the lock. (One pending at the
+    // freeze could find the writer idle and commit under the lock: the other test.)
+    heads_stated(&cluster, stalled, 2 + 2 * 10).await;
 
     let frozen = Frozen::new(&disks[stalled].dir);
     // Writes go on through the leader (heads rounds each second with them) until the

@@ -149,10 +149,11 @@ impl SmWriter {
         let _ = self.state.disk_watch.set(watch);
     }
 
-    /// Marks a commit to the state file made beside the writer, while the writer has
-    /// nothing to commit (an entry committed on its own after a barrier), as in flight
-    /// until the guard is dropped: it shares the writer's slot, which is free then.
-    pub fn commit_in_flight(&self) -> Option<crate::disk_watch::Writing<'_>> {
+    /// Marks a commit to the state file made beside the writer (an entry's own, a merge,
+    /// a checkpoint) as in flight until the guard is dropped. Take it once the write
+    /// transaction is yours: redb allows one at a time, so they all share the writer's
+    /// slot, and a wait behind another's is not the disk's.
+    pub fn state_file_write(&self) -> Option<crate::disk_watch::Writing<'_>> {
         let watch = self.state.disk_watch.get()?;
         Some(watch.writing(crate::disk_watch::DiskWrite::StateFile))
     }

@@ -270,6 +270,8 @@ impl StateMachine {
         proposal: Proposal,
     ) -> Result<ApplyOutcome, StorageError> {
         let mut txn = self.db.begin_write().map_err(sm_write_err)?;
+        // Its pages may reach the disk before the commit (redb's write buffer).
+        let _in_flight = self.writer.state_file_write();
         if !self.writer.take_durable_turn() {
             txn.set_durability(redb::Durability::None);
         }
@@ -315,7 +317,6 @@ impl StateMachine {
         };
         data.last_applied = Some(log_id);
         write_applied(&txn, &data.last_applied, &data.membership)?;
-        let _in_flight = self.writer.commit_in_flight();
         txn.commit().map_err(sm_write_err)?;
         Ok(outcome)
     }

@@ -833,6 +833,8 @@ impl StateMachine {
                     .map_err(sm_write_err)?;
             }
         }
+        // Counted from the commit: the packing before it is CPU.
+        let _in_flight = self.writer.state_file_write();
         txn.commit().map_err(sm_write_err)?;
         Ok(dirty)
     }
@@ -907,6 +909,8 @@ impl StateMachine {
         if rewritten == 0 {
             txn.abort().map_err(sm_write_err)?;
         } else {
+            // Counted from the commit: the pass before it is mostly compression.
+            let _in_flight = self.writer.state_file_write();
             txn.commit().map_err(sm_write_err)?;
         }
         for agent_id in later {
@@ -919,6 +923,7 @@ impl StateMachine {
     /// are ordered, so it carries the ones made without).
     fn make_durable(&self) -> Result<(), StorageError> {
         let txn = self.db.begin_write().map_err(sm_write_err)?;
+        let _in_flight = self.writer.state_file_write();
         txn.commit().map_err(sm_write_err)
     }
 }
