@@ -254,6 +254,42 @@ async fn three_with_logs_apart(
     Some((disks, logs, cluster, token))
 }
 
+/// `bot`'s writes, each with an Idempotency-Key of its own, and those acknowledged.
+struct Writes<'a> {
+    cluster: &'a Cluster,
+    token: &'a str,
+    acked: BTreeMap<String, String>,
+    sent: usize,
+}
+
+impl<'a> Writes<'a> {
+    /// Ten writes through node `node`, each acknowledged.
+    async fn ten_through(cluster: &'a Cluster, token: &'a str, node: usize) -> Writes<'a> {
+        let mut writes = Writes {
+            cluster,
+            token,
+            acked: BTreeMap::new(),
+            sent: 0,
+        };
+        for _ in 0..10 {
+            let (status, body) = writes.through(node).await;
+            assert_eq!(status, 200, "{body}");
+        }
+        writes
+    }
+
+    async fn through(&mut self, node: usize) -> (u16, serde_json::Value) {
+        let key = format!("w-{}", self.sent);
+        self.sent += 1;
+        let (status, body) = search(self.cluster, node, self.token, &key).await;
+        if status == 200 {
+            let id = body["action_id"].as_str().unwrap_or("").to_string();
+            self.acked.insert(key, id);
+        }
+        (status, body)
+    }
+}
+
 /// A node whose state file's disk stalls while its Raft log's answers: its log keeps
 /// taking entries, it applies them, and its writer waits on the disk. Applies wait for
 /// the writer without holding the state (a heads round waits for the writer's backlog
@@ -271,21 +307,7 @@ async fn a_node_whose_state_disk_stalls_serves_from_memory() {
     let public_key = cluster.public_key().await;
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     let stalled = (leader + 1) % 3;
-    let mut acked: BTreeMap<String, String> = BTreeMap::new();
-    let mut n = 0;
-    let mut act = async |node: usize| {
-        let key = format!("w-{n}");
-        n += 1;
-        let (status, body) = search(&cluster, node, &token, &key).await;
-        if status == 200 {
-            acked.insert(key, body["action_id"].as_str().unwrap_or("").to_string());
-        }
-        (status, body)
-    };
-    for _ in 0..10 {
-        let (status, body) = act(leader).await;
-        assert_eq!(status, 200, "{body}");
-    }
+    let mut writes = Writes::ten_through(&cluster, &token, leader).await;
     // Every heads round applied: each after the freeze follows a write whose rows wait
     // in the frozen writer, so it waits for them without the lock. (One pending at the
     // freeze could find the writer idle and commit under the lock: the other test.)
@@ -296,7 +318,7 @@ async fn a_node_whose_state_disk_stalls_serves_from_memory() {
     // stalled node has declared the stall and three seconds have passed (bounded).
     let start = Instant::now();
     loop {
-        let (status, body) = act(leader).await;
+        let (status, body) = writes.through(leader).await;
         assert_eq!(status, 200, "{body}");
         let metrics = metrics_answered(&cluster, stalled).await;
         let blocked = metrics.get("lineage_state_blocked_seconds").copied();
@@ -335,7 +357,7 @@ async fn a_node_whose_state_disk_stalls_serves_from_memory() {
         assert_eq!(status, 200, "its own copy, from memory: {body}");
         assert!(body["actions_allowed"].as_u64() >= Some(10), "{body}");
     }
-    let (status, body) = act(stalled).await;
+    let (status, body) = writes.through(stalled).await;
     assert_eq!(status, 200, "a write relayed by the stalled node: {body}");
     let ready = cluster
         .http
@@ -347,7 +369,7 @@ async fn a_node_whose_state_disk_stalls_serves_from_memory() {
 
     drop(frozen);
     cluster.wait_ready(stalled, Duration::from_secs(30)).await;
-    let log = every_acknowledged_on_every_replica(&cluster, &acked).await;
+    let log = every_acknowledged_on_every_replica(&cluster, &writes.acked).await;
     verify_log(&log, &public_key);
     drop(cluster);
     drop(logs);
@@ -373,21 +395,7 @@ async fn a_node_whose_state_is_held_by_a_commit_on_a_stalled_disk_answers_at_onc
     let public_key = cluster.public_key().await;
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     let stalled = (leader + 1) % 3;
-    let mut acked: BTreeMap<String, String> = BTreeMap::new();
-    let mut n = 0;
-    let mut act = async |node: usize| {
-        let key = format!("w-{n}");
-        n += 1;
-        let (status, body) = search(&cluster, node, &token, &key).await;
-        if status == 200 {
-            acked.insert(key, body["action_id"].as_str().unwrap_or("").to_string());
-        }
-        (status, body)
-    };
-    for _ in 0..10 {
-        let (status, body) = act(leader).await;
-        assert_eq!(status, 200, "{body}");
-    }
+    let mut writes = Writes::ten_through(&cluster, &token, leader).await;
     // Its writer idle, every heads round applied: the next entry to commit on its own
     // finds nothing to wait for, takes the lock, and commits on the frozen disk.
     heads_stated(&cluster, stalled, 2 + 2 * 10).await;
@@ -444,7 +452,7 @@ async fn a_node_whose_state_is_held_by_a_commit_on_a_stalled_disk_answers_at_onc
     );
     answers_at_once_while_held(&cluster, stalled, &token).await;
     for _ in 0..5 {
-        let (status, body) = act(leader).await;
+        let (status, body) = writes.through(leader).await;
         assert_eq!(status, 200, "{body}");
     }
 
@@ -452,9 +460,9 @@ async fn a_node_whose_state_is_held_by_a_commit_on_a_stalled_disk_answers_at_onc
     let not_served = waiting.await.expect("waiting reads");
     println!("{not_served} of the 40 reads sent in the first 4 s were refused");
     cluster.wait_ready(stalled, Duration::from_secs(30)).await;
-    let (status, body) = act(stalled).await;
+    let (status, body) = writes.through(stalled).await;
     assert_eq!(status, 200, "{body}");
-    let log = every_acknowledged_on_every_replica(&cluster, &acked).await;
+    let log = every_acknowledged_on_every_replica(&cluster, &writes.acked).await;
     verify_log(&log, &public_key);
     let metrics = metrics_answered(&cluster, stalled).await;
     let blocked = metrics.get("lineage_state_blocked_seconds").copied();
