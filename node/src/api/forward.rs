@@ -18,6 +18,7 @@ use crate::app::{App, AppError, Lead};
 const FORWARDED_HEADER: &str = "x-lineage-forwarded";
 /// Request headers the leader needs to see.
 const FORWARDED_REQUEST_HEADERS: [&str; 3] = ["authorization", "content-type", "idempotency-key"];
+
 /// Serves here when this node leads, otherwise forwards to the leader.
 pub async fn route_to_leader(
     State(app): State<Arc<App>>,
