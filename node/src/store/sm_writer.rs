@@ -70,6 +70,14 @@ struct WriterState {
 }
 
 impl WriterState {
+    /// Marks a commit to the state file as in flight until the guard is dropped. Take it
+    /// once the write transaction is yours: redb allows one at a time, so every commit
+    /// to the file shares this slot, and a wait behind another's is not the disk's.
+    fn state_file_write(&self) -> Option<crate::disk_watch::Writing<'_>> {
+        let watch = self.disk_watch.get()?;
+        Some(watch.writing(crate::disk_watch::DiskWrite::StateFile))
+    }
+
     fn check(&self) -> Result<(), String> {
         match &*self.failed.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(reason) => Err(format!("the state machine writer failed: {reason}")),
@@ -150,12 +158,10 @@ impl SmWriter {
     }
 
     /// Marks a commit to the state file made beside the writer (an entry's own, a merge,
-    /// a checkpoint) as in flight until the guard is dropped. Take it once the write
-    /// transaction is yours: redb allows one at a time, so they all share the writer's
-    /// slot, and a wait behind another's is not the disk's.
+    /// a checkpoint) as in flight until the guard is dropped, as the writer marks its
+    /// own (`WriterState::state_file_write`).
     pub fn state_file_write(&self) -> Option<crate::disk_watch::Writing<'_>> {
-        let watch = self.state.disk_watch.get()?;
-        Some(watch.writing(crate::disk_watch::DiskWrite::StateFile))
+        self.state.state_file_write()
     }
 
     pub fn set_fsync_interval(&self, interval: Duration) {
@@ -285,7 +291,7 @@ fn commit(state: &WriterState, db: &Database, tables: Tables, rows: Vec<RowBatch
         return;
     }
     let durable = state.take_durable_turn();
-    match write_rows(db, tables, durable, &rows, state.disk_watch.get()) {
+    match write_rows(state, db, tables, durable, &rows) {
         Ok(ends) => {
             state
                 .committed_agents
@@ -305,18 +311,18 @@ fn commit(state: &WriterState, db: &Database, tables: Tables, rows: Vec<RowBatch
 type Ends<'a> = BTreeMap<&'a str, u64>;
 
 /// Commits `rows` in one transaction; returns where each agent's records in it end.
-/// `watch` hears of the write from when the transaction is ours (waiting for another
-/// transaction, a merge or a checkpoint, is not the disk stalling) until it returns.
+/// The write counts as in flight from when the transaction is ours (waiting for
+/// another transaction, a merge or a checkpoint, is not the disk stalling).
 fn write_rows<'a>(
+    state: &WriterState,
     db: &Database,
     tables: Tables,
     durable: bool,
     rows: &'a [RowBatch],
-    watch: Option<&Arc<crate::disk_watch::DiskWatch>>,
 ) -> Result<Ends<'a>, String> {
     let text = |e: redb::Error| e.to_string();
     let mut txn = db.begin_write().map_err(|e| text(e.into()))?;
-    let _writing = watch.map(|w| w.writing(crate::disk_watch::DiskWrite::StateFile));
+    let _writing = state.state_file_write();
     if !durable {
         txn.set_durability(redb::Durability::None);
     }
