@@ -59,11 +59,9 @@ pub struct App {
     /// Reads that walk a whole agent log (verify, per-agent proofs, some public) run on
     /// blocking threads, this many at once, so a flood of them cannot starve decisions.
     pub whole_log_reads: tokio::sync::Semaphore,
-    /// Writes a follower forwards although their token means nothing to its state (yet:
-    /// it may lag an operator's creation), this many at once: each body is held whole
-    /// while it is relayed, and a token anyone can make up must not make a node hold
-    /// one body per connection (`api::forward`).
-    pub unverified_forwards: tokio::sync::Semaphore,
+    /// Writes a follower relays although their token means nothing to its state (yet: it
+    /// may lag an operator's creation), rationed (`unverified_relays`).
+    pub unverified_relays: crate::unverified_relays::UnverifiedRelays,
     /// Leadership confirmations for linearizable reads, shared (`read_rounds`).
     read_rounds: crate::read_rounds::ReadRounds<Result<Lead, RoundError>>,
     /// This node's Raft log as the disk has it: its repair floor (`store::repair_floor`).
@@ -100,8 +98,6 @@ const WHOLE_LOG_READS: usize = 2;
 /// more is refused at once (`App::state_busy`). Requests wait only while a write holds
 /// or waits for the lock: an apply's few hundred µs, a heads commit's fsync.
 const MAX_STATE_WAITERS: usize = 256;
-/// Writes with a token this node does not know, relayed at once (`App::unverified_forwards`).
-const UNVERIFIED_FORWARDS: usize = 4;
 
 /// The witnesses this node trusts: a witnessed checkpoint is stored only when it verifies
 /// against the cluster's own key and at least `quorum` of these cosigned it. With none
@@ -235,7 +231,6 @@ impl App {
             elections: None,
             disk_watch: None,
             state_refuse_after: None,
-            metrics,
             committed_index,
             batcher: Batcher::spawn(raft.clone()),
             raft,
@@ -253,10 +248,13 @@ impl App {
             peers: Arc::default(),
             disk: None,
             whole_log_reads: tokio::sync::Semaphore::new(WHOLE_LOG_READS),
-            unverified_forwards: tokio::sync::Semaphore::new(UNVERIFIED_FORWARDS),
+            unverified_relays: crate::unverified_relays::UnverifiedRelays::new(
+                metrics.unverified_relays.clone(),
+            ),
             read_rounds: Default::default(),
             operator_changes: Default::default(),
             import_writes: Default::default(),
+            metrics,
         }
     }
 

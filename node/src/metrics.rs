@@ -67,7 +67,9 @@ pub struct Metrics {
     /// Leadership rounds run for linearizable reads (`read_rounds`), against the reads.
     pub read_rounds: prometheus::IntCounter,
     pub linearizable_reads: prometheus::IntCounter,
-    /// Writes a follower refused (503) because its relays of unknown tokens were all busy.
+    /// Writes with tokens this follower does not know, being relayed now
+    /// (`unverified_relays`), and those it refused (503) for want of a slot.
+    pub unverified_relays: IntGauge,
     pub unverified_relays_refused: prometheus::IntCounter,
     /// Vote requests received, by candidate (`raft_routes`).
     pub raft_vote_requests: IntCounterVec,
@@ -246,10 +248,16 @@ impl Metrics {
         must(registry.register(Box::new(linearizable_reads.clone())));
         let unverified_relays_refused = must(prometheus::IntCounter::new(
             "unverified_relays_refused_total",
-            "Writes this follower answered 503 because every relay for tokens its state \
-             does not know was busy (clients retry another node).",
+            "Writes with tokens this follower's state does not know that it answered 503: \
+             every slot to relay them was busy, or one was already in use from the same \
+             client address (clients retry another node).",
         ));
         must(registry.register(Box::new(unverified_relays_refused.clone())));
+        let unverified_relays = gauge(
+            "unverified_relays",
+            "Writes with tokens this follower's state does not know, being relayed now \
+             (at most 4, one per client address).",
+        );
         let raft_vote_requests = counter(
             "raft_vote_requests_received_total",
             "Raft vote requests this node received, by candidate node id (`other`: an id \
@@ -357,6 +365,7 @@ impl Metrics {
             writes_rejected_at_apply,
             read_rounds,
             linearizable_reads,
+            unverified_relays,
             unverified_relays_refused,
             idempotency_expired,
             raft_vote_requests,

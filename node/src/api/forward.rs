@@ -75,11 +75,14 @@ pub async fn route_to_leader(
             if request.headers().contains_key(FORWARDED_HEADER) {
                 return ApiError::from(AppError::NoLeader).into_response();
             }
-            let _unverified = match admit_body(&app, &request) {
-                Ok(permit) => permit,
+            let unverified = match admit_body(&app, &request) {
+                Ok(slot) => slot,
                 Err(refused) => return refuse_unread(request, refused).await,
             };
-            forward(&app, &addr, request)
+            let body_deadline = unverified
+                .as_ref()
+                .map(|_| crate::unverified_relays::BODY_DEADLINE);
+            forward(&app, &addr, request, body_deadline)
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         }
@@ -90,31 +93,29 @@ pub async fn route_to_leader(
 /// Whether this follower reads a write's body to relay it. A token its state knows: yes.
 /// No token: 401 here, as the leader would answer, without keeping its body. A token
 /// its state does not know may still be valid on the leader (an operator added a moment
-/// ago, not yet applied here), so it is relayed, but only [`App::unverified_forwards`]
-/// such bodies at once; past that, 503 (clients retry another node). Four connections
-/// that trickle such bodies can keep these slots busy; what that costs is a 503 from
-/// this follower to an operator added a moment ago, whose client then tries the next
-/// node.
+/// ago, not yet applied here), so it is relayed, within a slot of
+/// [`App::unverified_relays`] (held until the relay ends); with none free for the
+/// client, 503 (clients retry another node).
 fn admit_body<'a>(
     app: &'a App,
     request: &Request,
-) -> Result<Option<tokio::sync::SemaphorePermit<'a>>, ApiError> {
+) -> Result<Option<crate::unverified_relays::Slot<'a>>, ApiError> {
     if is_read(request.method()) {
         return Ok(None);
     }
     match super::auth::principal(request.headers(), app) {
         Ok(_) => Ok(None),
         Err(refused) if !super::auth::has_bearer_token(request.headers()) => Err(refused),
-        Err(_) => app
-            .unverified_forwards
-            .try_acquire()
-            .map(Some)
-            .map_err(|_| {
+        Err(_) => {
+            let from = request
+                .extensions()
+                .get::<lineage_http_server::RemoteAddr>()
+                .map(|remote| remote.0.ip());
+            app.unverified_relays.take(from).map(Some).map_err(|why| {
                 app.metrics.unverified_relays_refused.inc();
-                ApiError::unavailable(
-                    "too many writes with tokens this node does not know are being relayed; retry",
-                )
-            }),
+                ApiError::unavailable(why.to_string())
+            })
+        }
     }
 }
 
@@ -170,7 +171,14 @@ fn forward_timeout(path: &str) -> std::time::Duration {
     }
 }
 
-async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, ApiError> {
+/// Relays `request` to the leader at `addr`. A write's body is read whole first, within
+/// `body_deadline` if one is given (408 past it).
+async fn forward(
+    app: &App,
+    addr: &str,
+    request: Request,
+    body_deadline: Option<std::time::Duration>,
+) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
     let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let url = format!("{}://{addr}{path_and_query}", app.scheme);
@@ -180,9 +188,18 @@ async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, Ap
         drop(body);
         axum::body::Bytes::new()
     } else {
-        to_bytes(body, MAX_BODY_BYTES)
-            .await
-            .map_err(|_| ApiError::BodyTooLarge(MAX_BODY_BYTES))?
+        let whole = to_bytes(body, MAX_BODY_BYTES);
+        let read = match body_deadline {
+            None => whole.await,
+            Some(deadline) => tokio::time::timeout(deadline, whole).await.map_err(|_| {
+                ApiError::BodyTooSlow(format!(
+                    "the body of a write with a token this node does not know must arrive \
+                     whole within {} s; send it at once, or ask the leader",
+                    deadline.as_secs()
+                ))
+            })?,
+        };
+        read.map_err(|_| ApiError::BodyTooLarge(MAX_BODY_BYTES))?
     };
     let mut outgoing = app
         .http
