@@ -12,6 +12,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use lineage_node::app::WitnessPolicy;
+use lineage_node::log_sink::last_words;
 use lineage_node::raft_types::NodeId;
 use lineage_node::{keys, NodeConfig};
 
@@ -297,7 +298,8 @@ fn parse_peers(peers: &[String]) -> Result<Vec<(NodeId, String)>, String> {
         .collect()
 }
 
-fn init_tracing(format: LogFormat) {
+/// Sets up the log; the guard writes out what is queued when dropped (`log_sink`).
+fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -306,15 +308,16 @@ fn init_tracing(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
     // Colour codes only on a terminal, never into files or `docker logs`.
     let ansi = std::io::stderr().is_terminal();
+    let (writer, guard) = lineage_node::log_sink::stderr();
     let layer = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_ansi(ansi)
-            .with_writer(std::io::stderr)
+            .with_writer(writer)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .with_current_span(true)
-            .with_writer(std::io::stderr)
+            .with_writer(writer)
             .boxed(),
     };
     tracing_subscriber::registry()
@@ -326,6 +329,7 @@ fn init_tracing(format: LogFormat) {
                 )),
         )
         .init();
+    guard
 }
 
 /// Exit status of a node stopped by a panic or a fatal Raft or storage error.
@@ -341,12 +345,14 @@ fn exit_on_panic() {
     std::panic::set_hook(Box::new(|info| {
         if lineage_redb_header::is_catching() {
             // redb opening the state file: taken for damage where it is caught.
-            eprintln!("lineage-node: caught: {info}");
+            last_words(format!("lineage-node: caught: {info}"));
             return;
         }
         let thread = std::thread::current();
         let name = thread.name().unwrap_or("unnamed");
-        eprintln!("lineage-node: fatal: panic in thread {name}: {info}");
+        last_words(format!(
+            "lineage-node: fatal: panic in thread {name}: {info}"
+        ));
         tracing::error!(thread = name, %info, "fatal: panic; exiting");
         std::process::exit(EXIT_FATAL);
     }));
@@ -386,7 +392,7 @@ impl ImportArgs {
 fn main() -> ExitCode {
     no_transparent_huge_pages();
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    let _log = init_tracing(cli.log_format);
     exit_on_panic();
     let result = match cli.command {
         Some(Command::Healthcheck { port, ready }) => healthcheck(port, ready),

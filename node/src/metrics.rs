@@ -71,6 +71,8 @@ pub struct Metrics {
     /// (`unverified_relays`), and those it refused (503) for want of a slot.
     pub unverified_relays: IntGauge,
     pub unverified_relays_refused: prometheus::IntCounter,
+    /// Log lines dropped because the log's reader fell behind (`log_sink`).
+    log_lines_dropped: prometheus::IntCounter,
     /// Vote requests received, by candidate (`raft_routes`).
     pub raft_vote_requests: IntCounterVec,
     /// Raft requests refused before their body was read, by reason (`raft_routes`).
@@ -253,6 +255,12 @@ impl Metrics {
              client address (clients retry another node).",
         ));
         must(registry.register(Box::new(unverified_relays_refused.clone())));
+        let log_lines_dropped = must(prometheus::IntCounter::new(
+            "log_lines_dropped_total",
+            "Log lines dropped because whatever reads the node's stderr fell behind \
+             (8,192 lines were queued): the node does not wait for its log.",
+        ));
+        must(registry.register(Box::new(log_lines_dropped.clone())));
         let unverified_relays = gauge(
             "unverified_relays",
             "Writes with tokens this follower's state does not know, being relayed now \
@@ -367,6 +375,7 @@ impl Metrics {
             linearizable_reads,
             unverified_relays,
             unverified_relays_refused,
+            log_lines_dropped,
             idempotency_expired,
             raft_vote_requests,
             raft_requests_refused,
@@ -408,6 +417,9 @@ impl Metrics {
             .set(blocked.map_or(0.0, |blocked| blocked.as_secs_f64()));
         self.state_waiters
             .set(i64::try_from(node.sm.state_waiters()).unwrap_or(i64::MAX));
+        let dropped = crate::log_sink::dropped_lines();
+        self.log_lines_dropped
+            .inc_by(dropped.saturating_sub(self.log_lines_dropped.get()));
         self.refresh_raft(node);
     }
 

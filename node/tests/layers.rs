@@ -58,6 +58,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("network::peer_contacts", Layer::Storage),
     ("store::agent_slot", Layer::Leaf),
     ("log_noise", Layer::Leaf),
+    ("log_sink", Layer::Leaf),
     ("snapshot_spool", Layer::Leaf),
     ("disk_reserve", Layer::Leaf),
     ("unverified_relays", Layer::Leaf),

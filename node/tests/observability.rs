@@ -345,3 +345,85 @@ async fn prometheus_fires_the_quarantine_and_scar_burst_alerts() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
+
+/// A node whose log nobody reads (its supervisor hung, or the disk its log driver writes
+/// to stalled) goes on serving. Its stderr here is a pipe that is never read, full after
+/// 64 KiB: the node queues what it cannot write, then drops lines and counts them, rather
+/// than wait on the pipe with its workers (before, the first few hundred debug lines
+/// filled it and the node answered nothing more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_log_is_not_read_goes_on_serving() {
+    let mut cluster = Cluster::prepare(1, &[]);
+    // A debug line for every request.
+    cluster.log_filter = Some("info,lineage_node=debug".into());
+    let pipe = cluster.log_path(0);
+    let made = Command::new("mkfifo").arg(&pipe).status().expect("mkfifo");
+    assert!(made.success(), "mkfifo");
+    // Held open for reading (and writing, so that the open waits for no one), never read.
+    let _unread = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&pipe)
+        .expect("open the pipe");
+    cluster.start_node(0);
+    cluster.wait_for_leader(Duration::from_secs(30)).await;
+
+    let url = cluster.url(0, "/healthz");
+    let mut dropped = 0.0;
+    let mut answered = 0usize;
+    // Rounds of 1,000 requests, 8 at a time, until lines are dropped (the queue holds
+    // 8,192): each must be answered.
+    for _round in 0..40 {
+        let clients: Vec<_> = (0..8)
+            .map(|_| {
+                let (http, url) = (cluster.http.clone(), url.clone());
+                tokio::spawn(async move {
+                    for _ in 0..125 {
+                        let reply = http.get(&url).send().await.map_err(|e| e.to_string())?;
+                        if reply.status() != 200 {
+                            return Err(format!("status {}", reply.status()));
+                        }
+                    }
+                    Ok::<_, String>(125)
+                })
+            })
+            .collect();
+        for client in clients {
+            match client.await.expect("client task") {
+                Ok(n) => answered += n,
+                Err(e) => panic!("after {answered} answered, a request failed: {e}"),
+            }
+        }
+        dropped = cluster.metrics(0).await["lineage_log_lines_dropped_total"];
+        if dropped > 0.0 {
+            break;
+        }
+    }
+    assert!(
+        dropped > 0.0,
+        "{answered} requests answered and no log line dropped: was the pipe ever full?"
+    );
+
+    // It decides as ever.
+    let token = cluster
+        .create_agent(
+            0,
+            "after-the-flood",
+            json!({"budget": 10, "scar_limit": 3, "tools": {"search": {"cost": 1}}}),
+        )
+        .await;
+    let (status, reply) = cluster
+        .post(
+            0,
+            "/v1/agents/after-the-flood/actions",
+            &token,
+            json!({"tool": "search", "input": {}}),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &reply["decision"]),
+        (200, &json!("allowed")),
+        "{reply}"
+    );
+}

@@ -26,6 +26,8 @@ pub struct Cluster {
     pub scheme: &'static str,
     /// With TLS: the directory with `ca.pem` and each node's certificate and key.
     pub tls_dir: Option<PathBuf>,
+    /// `LINEAGE_LOG` for every node (the node's own default when none).
+    pub log_filter: Option<String>,
     /// Nodes this harness did not start (containers): never killed or restarted here.
     external: bool,
     /// Where each node keeps its data, when not under `dir` (a loop-mounted disk).
@@ -186,8 +188,9 @@ impl Cluster {
         Self::prepare_keys(n, &[], Some(reference))
     }
 
-    /// A cluster's keys and ports, with no node started yet.
-    fn prepare(n: usize, extra_args: &[&str]) -> Cluster {
+    /// A cluster's keys and ports, with no node started yet (`start_node` starts each,
+    /// then `wait_for_leader`).
+    pub fn prepare(n: usize, extra_args: &[&str]) -> Cluster {
         Self::prepare_keys(n, extra_args, None)
     }
 
@@ -285,6 +288,7 @@ impl Cluster {
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             scheme: "http",
             tls_dir: None,
+            log_filter: None,
             external,
             data_dirs: None,
             voters: n,
@@ -323,9 +327,13 @@ impl Cluster {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.path().join(format!("node-{}.log", i + 1)))
+            .open(self.log_path(i))
             .expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_lineage-node"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_lineage-node"));
+        if let Some(filter) = &self.log_filter {
+            command.env("LINEAGE_LOG", filter);
+        }
+        let child = command
             .args([
                 "run",
                 "--id",
@@ -351,6 +359,20 @@ impl Cluster {
         self.children()[i] = Some(child);
     }
 
+    /// Where node `i`'s stderr goes (appended to, by each start).
+    pub fn log_path(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("node-{}.log", i + 1))
+    }
+
+    /// Node `i`'s log if it is a plain file (a test may make it a pipe, which reading to
+    /// its end would wait on for good).
+    fn log_file(&self, i: usize) -> Option<PathBuf> {
+        let path = self.log_path(i);
+        std::fs::metadata(&path)
+            .is_ok_and(|meta| meta.is_file())
+            .then_some(path)
+    }
+
     /// The last `lines` lines of each node's log, for a failure message.
     pub fn log_tails(&self, lines: usize) -> String {
         // Each process's state first: a failure report is often cut short in the middle,
@@ -369,8 +391,10 @@ impl Cluster {
             out.push_str(&format!("node {}: {state}\n", i + 1));
         }
         for i in 0..self.addrs.len() {
-            let text = std::fs::read_to_string(self.dir.path().join(format!("node-{}.log", i + 1)))
-                .unwrap_or_default();
+            let text = self.log_file(i).map_or_else(
+                || "(not a file)".to_string(),
+                |log| std::fs::read_to_string(log).unwrap_or_default(),
+            );
             let folded = fold_repeats(&text);
             let tail = &folded[folded.len().saturating_sub(lines)..];
             out.push_str(&format!(
@@ -397,8 +421,10 @@ impl Cluster {
         let target = std::env::temp_dir().join(format!("lineage-cluster-failure{name}"));
         let _ = std::fs::create_dir_all(&target);
         for i in 0..self.addrs.len() {
-            let name = format!("node-{}.log", i + 1);
-            let _ = std::fs::copy(self.dir.path().join(&name), target.join(&name));
+            if let Some(log) = self.log_file(i) {
+                let name = format!("node-{}.log", i + 1);
+                let _ = std::fs::copy(log, target.join(&name));
+            }
         }
         // Where a node hangs, its threads' stacks say where (opt-in: gdb is slow).
         if std::env::var_os("LINEAGE_TEST_STACKS").is_some() {
