@@ -24,8 +24,6 @@
 //!   port) gets `400 this port requires HTTPS` and is closed. The peer's certificate
 //!   identity, if it sent one, goes into each request's extensions (what
 //!   [`Tls::peer`] makes of its chain).
-//! - **Each request carries its connection's address** ([`RemoteAddr`], in its
-//!   extensions).
 //!
 //! hyper's own header timer also starts while a keep-alive connection waits for its next
 //! request, so it would cut idle connections at the header timeout; it is off, and the
@@ -35,7 +33,6 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -108,11 +105,6 @@ impl Tls for NoTls {
         match *self {}
     }
 }
-
-/// The address a request's connection came from, in each request's extensions: what a
-/// handler needs to share a scarce resource fairly among clients.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RemoteAddr(pub SocketAddr);
 
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -288,7 +280,7 @@ pub async fn serve<T: Tls>(
     let mut next_id = 0u64;
     let mut accept_errors_logged = 0u32;
     loop {
-        let (stream, remote) = tokio::select! {
+        let (stream, _peer) = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
@@ -331,7 +323,6 @@ pub async fn serve<T: Tls>(
         }
         let connection = Connection {
             id: next_id,
-            remote: RemoteAddr(remote),
             activity,
             clock,
             limits,
@@ -395,7 +386,6 @@ impl<F: FnMut()> Drop for OnDrop<F> {
 
 struct Connection {
     id: u64,
-    remote: RemoteAddr,
     activity: Arc<Activity>,
     clock: Clock,
     limits: Limits,
@@ -488,7 +478,6 @@ impl Connection {
                 let activity = activity.clone();
                 let router = router.clone();
                 let peer = peer.clone();
-                let remote = self.remote;
                 async move {
                     activity.head_started.store(0, Ordering::Relaxed);
                     activity.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -514,7 +503,6 @@ impl Connection {
                             activity: activity.clone(),
                         })
                     });
-                    request.extensions_mut().insert(remote);
                     if let Some(peer) = peer {
                         request.extensions_mut().insert(peer);
                     }

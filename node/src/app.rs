@@ -59,9 +59,6 @@ pub struct App {
     /// Reads that walk a whole agent log (verify, per-agent proofs, some public) run on
     /// blocking threads, this many at once, so a flood of them cannot starve decisions.
     pub whole_log_reads: tokio::sync::Semaphore,
-    /// Writes a follower relays although their token means nothing to its state (yet: it
-    /// may lag an operator's creation), rationed (`unverified_relays`).
-    pub unverified_relays: crate::unverified_relays::UnverifiedRelays,
     /// Leadership confirmations for linearizable reads, shared (`read_rounds`).
     read_rounds: crate::read_rounds::ReadRounds<Result<Lead, RoundError>>,
     /// This node's Raft log as the disk has it: its repair floor (`store::repair_floor`).
@@ -231,6 +228,7 @@ impl App {
             elections: None,
             disk_watch: None,
             state_refuse_after: None,
+            metrics,
             committed_index,
             batcher: Batcher::spawn(raft.clone()),
             raft,
@@ -248,13 +246,9 @@ impl App {
             peers: Arc::default(),
             disk: None,
             whole_log_reads: tokio::sync::Semaphore::new(WHOLE_LOG_READS),
-            unverified_relays: crate::unverified_relays::UnverifiedRelays::new(
-                metrics.unverified_relays.clone(),
-            ),
             read_rounds: Default::default(),
             operator_changes: Default::default(),
             import_writes: Default::default(),
-            metrics,
         }
     }
 

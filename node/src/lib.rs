@@ -60,7 +60,6 @@ pub mod spare_cores;
 pub mod store;
 pub mod tls;
 pub mod tls_reload;
-pub mod unverified_relays;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -67,10 +67,9 @@ pub struct Metrics {
     /// Leadership rounds run for linearizable reads (`read_rounds`), against the reads.
     pub read_rounds: prometheus::IntCounter,
     pub linearizable_reads: prometheus::IntCounter,
-    /// Writes with tokens this follower does not know, being relayed now
-    /// (`unverified_relays`), and those it refused (503) for want of a slot.
-    pub unverified_relays: IntGauge,
-    pub unverified_relays_refused: prometheus::IntCounter,
+    /// Writes whose token this follower's state did not know, asked of the leader before
+    /// their body was read, by outcome (`api::forward`).
+    pub tokens_checked_with_leader: IntCounterVec,
     /// Log lines dropped because the log's reader fell behind (`log_sink`).
     log_lines_dropped: prometheus::IntCounter,
     /// Vote requests received, by candidate (`raft_routes`).
@@ -248,24 +247,22 @@ impl Metrics {
             "Reads this node confirmed its leadership for (or learned the leader for).",
         ));
         must(registry.register(Box::new(linearizable_reads.clone())));
-        let unverified_relays_refused = must(prometheus::IntCounter::new(
-            "unverified_relays_refused_total",
-            "Writes with tokens this follower's state does not know that it answered 503: \
-             every slot to relay them was busy, or one was already in use from the same \
-             client address (clients retry another node).",
-        ));
-        must(registry.register(Box::new(unverified_relays_refused.clone())));
+        let tokens_checked_with_leader = counter(
+            "tokens_checked_with_leader_total",
+            "Writes whose token this follower's state did not know (yet), whose token it \
+             asked the leader about before reading the body, by outcome: vouched (the \
+             body was read and relayed), refused (401), unanswered (503).",
+            &["outcome"],
+        );
+        for outcome in ["vouched", "refused", "unanswered"] {
+            tokens_checked_with_leader.with_label_values(&[outcome]);
+        }
         let log_lines_dropped = must(prometheus::IntCounter::new(
             "log_lines_dropped_total",
             "Log lines dropped because whatever reads the node's stderr fell behind \
              (8,192 lines were queued): the node does not wait for its log.",
         ));
         must(registry.register(Box::new(log_lines_dropped.clone())));
-        let unverified_relays = gauge(
-            "unverified_relays",
-            "Writes with tokens this follower's state does not know, being relayed now \
-             (at most 4, one per client address).",
-        );
         let raft_vote_requests = counter(
             "raft_vote_requests_received_total",
             "Raft vote requests this node received, by candidate node id (`other`: an id \
@@ -373,8 +370,7 @@ impl Metrics {
             writes_rejected_at_apply,
             read_rounds,
             linearizable_reads,
-            unverified_relays,
-            unverified_relays_refused,
+            tokens_checked_with_leader,
             log_lines_dropped,
             idempotency_expired,
             raft_vote_requests,

@@ -61,7 +61,6 @@ const LAYERS: &[(&str, Layer)] = &[
     ("log_sink", Layer::Leaf),
     ("snapshot_spool", Layer::Leaf),
     ("disk_reserve", Layer::Leaf),
-    ("unverified_relays", Layer::Leaf),
     ("election_hold", Layer::Leaf),
     ("disk_watch", Layer::Leaf),
     ("disk_stall", Layer::Service),

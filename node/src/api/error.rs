@@ -20,9 +20,6 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("request body is larger than {0} bytes")]
     BodyTooLarge(usize),
-    /// A body that did not arrive whole in time (408).
-    #[error("{0}")]
-    BodyTooSlow(String),
     #[error("missing or invalid bearer token")]
     Unauthorized,
     #[error("this token may not access this resource")]
@@ -69,7 +66,6 @@ impl ApiError {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
             ApiError::BodyTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
-            ApiError::BodyTooSlow(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
             ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ApiError::Forbidden | ApiError::NotPermitted(_) => (StatusCode::FORBIDDEN, "forbidden"),
             ApiError::NotANode(_) => (StatusCode::FORBIDDEN, "not_a_node"),

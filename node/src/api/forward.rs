@@ -75,14 +75,11 @@ pub async fn route_to_leader(
             if request.headers().contains_key(FORWARDED_HEADER) {
                 return ApiError::from(AppError::NoLeader).into_response();
             }
-            let unverified = match admit_body(&app, &request) {
-                Ok(slot) => slot,
-                Err(refused) => return refuse_unread(request, refused).await,
-            };
-            let body_deadline = unverified
-                .as_ref()
-                .map(|_| crate::unverified_relays::BODY_DEADLINE);
-            forward(&app, &addr, request, body_deadline)
+            if let Err(refused) = admit_body(&app, &addr, request.method(), request.headers()).await
+            {
+                return refuse_unread(request, refused).await;
+            }
+            forward(&app, &addr, request)
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         }
@@ -90,32 +87,74 @@ pub async fn route_to_leader(
     }
 }
 
-/// Whether this follower reads a write's body to relay it. A token its state knows: yes.
-/// No token: 401 here, as the leader would answer, without keeping its body. A token
-/// its state does not know may still be valid on the leader (an operator added a moment
-/// ago, not yet applied here), so it is relayed, within a slot of
-/// [`App::unverified_relays`] (held until the relay ends); with none free for the
-/// client, 503 (clients retry another node).
-fn admit_body<'a>(
-    app: &'a App,
-    request: &Request,
-) -> Result<Option<crate::unverified_relays::Slot<'a>>, ApiError> {
-    if is_read(request.method()) {
-        return Ok(None);
+/// Whether this follower reads a write's body to relay it to the leader at `addr`. A
+/// token its state knows: yes. No token: 401 here, as the leader would answer. A token
+/// its state does not know may still be valid on the leader (an operator added, or an
+/// agent's token reissued, a moment ago, not yet applied here), or made up: the leader is asked whom it speaks
+/// for (`GET /v1/whoami`, headers only), and only a token it vouches for has its body
+/// read. So no body is ever held here for a token no node knows, and a forged token's
+/// write gets the leader's 401 at its head, as on the leader.
+async fn admit_body(
+    app: &App,
+    addr: &str,
+    method: &axum::http::Method,
+    headers: &axum::http::HeaderMap,
+) -> Result<(), ApiError> {
+    if is_read(method) {
+        return Ok(());
     }
-    match super::auth::principal(request.headers(), app) {
-        Ok(_) => Ok(None),
-        Err(refused) if !super::auth::has_bearer_token(request.headers()) => Err(refused),
+    match super::auth::principal(headers, app) {
+        Ok(_) => Ok(()),
+        Err(refused) if !super::auth::has_bearer_token(headers) => Err(refused),
         Err(_) => {
-            let from = request
-                .extensions()
-                .get::<lineage_http_server::RemoteAddr>()
-                .map(|remote| remote.0.ip());
-            app.unverified_relays.take(from).map(Some).map_err(|why| {
-                app.metrics.unverified_relays_refused.inc();
-                ApiError::unavailable(why.to_string())
-            })
+            let checked = leader_vouches(app, addr, headers).await;
+            let outcome = match &checked {
+                Ok(()) => "vouched",
+                Err(ApiError::Unauthorized) => "refused",
+                Err(_) => "unanswered",
+            };
+            app.metrics
+                .tokens_checked_with_leader
+                .with_label_values(&[outcome])
+                .inc();
+            checked
         }
+    }
+}
+
+/// How long a follower waits for the leader to say whom a token speaks for: a
+/// linearizable read there, a round of heartbeats.
+const VOUCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Asks the leader at `addr` whether the bearer token in `headers` names a principal:
+/// yes, 401 (it does not), or 503 (no answer: the client retries, on this node or
+/// another).
+async fn leader_vouches(
+    app: &App,
+    addr: &str,
+    headers: &axum::http::HeaderMap,
+) -> Result<(), ApiError> {
+    let url = format!("{}://{addr}/v1/whoami", app.scheme);
+    let mut ask = app
+        .http
+        .current()
+        .get(url)
+        .header(FORWARDED_HEADER, "1")
+        .timeout(VOUCH_TIMEOUT);
+    if let Some(token) = headers.get(axum::http::header::AUTHORIZATION) {
+        ask = ask.header(axum::http::header::AUTHORIZATION, token.clone());
+    }
+    match ask.send().await {
+        Ok(reply) if reply.status().is_success() => Ok(()),
+        Ok(reply) if reply.status() == StatusCode::UNAUTHORIZED => Err(ApiError::Unauthorized),
+        Ok(reply) => Err(ApiError::unavailable(format!(
+            "this node does not know the token yet, and the leader did not vouch for it \
+             (status {}); retry",
+            reply.status().as_u16()
+        ))),
+        Err(e) => Err(ApiError::unavailable(format!(
+            "this node does not know the token yet, and the leader could not be asked: {e}; retry"
+        ))),
     }
 }
 
@@ -171,14 +210,7 @@ fn forward_timeout(path: &str) -> std::time::Duration {
     }
 }
 
-/// Relays `request` to the leader at `addr`. A write's body is read whole first, within
-/// `body_deadline` if one is given (408 past it).
-async fn forward(
-    app: &App,
-    addr: &str,
-    request: Request,
-    body_deadline: Option<std::time::Duration>,
-) -> Result<Response, ApiError> {
+async fn forward(app: &App, addr: &str, request: Request) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
     let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let url = format!("{}://{addr}{path_and_query}", app.scheme);
@@ -188,18 +220,9 @@ async fn forward(
         drop(body);
         axum::body::Bytes::new()
     } else {
-        let whole = to_bytes(body, MAX_BODY_BYTES);
-        let read = match body_deadline {
-            None => whole.await,
-            Some(deadline) => tokio::time::timeout(deadline, whole).await.map_err(|_| {
-                ApiError::BodyTooSlow(format!(
-                    "the body of a write with a token this node does not know must arrive \
-                     whole within {} s; send it at once, or ask the leader",
-                    deadline.as_secs()
-                ))
-            })?,
-        };
-        read.map_err(|_| ApiError::BodyTooLarge(MAX_BODY_BYTES))?
+        to_bytes(body, MAX_BODY_BYTES)
+            .await
+            .map_err(|_| ApiError::BodyTooLarge(MAX_BODY_BYTES))?
     };
     let mut outgoing = app
         .http
