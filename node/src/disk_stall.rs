@@ -17,11 +17,10 @@
 //! stored or decided: heartbeats and elections are liveness only, and a write refused
 //! with 503 was never decided.
 //!
-//! What still reaches followers from a stalled leader, and so still renews their leases
-//! (openraft 0.9 has no way to hand leadership over): the entries already proposed, a
-//! commit index moving, a read check already in flight, and a catch-up or snapshot
-//! stream to a lagging follower. The first three end within moments; a long stream
-//! delays the election until it ends or fails.
+//! A stalled node also sends no entries and no snapshot (`network::raft_client`):
+//! openraft 0.9 has no way to hand leadership over, and a catch-up or snapshot stream
+//! to a lagging follower would otherwise renew that follower's lease with every batch
+//! and delay the election until it ended.
 //!
 //! The check runs on its own thread: it must see the stall even when the async runtime's
 //! workers are the ones waiting on the disk, and everything it sets is an atomic or a

@@ -70,6 +70,8 @@ pub struct Metrics {
     /// Writes whose token this follower's state did not know, asked of the leader before
     /// their body was read, by outcome (`api::forward`).
     pub tokens_checked_with_leader: IntCounterVec,
+    /// Entries and snapshot chunks not sent while the disk was stalled (`raft_client`).
+    pub raft_replication_withheld: prometheus::IntCounter,
     /// Log lines dropped because the log's reader fell behind (`log_sink`).
     log_lines_dropped: prometheus::IntCounter,
     /// Vote requests received, by candidate (`raft_routes`).
@@ -257,6 +259,12 @@ impl Metrics {
         for outcome in ["vouched", "refused", "unanswered"] {
             tokens_checked_with_leader.with_label_values(&[outcome]);
         }
+        let raft_replication_withheld = must(prometheus::IntCounter::new(
+            "raft_replication_withheld_total",
+            "Raft entries and snapshot sends this node withheld while it stepped back from \
+             a stalled disk (so a catch-up stream cannot hold off the election).",
+        ));
+        must(registry.register(Box::new(raft_replication_withheld.clone())));
         let log_lines_dropped = must(prometheus::IntCounter::new(
             "log_lines_dropped_total",
             "Log lines dropped because whatever reads the node's stderr fell behind \
@@ -372,6 +380,7 @@ impl Metrics {
             linearizable_reads,
             tokens_checked_with_leader,
             log_lines_dropped,
+            raft_replication_withheld,
             idempotency_expired,
             raft_vote_requests,
             raft_requests_refused,

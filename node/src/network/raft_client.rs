@@ -38,6 +38,11 @@ pub struct RaftHttp {
     pub durable_log: Option<DurableLog>,
     /// When each peer last answered (`peer_contacts`).
     pub contacts: Arc<PeerContacts>,
+    /// Whether this node's disk is held for stalled (`disk_stall`); none: never.
+    pub disk: Option<Arc<crate::disk_watch::DiskWatch>>,
+    /// Entries and snapshots not sent because the disk was stalled
+    /// (`lineage_raft_replication_withheld_total`).
+    pub withheld: prometheus::IntCounter,
 }
 
 pub struct Connection {
@@ -207,12 +212,37 @@ fn entry_bytes(entry: &Entry<TypeConfig>) -> usize {
     }
 }
 
+impl Connection {
+    /// A node that steps back from a stalled disk sends no entries and no snapshot chunk
+    /// (the peer is treated as unreachable, and openraft backs off and retries). Its
+    /// heartbeats are off already (`disk_stall`), but a catch-up or snapshot stream to a
+    /// lagging follower would go on renewing that follower's lease, and with it hold off
+    /// the election that lets the others serve, for as long as the stream lasts. Nothing
+    /// withheld was acknowledged on its account: an entry not yet on a majority was never
+    /// committed, and one that was is on every majority a new leader is elected from.
+    fn withhold_if_stalled<E>(&self) -> Result<(), RPCError<NodeId, BasicNode, E>>
+    where
+        E: std::error::Error,
+    {
+        if !self.http.disk.as_ref().is_some_and(|disk| disk.stalled()) {
+            return Ok(());
+        }
+        self.http.withheld.inc();
+        Err(RPCError::Unreachable(Unreachable::new(
+            &std::io::Error::other(
+                "this node's disk is stalled: it sends no entries until the disk answers",
+            ),
+        )))
+    }
+}
+
 impl RaftNetwork<TypeConfig> for Connection {
     async fn append_entries(
         &mut self,
         mut request: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.withhold_if_stalled()?;
         if let Some(durable) = &self.http.durable_log {
             request.leader_commit = durable.clamp_commit(request.leader_commit);
         }
@@ -235,6 +265,7 @@ impl RaftNetwork<TypeConfig> for Connection {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
+        self.withhold_if_stalled()?;
         self.call("snapshot", &request, &option).await
     }
 
