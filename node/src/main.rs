@@ -298,8 +298,8 @@ fn parse_peers(peers: &[String]) -> Result<Vec<(NodeId, String)>, String> {
         .collect()
 }
 
-/// Sets up the log; the guard writes out what is queued when dropped (`log_sink`).
-fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+/// Sets up the log (`log_sink`: `log_sink::flush` writes out what is queued).
+fn init_tracing(format: LogFormat) {
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -308,7 +308,7 @@ fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
     // Colour codes only on a terminal, never into files or `docker logs`.
     let ansi = std::io::stderr().is_terminal();
-    let (writer, guard) = lineage_node::log_sink::stderr();
+    let writer = lineage_node::log_sink::stderr();
     let layer = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_ansi(ansi)
@@ -329,7 +329,6 @@ fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
                 )),
         )
         .init();
-    guard
 }
 
 /// Exit status of a node stopped by a panic or a fatal Raft or storage error.
@@ -350,10 +349,10 @@ fn exit_on_panic() {
         }
         let thread = std::thread::current();
         let name = thread.name().unwrap_or("unnamed");
+        tracing::error!(thread = name, %info, "fatal: panic; exiting");
         last_words(format!(
             "lineage-node: fatal: panic in thread {name}: {info}"
         ));
-        tracing::error!(thread = name, %info, "fatal: panic; exiting");
         std::process::exit(EXIT_FATAL);
     }));
 }
@@ -392,7 +391,7 @@ impl ImportArgs {
 fn main() -> ExitCode {
     no_transparent_huge_pages();
     let cli = Cli::parse();
-    let _log = init_tracing(cli.log_format);
+    init_tracing(cli.log_format);
     exit_on_panic();
     let result = match cli.command {
         Some(Command::Healthcheck { port, ready }) => healthcheck(port, ready),
@@ -481,9 +480,12 @@ fn main() -> ExitCode {
         None => reference_mode(),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            lineage_node::log_sink::flush();
+            ExitCode::SUCCESS
+        }
         Err(e) => {
-            eprintln!("lineage-node: {e}");
+            last_words(format!("lineage-node: {e}"));
             ExitCode::FAILURE
         }
     }

@@ -74,6 +74,7 @@ pub struct Metrics {
     pub raft_replication_withheld: prometheus::IntCounter,
     /// Log lines dropped because the log's reader fell behind (`log_sink`).
     log_lines_dropped: prometheus::IntCounter,
+    log_drops_synced: parking_lot::Mutex<()>,
     /// Vote requests received, by candidate (`raft_routes`).
     pub raft_vote_requests: IntCounterVec,
     /// Raft requests refused before their body was read, by reason (`raft_routes`).
@@ -380,6 +381,7 @@ impl Metrics {
             linearizable_reads,
             tokens_checked_with_leader,
             log_lines_dropped,
+            log_drops_synced: parking_lot::Mutex::new(()),
             raft_replication_withheld,
             idempotency_expired,
             raft_vote_requests,
@@ -422,9 +424,14 @@ impl Metrics {
             .set(blocked.map_or(0.0, |blocked| blocked.as_secs_f64()));
         self.state_waiters
             .set(i64::try_from(node.sm.state_waiters()).unwrap_or(i64::MAX));
-        let dropped = crate::log_sink::dropped_lines();
-        self.log_lines_dropped
-            .inc_by(dropped.saturating_sub(self.log_lines_dropped.get()));
+        {
+            // One scrape at a time brings the counter up to the count (two at once
+            // would both add the same difference).
+            let _one = self.log_drops_synced.lock();
+            let dropped = crate::log_sink::dropped_lines();
+            self.log_lines_dropped
+                .inc_by(dropped.saturating_sub(self.log_lines_dropped.get()));
+        }
         self.refresh_raft(node);
     }
 

@@ -609,18 +609,24 @@ async fn a_write_without_a_valid_token_is_refused_before_its_body_is_read() {
 async fn a_follower_relays_the_write_of_a_token_only_the_leader_knows_yet() {
     let cluster = Cluster::start(3).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
-    let follower = (leader + 1) % 3;
     cluster.create_agent(leader, "rolled", policy()).await;
     let vouched = "lineage_tokens_checked_with_leader_total{outcome=\"vouched\"}";
+    let mut asked = Vec::new();
     for attempt in 0..20 {
+        // The paused node may campaign when it resumes (and unseat the leader): each
+        // attempt finds the leader anew, and retries the reissue (with its key) until
+        // served.
+        let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+        let follower = (leader + 1) % 3;
+        asked.push(follower);
         cluster.pause(follower);
         let (status, reissued) = cluster
-            .post(
+            .post_until_served(
                 leader,
                 "/v1/agents/rolled/token/reissue",
                 &cluster.admin,
                 json!({}),
-                None,
+                &format!("reissue-{attempt}"),
             )
             .await;
         cluster.resume(follower);
@@ -644,5 +650,6 @@ async fn a_follower_relays_the_write_of_a_token_only_the_leader_knows_yet() {
             return;
         }
     }
+    println!("followers asked: {asked:?}");
     panic!("in 20 attempts no write reached the follower before the token's reissue did");
 }

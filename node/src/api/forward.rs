@@ -123,8 +123,9 @@ async fn admit_body(
 }
 
 /// How long a follower waits for the leader to say whom a token speaks for: a
-/// linearizable read there, a round of heartbeats.
-const VOUCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// linearizable read there, a round of heartbeats; short against the clients' own 10 s,
+/// which the relay itself needs too.
+const VOUCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Asks the leader at `addr` whether the bearer token in `headers` names a principal:
 /// yes, 401 (it does not), or 503 (no answer: the client retries, on this node or
