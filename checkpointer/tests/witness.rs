@@ -71,10 +71,14 @@ impl Witness {
     }
 
     async fn start(&mut self) {
+        self.start_logging_to(Stdio::null()).await;
+    }
+
+    async fn start_logging_to(&mut self, log: Stdio) {
         let child = witness_cmd(self.dir.path())
             .args(["--listen", &self.listen])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap();
         self.child = Some(child);
@@ -388,6 +392,33 @@ async fn every_case_of_the_protocol_and_a_kill_between_requests() {
     assert!(evidence
         .iter()
         .any(|e| e.contains(&format!("{ORIGIN}\n8\n"))));
+}
+
+/// A witness whose log nobody reads goes on answering. Its stderr is a pipe that is never
+/// read (full after 64 KiB), and each refused add-checkpoint is logged: every one of a
+/// flood of them is answered (before, the witness stopped answering once the pipe was
+/// full: a log line written in place waits for room).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_witness_whose_log_is_not_read_goes_on_answering() {
+    let log_key = AuditKey::from_seed([12; 32]);
+    let mut witness = Witness::setup(&NoteSigner::new(ORIGIN, &log_key).unwrap().vkey());
+    // Piped and kept in the child, never read.
+    witness.start_logging_to(Stdio::piped()).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let url = format!("http://{}/add-checkpoint", witness.listen);
+    // Some 150 bytes of log each: 3,000 are seven times the pipe.
+    for n in 0..3000 {
+        let reply = http
+            .post(&url)
+            .body(format!("old 0\n\nnot a checkpoint {n}\n"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("refused add-checkpoint {n} unanswered: {e}"));
+        assert!(reply.status().is_client_error(), "{}", reply.status());
+    }
 }
 
 #[test]

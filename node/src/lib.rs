@@ -45,7 +45,6 @@ pub mod idempotency_key;
 pub mod import_writes;
 pub mod keys;
 pub mod log_noise;
-pub mod log_sink;
 pub mod metrics;
 pub mod network;
 pub mod operator_changes;
@@ -456,7 +455,7 @@ fn spawn_exit_on_fatal(raft: raft_types::Raft) {
                 .filter(|f| !matches!(f, openraft::error::Fatal::Stopped))
             {
                 tracing::error!(error = %fatal, "fatal: raft stopped; exiting");
-                log_sink::last_words(format!("lineage-node: fatal: raft stopped: {fatal}"));
+                lineage_log_sink::last_words(format!("lineage-node: fatal: raft stopped: {fatal}"));
                 std::process::exit(EXIT_FATAL);
             }
             if metrics.changed().await.is_err() {

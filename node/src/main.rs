@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use lineage_log_sink::last_words;
 use lineage_node::app::WitnessPolicy;
-use lineage_node::log_sink::last_words;
 use lineage_node::raft_types::NodeId;
 use lineage_node::{keys, NodeConfig};
 
@@ -298,7 +298,7 @@ fn parse_peers(peers: &[String]) -> Result<Vec<(NodeId, String)>, String> {
         .collect()
 }
 
-/// Sets up the log (`log_sink`: `log_sink::flush` writes out what is queued).
+/// Sets up the log (`lineage_log_sink`: `flush` writes out what is queued).
 fn init_tracing(format: LogFormat) {
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
@@ -308,7 +308,7 @@ fn init_tracing(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
     // Colour codes only on a terminal, never into files or `docker logs`.
     let ansi = std::io::stderr().is_terminal();
-    let writer = lineage_node::log_sink::stderr();
+    let writer = lineage_log_sink::stderr();
     let layer = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_ansi(ansi)
@@ -344,7 +344,8 @@ fn exit_on_panic() {
     std::panic::set_hook(Box::new(|info| {
         if lineage_redb_header::is_catching() {
             // redb opening the state file: taken for damage where it is caught.
-            last_words(format!("lineage-node: caught: {info}"));
+            // The node goes on (the file is moved aside): its log must too.
+            lineage_log_sink::say(format!("lineage-node: caught: {info}"));
             return;
         }
         let thread = std::thread::current();
@@ -481,7 +482,7 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => {
-            lineage_node::log_sink::flush();
+            lineage_log_sink::flush();
             ExitCode::SUCCESS
         }
         Err(e) => {

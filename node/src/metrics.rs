@@ -70,9 +70,9 @@ pub struct Metrics {
     /// Writes whose token this follower's state did not know, asked of the leader before
     /// their body was read, by outcome (`api::forward`).
     pub tokens_checked_with_leader: IntCounterVec,
-    /// Entries and snapshot chunks not sent while the disk was stalled (`raft_client`).
+    /// Raft sends withheld while the disk was stalled, each try (`raft_client`).
     pub raft_replication_withheld: prometheus::IntCounter,
-    /// Log lines dropped because the log's reader fell behind (`log_sink`).
+    /// Log lines dropped because the log's reader fell behind (`lineage_log_sink`).
     log_lines_dropped: prometheus::IntCounter,
     log_drops_synced: parking_lot::Mutex<()>,
     /// Vote requests received, by candidate (`raft_routes`).
@@ -262,8 +262,9 @@ impl Metrics {
         }
         let raft_replication_withheld = must(prometheus::IntCounter::new(
             "raft_replication_withheld_total",
-            "Raft entries and snapshot sends this node withheld while it stepped back from \
-             a stalled disk (so a catch-up stream cannot hold off the election).",
+            "Raft sends (append, heartbeat or snapshot chunk, each retry counted) this node \
+             withheld while it stepped back from a stalled disk, so that a catch-up stream \
+             cannot hold off the election.",
         ));
         must(registry.register(Box::new(raft_replication_withheld.clone())));
         let log_lines_dropped = must(prometheus::IntCounter::new(
@@ -428,7 +429,7 @@ impl Metrics {
             // One scrape at a time brings the counter up to the count (two at once
             // would both add the same difference).
             let _one = self.log_drops_synced.lock();
-            let dropped = crate::log_sink::dropped_lines();
+            let dropped = lineage_log_sink::dropped_lines();
             self.log_lines_dropped
                 .inc_by(dropped.saturating_sub(self.log_lines_dropped.get()));
         }

@@ -278,6 +278,23 @@ impl<'a> Writes<'a> {
         writes
     }
 
+    /// One write through node `node`, tried again (a new key each time) until one is
+    /// acknowledged (bounded).
+    async fn until_served(&mut self, node: usize) {
+        let start = Instant::now();
+        loop {
+            let (status, body) = self.through(node).await;
+            if status == 200 {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "through node {node}: {status} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn through(&mut self, node: usize) -> (u16, serde_json::Value) {
         let key = format!("w-{}", self.sent);
         self.sent += 1;
@@ -674,12 +691,13 @@ async fn every_acknowledged_on_every_replica(
 /// stream lasts, the election that lets the others serve. The leader's state file's
 /// disk is frozen, its Raft log's answering (so it could still read and send entries).
 /// The follower is stopped while writes go on without it, and restarts behind once the
-/// leader has declared the stall: the stalled node withholds what it would send (this
-/// fails without `raft_client`'s gate: nothing withheld); as long as the follower takes
-/// the stalled node for its leader its log does not grow; it gets the entries from the
-/// leader the others elect, and nothing acknowledged is lost. (A stream long enough to
-/// show the election held off cannot be made here: a restarted follower campaigns
-/// before the stalled leader's backed-off retry reaches it.)
+/// leader has declared the stall: the stalled node withholds what it would send it (this
+/// fails without `raft_client`'s gate: nothing withheld); as long as
+/// the follower takes the stalled node for its leader its log does not grow; it gets
+/// the entries from the leader the others elect, and nothing acknowledged is lost. (A
+/// stream long enough to show the election held off cannot be made here: a restarted
+/// follower campaigns within its 200-700 ms election timeout, and the stalled leader's
+/// retry comes every 500 ms, so the log check catches a leak only sometimes.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_leader_sends_a_lagging_follower_nothing() {
     let tmp = tempfile::tempdir().unwrap();
@@ -723,6 +741,21 @@ async fn a_stalled_leader_sends_a_lagging_follower_nothing() {
     }
     // Restarted, its election timer starts afresh: what the stalled leader sent it
     // would reach it as from a live leader.
+    // The stalled node tries the follower it lacks an answer from every 500 ms: each try
+    // is withheld (bounded wait).
+    let start = Instant::now();
+    let withheld = loop {
+        let withheld =
+            metrics_answered(&cluster, stalled).await["lineage_raft_replication_withheld_total"];
+        if withheld > 0.0 {
+            break withheld;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the stalled node withheld nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     cluster.start_node(lagging);
     // Until it follows another leader, the follower's log stays as it was stopped.
     let stalled_id = (stalled + 1) as f64;
@@ -750,9 +783,12 @@ async fn a_stalled_leader_sends_a_lagging_follower_nothing() {
         if leader != stalled_id && leader != 0.0 {
             break leader;
         }
-        assert_eq!(
-            has, before,
-            "the follower got entries while it took the stalled node for its leader"
+        // (Fewer: openraft counts an entry on append, before its fsync, so one may have
+        // been lost with the kill.)
+        assert!(
+            has <= before,
+            "the follower got entries while it took the stalled node for its leader: \
+             {has} > {before}"
         );
         assert!(
             start.elapsed() < Duration::from_secs(60),
@@ -760,25 +796,11 @@ async fn a_stalled_leader_sends_a_lagging_follower_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let withheld =
-        metrics_answered(&cluster, stalled).await["lineage_raft_replication_withheld_total"];
-    assert!(withheld > 0.0, "the stalled node withheld nothing");
-    println!("node {new_leader} leads; the stalled node withheld {withheld} sends");
+    println!("node {new_leader} leads; the stalled node withheld {withheld} sends before");
 
     // The others serve, and once the disk answers nothing acknowledged is missing.
     for node in (0..3).filter(|i| *i != stalled) {
-        let start = Instant::now();
-        loop {
-            let (status, body) = writes.through(node).await;
-            if status == 200 {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "through node {node}: {status} {body}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        writes.until_served(node).await;
     }
     drop(frozen);
     cluster.wait_ready(stalled, Duration::from_secs(30)).await;

@@ -58,7 +58,6 @@ const LAYERS: &[(&str, Layer)] = &[
     ("network::peer_contacts", Layer::Storage),
     ("store::agent_slot", Layer::Leaf),
     ("log_noise", Layer::Leaf),
-    ("log_sink", Layer::Leaf),
     ("snapshot_spool", Layer::Leaf),
     ("disk_reserve", Layer::Leaf),
     ("election_hold", Layer::Leaf),

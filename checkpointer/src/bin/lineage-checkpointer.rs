@@ -79,9 +79,13 @@ fn main() -> ExitCode {
         .map_err(|e| e.to_string())
         .and_then(|runtime| runtime.block_on(run(cli)));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            lineage_log_sink::flush();
+            ExitCode::SUCCESS
+        }
         Err(e) => {
-            eprintln!("lineage-checkpointer: {e}");
+            // What is queued first, then the error line.
+            lineage_log_sink::last_words(format!("lineage-checkpointer: {e}"));
             ExitCode::FAILURE
         }
     }

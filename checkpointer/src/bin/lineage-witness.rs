@@ -185,9 +185,13 @@ fn main() -> ExitCode {
         None => serve(&cli),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            lineage_log_sink::flush();
+            ExitCode::SUCCESS
+        }
         Err(e) => {
-            eprintln!("lineage-witness: {e}");
+            // What is queued first, then the error line.
+            lineage_log_sink::last_words(format!("lineage-witness: {e}"));
             ExitCode::FAILURE
         }
     }
