@@ -90,10 +90,11 @@ pub async fn route_to_leader(
 /// Whether this follower reads a write's body to relay it to the leader at `addr`. A
 /// token its state knows: yes. No token: 401 here, as the leader would answer. A token
 /// its state does not know may still be valid on the leader (an operator added, or an
-/// agent's token reissued, a moment ago, not yet applied here), or made up: the leader is asked whom it speaks
-/// for (`GET /v1/whoami`, headers only), and only a token it vouches for has its body
-/// read. So no body is ever held here for a token no node knows, and a forged token's
-/// write gets the leader's 401 at its head, as on the leader.
+/// agent's token reissued, a moment ago, not yet applied here), or made up: the leader
+/// is asked whom it speaks for (`GET /v1/whoami`, headers only), and only a token it
+/// vouches for has its body read. So no body is ever held here for a token no node
+/// knows, and a forged token's write gets the leader's 401 at its head, as on the
+/// leader.
 async fn admit_body(
     app: &App,
     addr: &str,

@@ -40,7 +40,7 @@ pub struct RaftHttp {
     pub contacts: Arc<PeerContacts>,
     /// Whether this node's disk is held for stalled (`disk_stall`); none: never.
     pub disk: Option<Arc<crate::disk_watch::DiskWatch>>,
-    /// Entries and snapshots not sent because the disk was stalled
+    /// Sends withheld because the disk was stalled, each try
     /// (`lineage_raft_replication_withheld_total`).
     pub withheld: prometheus::IntCounter,
 }
