@@ -349,12 +349,14 @@ async fn applied_rows_are_readable_at_once_and_on_disk_after_reopen() {
     assert!(sm.record_hashes("nobody", 1).is_err());
 }
 
-/// Proofs' leaves read over damaged record rows: a line joined to the next (a newline
-/// flipped), a byte zeroed, a hash digit made non-hex, a line cut short, and the last
-/// line of the agent's last row cut away whole. Each is an error from `record_hashes`,
-/// never a shorter list nor leaves shifted onto other seqs (raw rows carry no checksum
-/// of their own: a hash digit changed into another hex digit is not caught here, but by
-/// start-up replay or the scrub, which check the chain).
+/// Proofs' leaves and log pages read over damaged record rows: a line joined to the next
+/// (a newline flipped), a byte zeroed, a hash digit made non-hex, a line cut short, the
+/// last line of the agent's last row cut away whole, a hash digit changed into another
+/// hex digit, and a letter of an input changed. Each is an error from `record_hashes`
+/// and from `records` (a log page's read), never a shorter list, leaves shifted onto
+/// other seqs, nor a record served changed: the raw row's seal no longer checks. (Before
+/// raw rows were sealed, a log page served the non-hex digit, the other hex digit and
+/// the changed input as they were, and a proof took the other hex digit for a leaf.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proof_leaves_over_damaged_record_rows_are_an_error_not_fewer() {
     type Damage = fn(&str) -> String;
@@ -368,6 +370,12 @@ async fn proof_leaves_over_damaged_record_rows_are_an_error_not_fewer() {
         format!("{}g{}", &row[..at], &row[at + 1..])
     };
     let cut_mid_line: Damage = |row| row[..row.len() - 10].to_string();
+    let other_hex: Damage = |row| {
+        let at = row.rfind("\"hash\":\"").expect("a hash") + 8;
+        let digit = if &row[at..=at] == "a" { "b" } else { "a" };
+        format!("{}{digit}{}", &row[..at], &row[at + 1..])
+    };
+    let input_changed: Damage = |row| row.replacen("\"input\":{\"", "\"input\":{\"x", 1);
     let last_line_cut: Damage = |row| match row.rfind('\n') {
         Some(at) => row[..at].to_string(),
         None => String::new(),
@@ -382,6 +390,8 @@ async fn proof_leaves_over_damaged_record_rows_are_an_error_not_fewer() {
         ("not hex", not_hex),
         ("cut mid-line", cut_mid_line),
         ("last line cut", last_line_cut),
+        ("another hex digit", other_hex),
+        ("input changed", input_changed),
     ] {
         let dir = tempfile::tempdir().unwrap();
         {
@@ -429,6 +439,8 @@ async fn proof_leaves_over_damaged_record_rows_are_an_error_not_fewer() {
         );
         let read = sm.record_hashes("bot", records);
         assert!(read.is_err(), "{name}: {read:?}");
+        let page = sm.records("bot", 0, records as usize);
+        assert!(page.is_err(), "{name}: {page:?}");
     }
 }
 
@@ -2413,8 +2425,13 @@ async fn the_newest_stored_records_cut_away_are_not_a_shorter_log() {
     /// A newest row's cut: what is kept of it (`None`: the row is removed).
     type Cut = fn(&str) -> Option<String>;
     let cuts: [(&str, Cut); 2] = [
+        // Sealed again, as a row written whole but shorter would be: a cut that breaks
+        // the seal is caught by it first (`record_rows` unit tests).
         ("last line", |row| {
-            row.rsplit_once('\n').map(|(kept, _)| kept.to_string())
+            let lines = lineage_node::store::record_rows::raw_lines("bot", 0, row).unwrap();
+            lines
+                .rsplit_once('\n')
+                .map(|(kept, _)| lineage_node::store::checked_row::seal_text(kept))
         }),
         ("newest row", |_| None),
     ];

@@ -194,7 +194,8 @@ mod tests {
                 let mut records = txn.open_table(RECORDS).unwrap();
                 records.retain(|_, _| false).unwrap();
                 for (first, text) in rows {
-                    records.insert(("a", *first), *text).unwrap();
+                    let row = crate::store::checked_row::seal_text(text);
+                    records.insert(("a", *first), row.as_str()).unwrap();
                 }
                 let mut ends = txn.open_table(RECORD_ENDS).unwrap();
                 match end {
@@ -300,9 +301,10 @@ mod tests {
         let txn = db.begin_write().unwrap();
         {
             let mut records = txn.open_table(RECORDS).unwrap();
-            records.insert(("a", 0), "r0\nr1").unwrap();
-            records.insert(("a", 2), "r2").unwrap();
-            records.insert(("b", 0), "r0").unwrap();
+            let sealed = crate::store::checked_row::seal_text;
+            records.insert(("a", 0), sealed("r0\nr1").as_str()).unwrap();
+            records.insert(("a", 2), sealed("r2").as_str()).unwrap();
+            records.insert(("b", 0), sealed("r0").as_str()).unwrap();
             let mut index = txn.open_table(INDEX).unwrap();
             index.insert("a", ()).unwrap();
             index.insert("b", ()).unwrap();

@@ -1,8 +1,10 @@
 //! How agents' records sit in the state machine: runs of consecutive records, one row per
 //! run, keyed by (agent, seq of the run's first record), in two tables.
 //!
-//! - `records` holds raw runs: the run's JSON lines joined by `\n` (a record's line never
-//!   holds a raw newline). Applies write here, one run per agent per commit.
+//! - `records` holds raw runs: the hex SHA-256 of the run's JSON lines joined by `\n` (a
+//!   record's line never holds a raw newline), then those lines (`checked_row::seal_text`).
+//!   Applies write here, one run per agent per commit. Every read checks the seal
+//!   ([`raw_lines`]); a row written before rows were sealed is its lines alone.
 //! - [`PACKED_RUNS`] holds packed runs (`packed_run`: compressed and checked), about a
 //!   page each. [`merge_tail`] packs an agent's raw rows there once a few have gathered,
 //!   with its last packed run if that is not full, and removes them from `records`.
@@ -24,6 +26,7 @@
 
 use redb::{AccessGuard, ReadableTable, StorageError, Table, TableDefinition};
 
+use super::checked_row;
 use super::packed_run::{self, PAGE_BYTES};
 
 /// (agent, seq of the run's first record) → a packed run (`packed_run`).
@@ -49,6 +52,27 @@ const ONE_ROW_LEAF_OVERHEAD: usize = 4 + 4 + 4 + 4 + 8;
 pub fn max_run_bytes(agent: &str) -> usize {
     (4 * PAGE_BYTES).saturating_sub(ONE_ROW_LEAF_OVERHEAD + agent.len())
 }
+/// A raw row's seal: the hex SHA-256 of its lines, before them.
+const RAW_SEAL_BYTES: usize = 64;
+
+/// The lines a raw run may hold within [`max_run_bytes`], its seal beside them.
+fn max_raw_lines_bytes(agent: &str) -> usize {
+    max_run_bytes(agent).saturating_sub(RAW_SEAL_BYTES)
+}
+
+/// A raw row's lines, once its seal is checked: a `Corrupted` error naming the row when a
+/// byte of it changed. A row written before raw rows were sealed starts with its first
+/// record's `{` and is read as it is (its readers still check its lines as records); a
+/// sealed row starts with a hex digit, and no single flipped bit makes one a `{`.
+pub fn raw_lines<'a>(agent_id: &str, first: u64, row: &'a str) -> Result<&'a str, StorageError> {
+    if row.starts_with('{') {
+        return Ok(row);
+    }
+    checked_row::unseal_text(row).map_err(|why| {
+        StorageError::Corrupted(format!("{agent_id}'s raw run from seq {first}: {why}"))
+    })
+}
+
 /// How many bytes of raw rows one [`merge_tail`] call reads at most.
 pub const MERGE_LIMIT_BYTES: usize = 16 * 1024 * 1024;
 /// Raw rows are left to gather until there are this many, or a raw run's worth of bytes,
@@ -105,14 +129,17 @@ impl RunWriter {
         if let Some((run_agent, first, next, text)) = &mut self.run {
             if run_agent == agent
                 && *next == seq
-                && text.len() + 1 + line.len() <= max_run_bytes(agent)
+                && text.len() + 1 + line.len() <= max_raw_lines_bytes(agent)
             {
                 text.push('\n');
                 text.push_str(line);
                 *next += 1;
                 return Ok(());
             }
-            table.insert((run_agent.as_str(), *first), text.as_str())?;
+            table.insert(
+                (run_agent.as_str(), *first),
+                checked_row::seal_text(text).as_str(),
+            )?;
         }
         self.run = Some((agent.to_string(), seq, seq + 1, line.to_string()));
         Ok(())
@@ -124,7 +151,10 @@ impl RunWriter {
         table: &mut Table<(&'static str, u64), &'static str>,
     ) -> Result<(), StorageError> {
         if let Some((agent, first, _, text)) = self.run {
-            table.insert((agent.as_str(), first), text.as_str())?;
+            table.insert(
+                (agent.as_str(), first),
+                checked_row::seal_text(&text).as_str(),
+            )?;
         }
         Ok(())
     }
@@ -182,7 +212,12 @@ pub fn merge_tail(
             break;
         }
         bytes += text.value().len();
-        tail.push((key.value().1, text.value().to_string()));
+        let first = key.value().1;
+        // A row whose seal does not check is left as it is, as a gap is (below).
+        let Ok(lines) = raw_lines(agent_id, first, text.value()) else {
+            return Ok(Merged::Inconsistent);
+        };
+        tail.push((first, lines.to_string()));
     }
     if tail.is_empty() {
         return Ok(Merged::Nothing);
@@ -300,16 +335,17 @@ impl<T: ReadableTable<(&'static str, u64), &'static str>> RawRows for T {}
 pub trait PackedRows: ReadableTable<(&'static str, u64), &'static [u8]> {}
 impl<T: ReadableTable<(&'static str, u64), &'static [u8]>> PackedRows for T {}
 
-/// A row's text: borrowed from a raw row, or unpacked.
+/// A row's lines: borrowed from a raw row whose seal checked (from this byte on), or
+/// unpacked.
 enum RowText<'a> {
-    Raw(AccessGuard<'a, &'static str>),
+    Raw(AccessGuard<'a, &'static str>, usize),
     Packed(String),
 }
 
 impl RowText<'_> {
     fn as_str(&self) -> &str {
         match self {
-            RowText::Raw(guard) => guard.value(),
+            RowText::Raw(guard, lines_at) => guard.value().get(*lines_at..).unwrap_or_default(),
             RowText::Packed(text) => text,
         }
     }
@@ -336,7 +372,12 @@ impl<'a> Iterator for StoredRows<'a> {
         };
         if raw_first {
             let row = self.raw.next()?;
-            return Some(row.map(|(key, text)| (key, RowText::Raw(text))));
+            return Some(row.and_then(|(key, text)| {
+                let (agent, first) = key.value();
+                let row = text.value();
+                let lines_at = row.len() - raw_lines(agent, first, row)?.len();
+                Ok((key, RowText::Raw(text, lines_at)))
+            }));
         }
         let row = self.packed.next()?;
         Some(row.and_then(|(key, row)| {
@@ -398,8 +439,11 @@ pub fn rows_end(
     let raw_end = match table_range(raw, agent_id, 0)?.next_back() {
         Some(row) => {
             let (key, text) = row?;
-            let lines = text.value().split('\n').count() as u64;
-            key.value().1.saturating_add(lines)
+            let first = key.value().1;
+            let lines = raw_lines(agent_id, first, text.value())?
+                .split('\n')
+                .count() as u64;
+            first.saturating_add(lines)
         }
         None => 0,
     };
@@ -629,7 +673,7 @@ mod tests {
             )
             .unwrap();
             insert_runs(&mut table, [("a", 3, "a3"), ("a", 4, "a4")]).unwrap();
-            table.insert(("a", 4), "a4").unwrap();
+            insert_runs(&mut table, [("a", 4, "a4")]).unwrap();
             insert_runs(&mut table, [("c", 0, "c0"), ("c", 2, "c2")]).unwrap();
         }
         txn.commit().unwrap();
@@ -930,8 +974,11 @@ mod tests {
             let mut table = txn.open_table(RECORDS).unwrap();
             insert_runs(&mut table, [("a", 0, "a0"), ("a", 1, "a1"), ("a", 2, "a2")]).unwrap();
             insert_runs(&mut table, [("a", 3, "a3"), ("a", 4, "a4")]).unwrap();
-            // The first run loses its last line.
-            table.insert(("a", 0), "a0\na1").unwrap();
+            // The first run loses its last line (and is sealed again: the seal alone
+            // would catch a cut, below).
+            table
+                .insert(("a", 0), checked_row::seal_text("a0\na1").as_str())
+                .unwrap();
         }
         txn.commit().unwrap();
         for from in [0, 1, 2] {
@@ -944,5 +991,94 @@ mod tests {
         assert_eq!(lines(&db, "a", 3, 9), [(3, "a3".into()), (4, "a4".into())]);
         // A read that stops before the hole still reads what it asked for.
         assert_eq!(lines(&db, "a", 0, 2), [(0, "a0".into()), (1, "a1".into())]);
+    }
+
+    /// A sealed raw row with any one bit flipped is an error for every read of it (lines,
+    /// its end), and a merge leaves it as it is, never other lines nor fewer. Flips that
+    /// leave the row no longer UTF-8 are not written: redb's `&str` reads would panic on
+    /// them (the node then exits, and the page check after that unclean stop finds the
+    /// page).
+    #[test]
+    fn every_bit_flipped_in_a_sealed_raw_row_is_an_error() {
+        let (_dir, db) = create();
+        let text: Vec<String> = (0..3).map(|seq| record_line("a", seq)).collect();
+        let write = |row: &str| {
+            let mut txn = db.begin_write().unwrap();
+            txn.set_durability(redb::Durability::None);
+            {
+                let mut table = txn.open_table(RECORDS).unwrap();
+                table.retain(|_, _| false).unwrap();
+                table.insert(("a", 0), row).unwrap();
+            }
+            txn.commit().unwrap();
+        };
+        {
+            let txn = db.begin_write().unwrap();
+            insert_runs(
+                &mut txn.open_table(RECORDS).unwrap(),
+                text.iter()
+                    .zip(0..)
+                    .map(|(line, seq)| ("a", seq, line.as_str())),
+            )
+            .unwrap();
+            txn.commit().unwrap();
+        }
+        let sealed = String::from_utf8(rows(&db, "a").0.pop().expect("one row").1).unwrap();
+        assert_ne!(sealed, text.join("\n"), "the row carries its seal");
+        assert_eq!(lines(&db, "a", 0, 9).len(), 3);
+        let (mut flips, mut not_utf8) = (0, 0);
+        for at in 0..sealed.len() {
+            for bit in 0..8 {
+                let mut bytes = sealed.clone().into_bytes();
+                bytes[at] ^= 1 << bit;
+                let Ok(damaged) = String::from_utf8(bytes) else {
+                    not_utf8 += 1;
+                    continue;
+                };
+                write(&damaged);
+                flips += 1;
+                let read = try_lines(&db, "a", 0, 9);
+                assert!(
+                    matches!(&read, Err(StorageError::Corrupted(why)) if why.contains("raw run from seq 0")),
+                    "byte {at} bit {bit}: {read:?}"
+                );
+                assert!(end(&db, "a").is_err(), "byte {at} bit {bit}");
+                assert!(all(&db).is_err(), "byte {at} bit {bit}");
+                if at % 16 == 0 {
+                    assert_eq!(merge_committed(&db, "a", true), Merged::Inconsistent);
+                    let left = [(0, damaged.clone().into_bytes())];
+                    assert_eq!(rows(&db, "a").0, left, "left as it is");
+                }
+            }
+        }
+        // Every flip of the seven low bits of these ASCII bytes was written and read.
+        assert_eq!(flips + not_utf8, 8 * sealed.len());
+        assert!(
+            flips >= 7 * sealed.len(),
+            "{flips} flips, {not_utf8} not UTF-8"
+        );
+    }
+
+    /// A raw row written before rows were sealed (its lines alone, from the first record's
+    /// `{`) reads as it did, and is packed like any other.
+    #[test]
+    fn a_raw_row_from_before_seals_reads_as_it_did() {
+        let (_dir, db) = create();
+        let text: Vec<String> = (0..3).map(|seq| record_line("a", seq)).collect();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(RECORDS)
+            .unwrap()
+            .insert(("a", 0), text.join("\n").as_str())
+            .unwrap();
+        txn.commit().unwrap();
+        let expected: Vec<(u64, String)> = (0..).zip(text.iter().cloned()).collect();
+        assert_eq!(lines(&db, "a", 0, 9), expected);
+        assert_eq!(end(&db, "a").unwrap(), 3);
+        assert!(matches!(
+            merge_committed(&db, "a", true),
+            Merged::Rewrote(_)
+        ));
+        assert!(rows(&db, "a").0.is_empty(), "packed");
+        assert_eq!(lines(&db, "a", 0, 9), expected);
     }
 }

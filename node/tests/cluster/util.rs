@@ -80,9 +80,9 @@ pub fn free_consecutive_ports(n: u16) -> u16 {
     }
 }
 
-/// Rewrites `agent`'s rows in a node's `records` table as one row per record (the layout
-/// older nodes wrote, which nodes still read), so a test can edit single records the way
-/// someone with disk access would.
+/// Rewrites `agent`'s rows in a node's `records` table as one row per record, unsealed
+/// (the layout older nodes wrote, which nodes still read), so a test can edit single
+/// records the way someone with disk access would, past the rows' seals.
 pub fn one_row_per_record(table: &mut redb::Table<(&'static str, u64), &'static str>, agent: &str) {
     use redb::ReadableTable;
     let rows: Vec<(u64, String)> = table
@@ -90,7 +90,9 @@ pub fn one_row_per_record(table: &mut redb::Table<(&'static str, u64), &'static 
         .expect("read records")
         .map(|row| {
             let (key, text) = row.expect("read a row");
-            (key.value().1, text.value().to_string())
+            let lines = lineage_node::store::record_rows::raw_lines(agent, 0, text.value())
+                .expect("a row whose seal checks");
+            (key.value().1, lines.to_string())
         })
         .collect();
     for (first, text) in rows {
