@@ -8,7 +8,7 @@ use lineage_core::{AuditKey, Policy, ToolRule};
 use lineage_node::raft_types::{
     AppendRecords, ApplyOutcome, Batch, BatchOutcome, Proposal, RecordLine, TypeConfig,
 };
-use lineage_node::store::{self, AgentSlot, LogStore, StateMachine};
+use lineage_node::store::{self, record_rows, AgentSlot, LogStore, StateMachine};
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::testing::{log_id, StoreBuilder, Suite};
 use openraft::{Entry, EntryPayload, RaftLogReader, StorageError};
@@ -357,6 +357,8 @@ async fn applied_rows_are_readable_at_once_and_on_disk_after_reopen() {
 /// other seqs, nor a record served changed: the raw row's seal no longer checks. (Before
 /// raw rows were sealed, a log page served the non-hex digit, the other hex digit and
 /// the changed input as they were, and a proof took the other hex digit for a leaf.)
+/// The first five are made again to the lines of a row sealed afresh (a row from before
+/// seals, or one written whole that way), where the proof's own line checks catch them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proof_leaves_over_damaged_record_rows_are_an_error_not_fewer() {
     type Damage = fn(&str) -> String;
@@ -384,7 +386,7 @@ async fn proof_leaves_over_damaged_record_rows_are_an_error_not_fewer() {
     let appends = entries_with_requests(&key, 4);
     let records = appends.iter().map(|a| a.records.len() as u64).sum::<u64>();
     let raw = redb::TableDefinition::<(&str, u64), &str>::new("records");
-    for (name, damage) in [
+    let damages = [
         ("joined", joined),
         ("zeroed", zeroed),
         ("not hex", not_hex),
@@ -392,7 +394,16 @@ async fn proof_leaves_over_damaged_record_rows_are_an_error_not_fewer() {
         ("last line cut", last_line_cut),
         ("another hex digit", other_hex),
         ("input changed", input_changed),
-    ] {
+    ];
+    let resealed = damages[..5]
+        .iter()
+        .map(|&(name, damage)| (name, damage, true));
+    for (name, damage, resealed) in damages
+        .iter()
+        .map(|&(name, damage)| (name, damage, false))
+        .chain(resealed)
+    {
+        let name = format!("{name}, sealed afresh: {resealed}");
         let dir = tempfile::tempdir().unwrap();
         {
             let (_, mut sm) = store::open(dir.path()).unwrap();
@@ -419,7 +430,13 @@ async fn proof_leaves_over_damaged_record_rows_are_an_error_not_fewer() {
                     row.contains('\n'),
                     "{name}: the last row holds several lines"
                 );
-                table.insert(("bot", first), damage(&row).as_str()).unwrap();
+                let damaged = if resealed {
+                    let lines = record_rows::raw_lines("bot", first, &row).unwrap();
+                    lineage_node::store::checked_row::seal_text(&damage(lines))
+                } else {
+                    damage(&row)
+                };
+                table.insert(("bot", first), damaged.as_str()).unwrap();
                 first
             };
             txn.commit().unwrap();
@@ -439,8 +456,12 @@ async fn proof_leaves_over_damaged_record_rows_are_an_error_not_fewer() {
         );
         let read = sm.record_hashes("bot", records);
         assert!(read.is_err(), "{name}: {read:?}");
-        let page = sm.records("bot", 0, records as usize);
-        assert!(page.is_err(), "{name}: {page:?}");
+        // Lines sealed afresh are served as records if they parse (the log's readers
+        // verify them); a seal that no longer checks is never served.
+        if !resealed {
+            let page = sm.records("bot", 0, records as usize);
+            assert!(page.is_err(), "{name}: {page:?}");
+        }
     }
 }
 
@@ -2359,7 +2380,13 @@ async fn a_damaged_stored_line_fails_verification_and_is_never_a_shorter_log() {
     ];
     let key = AuditKey::from_seed([6; 32]);
     let appends = entries_with_requests(&key, 30);
-    for (name, damage) in damages {
+    // Each damage to the row as stored (its seal catches it), and to its lines in a row
+    // sealed afresh (as a row from before seals would be: the verifier catches it).
+    let cases = [false, true]
+        .into_iter()
+        .flat_map(|resealed| damages.map(|(name, damage)| (name, damage, resealed)));
+    for (name, damage, resealed) in cases {
+        let name = format!("{name}, sealed afresh: {resealed}");
         let dir = tempfile::tempdir().unwrap();
         {
             let (_log, mut sm) = store::open(dir.path()).unwrap();
@@ -2367,7 +2394,12 @@ async fn a_damaged_stored_line_fails_verification_and_is_never_a_shorter_log() {
             sm.flush().unwrap();
         }
         edit_bot_row(dir.path(), false, |row| {
-            let damaged = damage(row);
+            let damaged = if resealed {
+                let lines = record_rows::raw_lines("bot", 0, row).unwrap();
+                lineage_node::store::checked_row::seal_text(&damage(lines))
+            } else {
+                damage(row)
+            };
             assert_ne!(damaged, row, "{name}");
             Some(damaged)
         });

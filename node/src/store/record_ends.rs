@@ -140,8 +140,9 @@ pub fn refill(
         let (agent, _) = item?;
         let end = match record_rows::rows_end(&records, &packed, agent.value()) {
             Ok(end) => end,
-            // A packed run whose header cannot be read: no end is stored, so start-up
-            // quarantines the agent ("no stored end") instead of failing to open.
+            // A packed run whose header, or a raw row whose seal, cannot be read: no end
+            // is stored, so start-up quarantines the agent ("no stored end") instead of
+            // failing to open.
             Err(StorageError::Corrupted(why)) => {
                 tracing::error!(
                     agent = agent.value(),

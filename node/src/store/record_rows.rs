@@ -38,8 +38,9 @@ pub const PACKED_RUNS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::ne
 const ONE_ROW_LEAF_OVERHEAD: usize = 4 + 4 + 4 + 4 + 8;
 
 /// A raw run of `agent`'s takes another line only while the row still fits in a leaf of
-/// four pages (16 KiB). (Raw runs last until the merge packs them; before packing they
-/// were the records' lasting form, which is what the figures below measured.)
+/// four pages (16 KiB): its lines within `max_raw_lines_bytes`, its seal beside them.
+/// (Raw runs last until the merge packs them; before packing they were the records'
+/// lasting form, which is what the figures below measured.)
 ///
 /// Why four: redb gives a leaf bigger than a page a block of a power-of-two number of
 /// contiguous pages, and frees it as one when the row is rewritten. The pages merges free
