@@ -290,7 +290,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         secrets: keys.secrets.clone(),
         durable_log,
         contacts: peer_contacts.clone(),
-        disk: config.disk_stall_after.map(|_| disk_watch.clone()),
+        disk: disk_watch.clone(),
         withheld: metrics.raft_replication_withheld.clone(),
     };
     let raft = openraft::Raft::new(

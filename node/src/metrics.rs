@@ -281,12 +281,13 @@ impl Metrics {
         );
         let raft_requests_refused = counter(
             "raft_requests_refused_total",
-            "Raft requests this node refused before reading them, by reason: secret (no \
-             cluster secret it accepts, as in a rotation gone wrong), certificate (with TLS, \
-             not a member node's).",
+            "Raft requests this node refused, by reason: secret (no cluster secret it \
+             accepts, as in a rotation gone wrong) and certificate (with TLS, not a member \
+             node's), before reading them; digest (the body does not match the SHA-256 its \
+             sender stated: changed on the way).",
             &["reason"],
         );
-        for reason in ["secret", "certificate"] {
+        for reason in ["secret", "certificate", "digest"] {
             raft_requests_refused.with_label_values(&[reason]);
         }
         let idempotency_expired = counter(

@@ -24,6 +24,11 @@ pub const CLUSTER_SECRET_HEADER: &str = "x-lineage-cluster-secret";
 /// On a Raft answer: the answering node's secret fingerprints
 /// (`rotating_secrets::Fingerprints::header_value`).
 pub const SECRETS_HEADER: &str = "x-lineage-secret-fingerprints";
+/// The hex SHA-256 of a Raft request's body, which the receiver holds the body to
+/// (`raft_routes::RaftBody`): over plain HTTP only TCP's 16-bit checksum guards the
+/// bytes, and a record changed on the way would be rejected at that follower's apply
+/// alone, leaving its copy of the agent behind the others' for good.
+pub const BODY_SHA256_HEADER: &str = "x-lineage-body-sha256";
 
 #[derive(Clone)]
 pub struct RaftHttp {
@@ -38,8 +43,9 @@ pub struct RaftHttp {
     pub durable_log: Option<DurableLog>,
     /// When each peer last answered (`peer_contacts`).
     pub contacts: Arc<PeerContacts>,
-    /// Whether this node's disk is held for stalled (`disk_stall`); none: never.
-    pub disk: Option<Arc<crate::disk_watch::DiskWatch>>,
+    /// Whether this node's disk is held for stalled (only `disk_stall`'s monitor, run
+    /// with `--disk-stall-ms`, ever says so).
+    pub disk: Arc<crate::disk_watch::DiskWatch>,
     /// Sends withheld because the disk was stalled, each try
     /// (`lineage_raft_replication_withheld_total`).
     pub withheld: prometheus::IntCounter,
@@ -112,6 +118,9 @@ impl Connection {
         Err: std::error::Error + DeserializeOwned,
     {
         let url = format!("{}://{}/raft/{path}", self.http.scheme, self.addr);
+        let body =
+            serde_json::to_vec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&body));
         let response = self
             .http
             .client
@@ -121,8 +130,10 @@ impl Connection {
                 CLUSTER_SECRET_HEADER,
                 self.http.secrets.cluster_secret_to_send(),
             )
+            .header(BODY_SHA256_HEADER, digest)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
             .timeout(option.hard_ttl())
-            .json(request)
+            .body(body)
             .send()
             .await
             .map_err(|e| {
@@ -224,7 +235,7 @@ impl Connection {
     where
         E: std::error::Error,
     {
-        if !self.http.disk.as_ref().is_some_and(|disk| disk.stalled()) {
+        if !self.http.disk.stalled() {
             return Ok(());
         }
         self.http.withheld.inc();

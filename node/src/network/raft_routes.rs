@@ -13,8 +13,8 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest, VoteResponse,
 };
 
-use super::raft_client::{CLUSTER_SECRET_HEADER, SECRETS_HEADER};
-use crate::api::body::JsonBody;
+use super::raft_client::{BODY_SHA256_HEADER, CLUSTER_SECRET_HEADER, SECRETS_HEADER};
+use crate::api::body::{json_bytes, parse};
 use crate::api::error::ApiError;
 use crate::api::route_book::RouteBook;
 use crate::app::App;
@@ -86,6 +86,43 @@ async fn require_cluster_secret(
     }
 }
 
+/// A Raft request's JSON body, held to the SHA-256 its sender stated
+/// (`BODY_SHA256_HEADER`): a body that differs (changed on the way) is refused with 400
+/// and counted, and the sender sends it again, as after any failed RPC. A request
+/// without the header (a node of a build before it, during a rolling upgrade) is read
+/// as before.
+struct RaftBody<T>(T);
+
+impl<T: serde::de::DeserializeOwned> axum::extract::FromRequest<Arc<App>> for RaftBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(
+        request: axum::extract::Request,
+        app: &Arc<App>,
+    ) -> Result<Self, ApiError> {
+        let stated = request.headers().get(BODY_SHA256_HEADER).cloned();
+        let bytes = json_bytes::<_, MAX_RAFT_BODY_BYTES>(request, app).await?;
+        if let Some(stated) = stated {
+            let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+            if stated.as_bytes() != digest.as_bytes() {
+                app.metrics
+                    .raft_requests_refused
+                    .with_label_values(&["digest"])
+                    .inc();
+                tracing::warn!(
+                    bytes = bytes.len(),
+                    "a Raft request body does not match the SHA-256 its sender stated; refused"
+                );
+                return Err(ApiError::BadRequest(format!(
+                    "the body ({} bytes) does not match its {BODY_SHA256_HEADER}: changed on the way",
+                    bytes.len()
+                )));
+            }
+        }
+        parse(&bytes).map(RaftBody)
+    }
+}
+
 /// The peer's certificate must name a node of this cluster that is a member (voter or
 /// learner) of the membership this node knows. A node that knows none yet (it was just
 /// started empty, to be added) accepts any node of this cluster.
@@ -136,7 +173,7 @@ fn sender_is_the_certificate(
 async fn append(
     State(app): State<Arc<App>>,
     peer: Option<axum::Extension<PeerCertificate>>,
-    JsonBody(request): JsonBody<AppendEntriesRequest<TypeConfig>, MAX_RAFT_BODY_BYTES>,
+    RaftBody(request): RaftBody<AppendEntriesRequest<TypeConfig>>,
 ) -> Response {
     if let Err(e) = sender_is_the_certificate(&app, peer.as_ref(), &request.vote) {
         return e.into_response();
@@ -162,7 +199,7 @@ async fn append(
 async fn vote(
     State(app): State<Arc<App>>,
     peer: Option<axum::Extension<PeerCertificate>>,
-    JsonBody(request): JsonBody<VoteRequest<NodeId>, MAX_RAFT_BODY_BYTES>,
+    RaftBody(request): RaftBody<VoteRequest<NodeId>>,
 ) -> Response {
     if let Err(e) = sender_is_the_certificate(&app, peer.as_ref(), &request.vote) {
         return e.into_response();
@@ -208,7 +245,7 @@ fn count_vote_request(app: &App, candidate: Option<NodeId>) {
 async fn snapshot(
     State(app): State<Arc<App>>,
     peer: Option<axum::Extension<PeerCertificate>>,
-    JsonBody(request): JsonBody<InstallSnapshotRequest<TypeConfig>, MAX_RAFT_BODY_BYTES>,
+    RaftBody(request): RaftBody<InstallSnapshotRequest<TypeConfig>>,
 ) -> Response {
     if let Err(e) = sender_is_the_certificate(&app, peer.as_ref(), &request.vote) {
         return e.into_response();

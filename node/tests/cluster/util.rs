@@ -35,6 +35,8 @@ pub struct Cluster {
     /// The first this many nodes are the new cluster's voters (`--peers`); the others are
     /// spares, started empty, that join only when an operator adds them.
     voters: usize,
+    /// Where a node listens when not at its address (`listen_apart`).
+    listen: Vec<Option<String>>,
 }
 
 /// A loopback port nothing listens on right now, and that no outgoing connection will
@@ -294,7 +296,17 @@ impl Cluster {
             external,
             data_dirs: None,
             voters: n,
+            listen: vec![None; n],
         }
+    }
+
+    /// Has node `i` listen on a port of its own, while its peers and this harness still
+    /// reach it at `addrs[i]` (which it advertises), where the test puts something in
+    /// between. Returns where it listens.
+    pub fn listen_apart(&mut self, i: usize) -> String {
+        let listen = format!("127.0.0.1:{}", free_port());
+        self.listen[i] = Some(listen.clone());
+        listen
     }
 
     pub fn data_dir(&self, i: usize) -> PathBuf {
@@ -341,8 +353,15 @@ impl Cluster {
                 "--id",
                 &(i + 1).to_string(),
                 "--listen",
-                &self.addrs[i],
+                self.listen[i].as_deref().unwrap_or(&self.addrs[i]),
             ])
+            .args(
+                self.listen[i]
+                    .as_ref()
+                    .map(|_| ["--advertise", self.addrs[i].as_str()])
+                    .into_iter()
+                    .flatten(),
+            )
             .arg("--data-dir")
             .arg(self.data_dir(i))
             .arg("--keys-dir")
