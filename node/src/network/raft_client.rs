@@ -43,8 +43,8 @@ pub struct RaftHttp {
     pub durable_log: Option<DurableLog>,
     /// When each peer last answered (`peer_contacts`).
     pub contacts: Arc<PeerContacts>,
-    /// Whether this node's disk is held for stalled (only `disk_stall`'s monitor, run
-    /// with `--disk-stall-ms`, ever says so).
+    /// Whether this node's disk is held for stalled (only `disk_stall`'s monitor ever
+    /// says so; `--disk-stall-ms 0` turns it off).
     pub disk: Arc<crate::disk_watch::DiskWatch>,
     /// Sends withheld because the disk was stalled, each try
     /// (`lineage_raft_replication_withheld_total`).

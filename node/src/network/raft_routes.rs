@@ -88,7 +88,8 @@ async fn require_cluster_secret(
 
 /// A Raft request's JSON body, held to the SHA-256 its sender stated
 /// (`BODY_SHA256_HEADER`): a body that differs (changed on the way) is refused with 400
-/// and counted, and the sender sends it again, as after any failed RPC. A request
+/// and counted; openraft sends an AppendEntries or snapshot chunk again, as after any
+/// failed call, and a vote at the next election. A request
 /// without the header (a node of a build before it, during a rolling upgrade) is read
 /// as before.
 struct RaftBody<T>(T);

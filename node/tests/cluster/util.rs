@@ -300,9 +300,9 @@ impl Cluster {
         }
     }
 
-    /// Has node `i` listen on a port of its own, while its peers and this harness still
-    /// reach it at `addrs[i]` (which it advertises), where the test puts something in
-    /// between. Returns where it listens.
+    /// Has node `i` listen on a port of its own, while its peers (`--peers` is built from
+    /// `addrs`) and this harness still reach it at `addrs[i]`, where the test puts
+    /// something in between. Returns where it listens.
     pub fn listen_apart(&mut self, i: usize) -> String {
         let listen = format!("127.0.0.1:{}", free_port());
         self.listen[i] = Some(listen.clone());
