@@ -30,6 +30,11 @@ pub const SECRETS_HEADER: &str = "x-lineage-secret-fingerprints";
 /// alone, leaving its copy of the agent behind the others' for good.
 pub const BODY_SHA256_HEADER: &str = "x-lineage-body-sha256";
 
+/// What a Raft request's [`BODY_SHA256_HEADER`] says of `body`: its SHA-256, in hex.
+pub fn body_digest(body: &[u8]) -> String {
+    hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body))
+}
+
 #[derive(Clone)]
 pub struct RaftHttp {
     pub client: crate::tls::PeerClient,
@@ -120,7 +125,7 @@ impl Connection {
         let url = format!("{}://{}/raft/{path}", self.http.scheme, self.addr);
         let body =
             serde_json::to_vec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&body));
+        let digest = body_digest(&body);
         let response = self
             .http
             .client

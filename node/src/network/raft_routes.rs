@@ -13,7 +13,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest, VoteResponse,
 };
 
-use super::raft_client::{BODY_SHA256_HEADER, CLUSTER_SECRET_HEADER, SECRETS_HEADER};
+use super::raft_client::{body_digest, BODY_SHA256_HEADER, CLUSTER_SECRET_HEADER, SECRETS_HEADER};
 use crate::api::body::{json_bytes, parse};
 use crate::api::error::ApiError;
 use crate::api::route_book::RouteBook;
@@ -104,8 +104,7 @@ impl<T: serde::de::DeserializeOwned> axum::extract::FromRequest<Arc<App>> for Ra
         let stated = request.headers().get(BODY_SHA256_HEADER).cloned();
         let bytes = json_bytes::<_, MAX_RAFT_BODY_BYTES>(request, app).await?;
         if let Some(stated) = stated {
-            let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
-            if stated.as_bytes() != digest.as_bytes() {
+            if stated.as_bytes() != body_digest(&bytes).as_bytes() {
                 app.metrics
                     .raft_requests_refused
                     .with_label_values(&["digest"])
