@@ -292,6 +292,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         contacts: peer_contacts.clone(),
         disk: disk_watch.clone(),
         withheld: metrics.raft_replication_withheld.clone(),
+        answers_refused: metrics.raft_answers_refused.clone(),
     };
     let raft = openraft::Raft::new(
         config.id,

@@ -79,6 +79,8 @@ pub struct Metrics {
     pub raft_vote_requests: IntCounterVec,
     /// Raft requests refused before their body was read, by reason (`raft_routes`).
     pub raft_requests_refused: IntCounterVec,
+    /// Raft answers refused for not matching their stated SHA-256 (`raft_client`).
+    pub raft_answers_refused: prometheus::IntCounter,
     /// Stored idempotency answers past their window, by outcome (`idempotency_expiry`).
     pub idempotency_expired: IntCounterVec,
     /// The age of the oldest durable write in flight, and whether the node holds its
@@ -290,6 +292,13 @@ impl Metrics {
         for reason in ["secret", "certificate", "digest"] {
             raft_requests_refused.with_label_values(&[reason]);
         }
+        let raft_answers_refused = must(prometheus::IntCounter::new(
+            "raft_answers_refused_total",
+            "Raft answers this node refused because the body did not match the SHA-256 \
+             the answering peer stated (changed on the way back); the call counts as \
+             failed and openraft tries again.",
+        ));
+        must(registry.register(Box::new(raft_answers_refused.clone())));
         let idempotency_expired = counter(
             "idempotency_answers_expired_total",
             "Index rows of stored Idempotency-Key answers this node took once past their \
@@ -388,6 +397,7 @@ impl Metrics {
             idempotency_expired,
             raft_vote_requests,
             raft_requests_refused,
+            raft_answers_refused,
             disk_write_in_flight,
             state_blocked,
             state_waiters,

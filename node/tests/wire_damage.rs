@@ -2,7 +2,8 @@
 //! checksum guards the bytes; a record changed there would pass the follower's parse and
 //! be rejected at its apply alone, leaving its copy of the agent behind the others' for
 //! good. Each request carries the SHA-256 of its body (`x-lineage-body-sha256`), so the
-//! follower refuses such a body and the leader sends it again.
+//! follower refuses such a body and the leader sends it again. Answers carry the same
+//! header, so a vote answer whose term changed on its way back is refused too.
 
 #[path = "cluster/util.rs"]
 mod util;
@@ -16,55 +17,129 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use util::Cluster;
 
-/// What the proxies change: the first hex digit of a record's hash in a request.
-const HASH_FIELD: &[u8] = br#""hash":""#;
+/// A change the proxies make, once in all, to one read of the bytes going one way:
+/// returns whether it changed anything.
+type Change = fn(&mut [u8]) -> bool;
 
-/// Forwards each connection made to `listener` to `target`. While `armed`, it changes
-/// the first digit of a record's `"hash"` found in one read of the bytes going to the
-/// target into another hex digit (the JSON still parses), once in all (`changed`).
-async fn damaging_proxy(
-    listener: TcpListener,
-    target: String,
+/// Requests to a node: the first digit of a record's `"hash"` into another hex digit
+/// (the JSON still parses).
+fn change_a_record_hash(chunk: &mut [u8]) -> bool {
+    const FIELD: &[u8] = br#""hash":""#;
+    match find(chunk, FIELD).map(|at| at + FIELD.len()) {
+        Some(at) if at < chunk.len() && chunk[at].is_ascii_hexdigit() => {
+            chunk[at] = if chunk[at] == b'a' { b'b' } else { b'a' };
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Answers from a node: the first digit of the term in a vote answer into a 9 (an 8 if
+/// it was one), so a granted vote reads as the voter having seen a far later term.
+fn change_a_vote_term(chunk: &mut [u8]) -> bool {
+    const FIELD: &[u8] = br#""term":"#;
+    if find(chunk, br#""vote_granted""#).is_none() {
+        return false;
+    }
+    match find(chunk, FIELD).map(|at| at + FIELD.len()) {
+        Some(at) if at < chunk.len() && chunk[at].is_ascii_digit() => {
+            chunk[at] = if chunk[at] == b'9' { b'8' } else { b'9' };
+            true
+        }
+        _ => false,
+    }
+}
+
+/// What the proxies in front of every node share: whether to change bytes, what to
+/// change, which way, and how many changes were made.
+#[derive(Clone)]
+struct Damage {
     armed: Arc<AtomicBool>,
     changed: Arc<AtomicUsize>,
-) {
+    change: Change,
+    /// The change applies to answers (from the node) rather than requests (to it).
+    answers: bool,
+}
+
+/// Forwards each connection made to `listener` to `target`, applying `damage` one way.
+async fn damaging_proxy(listener: TcpListener, target: String, damage: Damage) {
     while let Ok((inbound, _)) = listener.accept().await {
         let Ok(outbound) = TcpStream::connect(&target).await else {
             continue; // the node is down; the caller's connection just closes
         };
-        let (armed, changed) = (armed.clone(), changed.clone());
-        tokio::spawn(async move {
-            let (mut from_caller, mut to_caller) = inbound.into_split();
-            let (mut from_node, mut to_node) = outbound.into_split();
-            tokio::spawn(async move { tokio::io::copy(&mut from_node, &mut to_caller).await });
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = match from_caller.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                let chunk = &mut buf[..n];
-                if armed.load(Ordering::Acquire) {
-                    if let Some(at) = find(chunk, HASH_FIELD).map(|at| at + HASH_FIELD.len()) {
-                        if at < chunk.len()
-                            && armed.swap(false, Ordering::AcqRel)
-                            && chunk[at].is_ascii_hexdigit()
-                        {
-                            chunk[at] = if chunk[at] == b'a' { b'b' } else { b'a' };
-                            changed.fetch_add(1, Ordering::AcqRel);
-                        }
-                    }
-                }
-                if to_node.write_all(chunk).await.is_err() {
-                    break;
+        let (from_caller, to_caller) = inbound.into_split();
+        let (from_node, to_node) = outbound.into_split();
+        let (to_node_damage, to_caller_damage) = if damage.answers {
+            (None, Some(damage.clone()))
+        } else {
+            (Some(damage.clone()), None)
+        };
+        tokio::spawn(pump(from_caller, to_node, to_node_damage));
+        tokio::spawn(pump(from_node, to_caller, to_caller_damage));
+    }
+}
+
+/// Copies one way of a connection until either end closes, applying `damage` if given.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    damage: Option<Damage>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let chunk = &mut buf[..n];
+        if let Some(damage) = &damage {
+            if damage.armed.load(Ordering::Acquire) {
+                let mut copy = chunk.to_vec();
+                if (damage.change)(&mut copy) && damage.armed.swap(false, Ordering::AcqRel) {
+                    chunk.copy_from_slice(&copy);
+                    damage.changed.fetch_add(1, Ordering::AcqRel);
                 }
             }
-        });
+        }
+        if to.write_all(chunk).await.is_err() {
+            break;
+        }
     }
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A cluster of three whose nodes are reached (by peers and by the test) through
+/// proxies that apply `damage`.
+async fn cluster_behind_proxies(damage: &Damage) -> Cluster {
+    let mut cluster = Cluster::prepare(3, &[]);
+    for i in 0..3 {
+        let listen = cluster.listen_apart(i);
+        let proxy = TcpListener::bind(&cluster.addrs[i])
+            .await
+            .expect("bind proxy");
+        tokio::spawn(damaging_proxy(proxy, listen, damage.clone()));
+    }
+    for i in 0..3 {
+        cluster.start_node(i);
+    }
+    cluster
+}
+
+/// The sum of a metric over the three nodes.
+async fn summed(cluster: &Cluster, metric: &str) -> f64 {
+    let mut sum = 0.0;
+    for i in 0..3 {
+        sum += cluster
+            .metrics(i)
+            .await
+            .get(metric)
+            .copied()
+            .unwrap_or_default();
+    }
+    sum
 }
 
 /// Every node is reached by its peers through a proxy that changes one record's hash in
@@ -74,24 +149,14 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 /// rejected at that node's apply alone, and that copy never caught up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raft_request_changed_on_its_way_is_refused_and_sent_again() {
-    let mut cluster = Cluster::prepare(3, &[]);
-    let armed = Arc::new(AtomicBool::new(false));
-    let changed = Arc::new(AtomicUsize::new(0));
-    for i in 0..3 {
-        let listen = cluster.listen_apart(i);
-        let proxy = TcpListener::bind(&cluster.addrs[i])
-            .await
-            .expect("bind proxy");
-        tokio::spawn(damaging_proxy(
-            proxy,
-            listen,
-            armed.clone(),
-            changed.clone(),
-        ));
-    }
-    for i in 0..3 {
-        cluster.start_node(i);
-    }
+    let damage = Damage {
+        armed: Arc::new(AtomicBool::new(false)),
+        changed: Arc::new(AtomicUsize::new(0)),
+        change: change_a_record_hash,
+        answers: false,
+    };
+    let (armed, changed) = (damage.armed.clone(), damage.changed.clone());
+    let cluster = cluster_behind_proxies(&damage).await;
     cluster.wait_for_leader(Duration::from_secs(15)).await;
     let policy = json!({"budget": 1_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}});
     let token = cluster.create_agent(0, "victim", policy).await;
@@ -127,18 +192,63 @@ async fn a_raft_request_changed_on_its_way_is_refused_and_sent_again() {
             .await;
         // Genesis and policy, then a request and its decision for each write.
         assert_eq!(log.len(), 2 + 2 * writes, "{log:?}");
-        refused = 0.0;
-        for i in 0..3 {
-            refused += cluster
-                .metrics(i)
-                .await
-                .get(r#"lineage_raft_requests_refused_total{reason="digest"}"#)
-                .copied()
-                .unwrap_or_default();
-        }
+        refused = summed(
+            &cluster,
+            r#"lineage_raft_requests_refused_total{reason="digest"}"#,
+        )
+        .await;
         if refused > 0.0 {
             break;
         }
     }
     assert_eq!(refused, 1.0, "one changed request refused, in five rounds");
+}
+
+/// The first vote answer of the cluster's first election has its term changed on its
+/// way back to the candidate, into a term far beyond any the cluster has had. The
+/// candidate refuses the answer (counted), and the cluster elects a leader in an early
+/// term. Taken as it came (the check disabled, three runs of three), the candidate moved
+/// its vote to the changed term while its election went on; the other voter's grant
+/// then made it leader on a vote it no longer held, openraft panicked ("commit vote can
+/// not fail") and the node exited, and no leader was elected in 15 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_answer_changed_on_its_way_back_is_refused() {
+    let damage = Damage {
+        armed: Arc::new(AtomicBool::new(true)),
+        changed: Arc::new(AtomicUsize::new(0)),
+        change: change_a_vote_term,
+        answers: true,
+    };
+    let cluster = cluster_behind_proxies(&damage).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
+    let policy = json!({"budget": 1_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}});
+    let token = cluster.create_agent(leader, "voter", policy).await;
+    let (status, body) = cluster
+        .post_until_served(
+            leader,
+            "/v1/agents/voter/actions",
+            &token,
+            json!({"tool": "search", "input": {}}),
+            "after-the-election",
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        damage.changed.load(Ordering::Acquire),
+        1,
+        "no vote answer passed a proxy"
+    );
+    assert_eq!(
+        summed(&cluster, "lineage_raft_answers_refused_total").await,
+        1.0,
+        "the changed answer was refused"
+    );
+    for i in 0..3 {
+        let term = cluster.metrics(i).await["lineage_raft_term"];
+        assert!(
+            term < 9.0,
+            "node {i} is at term {term}: it took the changed answer's term\n{}",
+            cluster.log_tails(20)
+        );
+    }
 }

@@ -24,13 +24,14 @@ pub const CLUSTER_SECRET_HEADER: &str = "x-lineage-cluster-secret";
 /// On a Raft answer: the answering node's secret fingerprints
 /// (`rotating_secrets::Fingerprints::header_value`).
 pub const SECRETS_HEADER: &str = "x-lineage-secret-fingerprints";
-/// The hex SHA-256 of a Raft request's body, which the receiver holds the body to
-/// (`raft_routes::RaftBody`): over plain HTTP only TCP's 16-bit checksum guards the
-/// bytes, and a record changed on the way would be rejected at that follower's apply
-/// alone, leaving its copy of the agent behind the others' for good.
+/// The hex SHA-256 of a Raft request's or answer's body, which the receiver holds the
+/// body to (`raft_routes::RaftBody` for requests, `Connection::send` for answers): over
+/// plain HTTP only TCP's 16-bit checksum guards the bytes, and a record changed on the
+/// way would be rejected at that follower's apply alone, leaving its copy of the agent
+/// behind the others' for good; an answer's changed term would depose a candidate.
 pub const BODY_SHA256_HEADER: &str = "x-lineage-body-sha256";
 
-/// What a Raft request's [`BODY_SHA256_HEADER`] says of `body`: its SHA-256, in hex.
+/// What a Raft request's or answer's [`BODY_SHA256_HEADER`] says of `body`: its SHA-256, in hex.
 pub fn body_digest(body: &[u8]) -> String {
     hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body))
 }
@@ -54,6 +55,9 @@ pub struct RaftHttp {
     /// Sends withheld because the disk was stalled, each try
     /// (`lineage_raft_replication_withheld_total`).
     pub withheld: prometheus::IntCounter,
+    /// Answers refused because they did not match their stated SHA-256
+    /// (`lineage_raft_answers_refused_total`).
+    pub answers_refused: prometheus::IntCounter,
 }
 
 pub struct Connection {
@@ -70,6 +74,30 @@ impl RaftNetworkFactory<TypeConfig> for RaftHttp {
             http: self.clone(),
             target,
             addr: node.addr.clone(),
+        }
+    }
+}
+
+/// A Raft call that failed, and whether the peer answered at all (`peer_contacts`).
+struct CallFailure<E: std::error::Error> {
+    error: RPCError<NodeId, BasicNode, E>,
+    /// The peer answered, with an error status or a body that failed its check: it is up,
+    /// and the fault is elsewhere (its answer says what, or the link changed the bytes).
+    answered: bool,
+}
+
+impl<E: std::error::Error> CallFailure<E> {
+    fn no_answer(error: RPCError<NodeId, BasicNode, E>) -> Self {
+        CallFailure {
+            error,
+            answered: false,
+        }
+    }
+
+    fn answered(why: String) -> Self {
+        CallFailure {
+            error: RPCError::Network(NetworkError::new(&std::io::Error::other(why))),
+            answered: true,
         }
     }
 }
@@ -96,19 +124,32 @@ impl Connection {
         };
         let result = self.send(path, request, option).await;
         unfinished.done = true;
-        match &result {
-            Ok(_) => self.http.contacts.answered(self.target),
-            Err(RPCError::RemoteError(e)) => {
+        match result {
+            Ok(Ok(answer)) => {
+                self.http.contacts.answered(self.target);
+                Ok(answer)
+            }
+            Ok(Err(e)) => {
                 // The peer answered, with an error of its own (openraft's line for it is
                 // among those `log_noise` drops): say it here.
                 self.http.contacts.answered(self.target);
                 tracing::warn!(peer = self.target, error = %e, "peer answered with an error");
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
-            Err(e) => {
-                self.http.contacts.failed(self.target, &self.addr, e);
+            Err(failure) if failure.answered => {
+                // Up, but this call failed: shown as answering, said once per streak.
+                self.http
+                    .contacts
+                    .answered_but_refused(self.target, &self.addr, &failure.error);
+                Err(failure.error)
+            }
+            Err(failure) => {
+                self.http
+                    .contacts
+                    .failed(self.target, &self.addr, &failure.error);
+                Err(failure.error)
             }
         }
-        result
     }
 
     async fn send<Req, Resp, Err>(
@@ -116,15 +157,15 @@ impl Connection {
         path: &str,
         request: &Req,
         option: &RPCOption,
-    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, Err>>>
+    ) -> Result<Result<Resp, RaftError<NodeId, Err>>, CallFailure<RaftError<NodeId, Err>>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
         Err: std::error::Error + DeserializeOwned,
     {
         let url = format!("{}://{}/raft/{path}", self.http.scheme, self.addr);
-        let body =
-            serde_json::to_vec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let body = serde_json::to_vec(request)
+            .map_err(|e| CallFailure::no_answer(RPCError::Network(NetworkError::new(&e))))?;
         let digest = body_digest(&body);
         let response = self
             .http
@@ -142,11 +183,11 @@ impl Connection {
             .send()
             .await
             .map_err(|e| {
-                if e.is_connect() {
+                CallFailure::no_answer(if e.is_connect() {
                     RPCError::Unreachable(Unreachable::new(&e))
                 } else {
                     RPCError::Network(NetworkError::new(&e))
-                }
+                })
             })?;
         // What the peer says it sends and accepts; a peer that refuses our secret (401)
         // says nothing, and what it said before no longer holds.
@@ -158,16 +199,29 @@ impl Connection {
         if fingerprints.is_some() || response.status() == reqwest::StatusCode::UNAUTHORIZED {
             self.http.contacts.secrets(self.target, fingerprints);
         }
-        if !response.status().is_success() {
-            let status = response.status();
-            let err = std::io::Error::other(format!("peer answered {status}"));
-            return Err(RPCError::Network(NetworkError::new(&err)));
-        }
-        let result: Result<Resp, RaftError<NodeId, Err>> = response
-            .json()
+        let status = response.status();
+        let stated = response.headers().get(BODY_SHA256_HEADER).cloned();
+        let answer = response
+            .bytes()
             .await
-            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            .map_err(|e| CallFailure::no_answer(RPCError::Network(NetworkError::new(&e))))?;
+        if !status.is_success() {
+            let said = String::from_utf8_lossy(&answer[..answer.len().min(300)]).into_owned();
+            return Err(CallFailure::answered(format!(
+                "peer answered {status}: {said}"
+            )));
+        }
+        // An answer without the header (a build before it, during an upgrade) is read
+        // as before.
+        if stated.is_some_and(|stated| stated.as_bytes() != body_digest(&answer).as_bytes()) {
+            self.http.answers_refused.inc();
+            return Err(CallFailure::answered(format!(
+                "the answer ({} bytes) does not match its {BODY_SHA256_HEADER}: changed on the way",
+                answer.len()
+            )));
+        }
+        serde_json::from_slice(&answer)
+            .map_err(|e| CallFailure::answered(format!("the peer's answer does not parse: {e}")))
     }
 }
 

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::Method;
+use axum::http::{header, Method};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::{Json, Router};
+use axum::Router;
 use openraft::error::RaftError;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest, VoteResponse,
@@ -123,6 +123,27 @@ impl<T: serde::de::DeserializeOwned> axum::extract::FromRequest<Arc<App>> for Ra
     }
 }
 
+/// A Raft answer as JSON, with its body's SHA-256 (`BODY_SHA256_HEADER`), which the
+/// caller holds it to (`raft_client`): an answer changed on its way back (a vote's term,
+/// a conflict's log id) is refused there and the call counts as failed, as a request
+/// changed on its way here is refused by `RaftBody`.
+fn sealed_answer<T: serde::Serialize>(answer: &T) -> Response {
+    match serde_json::to_vec(answer) {
+        Ok(body) => (
+            [
+                (header::CONTENT_TYPE, "application/json".to_string()),
+                (
+                    header::HeaderName::from_static(BODY_SHA256_HEADER),
+                    body_digest(&body),
+                ),
+            ],
+            body,
+        )
+            .into_response(),
+        Err(e) => ApiError::Internal(format!("cannot write the Raft answer: {e}")).into_response(),
+    }
+}
+
 /// The peer's certificate must name a node of this cluster that is a member (voter or
 /// learner) of the membership this node knows. A node that knows none yet (it was just
 /// started empty, to be added) accepts any node of this cluster.
@@ -189,7 +210,7 @@ async fn append(
             tracing::error!(error = %e, "cannot record the repair");
         }
     }
-    Json(response).into_response()
+    sealed_answer(&response)
 }
 
 /// A node under repair (`store::repair_floor`) gives its vote only to a candidate whose
@@ -218,9 +239,9 @@ async fn vote(
             vote_granted: false,
             last_log_id,
         });
-        return Json(refused).into_response();
+        return sealed_answer(&refused);
     }
-    Json(app.raft.vote(request).await).into_response()
+    sealed_answer(&app.raft.vote(request).await)
 }
 
 /// Counts a vote request by its candidate; ids outside the membership share one label,
@@ -258,5 +279,5 @@ async fn snapshot(
         .as_ref()
         .filter(|_| current)
         .map(|hold| hold.snapshot_chunk());
-    Json(app.raft.install_snapshot(request).await).into_response()
+    sealed_answer(&app.raft.install_snapshot(request).await)
 }
