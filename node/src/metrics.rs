@@ -296,7 +296,7 @@ impl Metrics {
             "raft_answers_refused_total",
             "Raft answers this node refused because the body did not match the SHA-256 \
              the answering peer stated (changed on the way back); the call counts as \
-             failed and openraft tries again.",
+             failed (an append or snapshot chunk is sent again, a vote's grant is lost).",
         ));
         must(registry.register(Box::new(raft_answers_refused.clone())));
         let idempotency_expired = counter(

@@ -1,11 +1,10 @@
 //! When each peer last answered a Raft RPC from this node.
 //!
 //! openraft 0.9 exposes no heartbeat metric, so the leader's view of a dead follower in an
-//! idle cluster was only "follower, lag 0". Every RPC the peer answers (append, heartbeat,
-//! vote, snapshot), even with an error status, records the time here; `/v1/cluster`,
-//! `lineage cluster status` and the `lineage_raft_peer_last_contact_seconds` gauge read
-//! it. It also keeps the log quiet: one WARN when a peer stops answering (or answers but
-//! calls to it fail), one INFO when that ends, never one per retry.
+//! idle cluster was only "follower, lag 0". Every successful RPC (append, heartbeat, vote,
+//! snapshot) records the time here; `/v1/cluster`, `lineage cluster status` and the
+//! `lineage_raft_peer_last_contact_seconds` gauge read it. It also keeps the log quiet:
+//! one WARN when a peer stops answering, one INFO when it is back, never one per retry.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -25,9 +24,6 @@ struct Contact {
     secrets: Option<Fingerprints>,
     /// Set on the first failure after an answer (or at start): the outage was reported.
     down_since: Option<Instant>,
-    /// Set on the first call the peer answered but that failed (an error status, an
-    /// answer changed on the way) after one that succeeded: that streak was reported.
-    refused_since: Option<Instant>,
 }
 
 pub struct PeerContacts {
@@ -50,46 +46,16 @@ impl PeerContacts {
         f(peers.entry(peer).or_default())
     }
 
-    /// The peer answered an RPC, and the call succeeded.
+    /// The peer answered an RPC.
     pub fn answered(&self, peer: NodeId) {
-        let streak = self.heard_from(peer, |c| c.refused_since.take());
-        if let Some(since) = streak {
-            tracing::info!(peer, after = ?since.elapsed(), "calls to the peer succeed again");
-        }
-    }
-
-    /// The peer answered an RPC, but the call failed: it answered an error status, or
-    /// its answer did not survive the way back (`raft_client`). The peer is up, and is
-    /// shown so; the first failure of a streak is logged (and returns true), the rest
-    /// until a call succeeds are not.
-    pub fn answered_but_refused(
-        &self,
-        peer: NodeId,
-        addr: &str,
-        error: &dyn std::fmt::Display,
-    ) -> bool {
-        let first = self.heard_from(peer, |c| {
-            let first = c.refused_since.is_none();
-            c.refused_since.get_or_insert_with(Instant::now);
-            first
-        });
-        if first {
-            tracing::warn!(peer, addr, %error, "peer answers, but calls to it fail; retrying quietly until one succeeds");
-        }
-        first
-    }
-
-    /// Records an answer from the peer (ending an outage, which is logged), then `f`.
-    fn heard_from<T>(&self, peer: NodeId, f: impl FnOnce(&mut Contact) -> T) -> T {
         let now = Instant::now();
-        let (was_down, out) = self.with_peer(peer, |c| {
+        let was_down = self.with_peer(peer, |c| {
             c.last_answer = Some(now);
-            (c.down_since.take(), f(c))
+            c.down_since.take()
         });
         if let Some(since) = was_down {
             tracing::info!(peer, after = ?now.duration_since(since), "peer answers again");
         }
-        out
     }
 
     /// An RPC to the peer failed (no answer, or an error status). Returns whether this
@@ -149,25 +115,5 @@ mod tests {
         // Peers are apart.
         assert_eq!(contacts.since_last_answer(3), None);
         assert!(contacts.failed(3, "127.0.0.1:2", &"refused"));
-    }
-
-    #[test]
-    fn a_peer_that_answers_an_error_is_up_and_its_streak_is_reported_once() {
-        let contacts = PeerContacts::default();
-        assert!(contacts.failed(2, "127.0.0.1:1", &"refused"));
-        // An error answer ends the outage: the peer is up.
-        assert!(contacts.answered_but_refused(2, "127.0.0.1:1", &"400"));
-        assert!(contacts.since_last_answer(2).is_some());
-        // So the next failure to get any answer begins a new outage, reported.
-        assert!(contacts.failed(2, "127.0.0.1:1", &"refused"));
-        let contacts = PeerContacts::default();
-        assert!(contacts.answered_but_refused(2, "127.0.0.1:1", &"400"));
-        assert!(!contacts.answered_but_refused(2, "127.0.0.1:1", &"400"));
-        // A call that succeeds ends the streak; the next refusal is reported again.
-        contacts.answered(2);
-        assert!(contacts.answered_but_refused(2, "127.0.0.1:1", &"400"));
-        // An outage between refusals does not end the refusal streak.
-        assert!(contacts.failed(2, "127.0.0.1:1", &"refused"));
-        assert!(!contacts.answered_but_refused(2, "127.0.0.1:1", &"400"));
     }
 }

@@ -78,28 +78,20 @@ impl RaftNetworkFactory<TypeConfig> for RaftHttp {
     }
 }
 
-/// A Raft call that failed, and whether the peer answered at all (`peer_contacts`).
-struct CallFailure<E: std::error::Error> {
-    error: RPCError<NodeId, BasicNode, E>,
-    /// The peer answered, with an error status or a body that failed its check: it is up,
-    /// and the fault is elsewhere (its answer says what, or the link changed the bytes).
-    answered: bool,
+/// The most bytes of a Raft answer this node reads: openraft's answers (a vote, a
+/// conflict, an error) take a few hundred; a larger body is no node's answer.
+const MAX_ANSWER_BYTES: usize = 1024 * 1024;
+/// How much of an error answer is kept for the log line.
+const ERROR_ANSWER_BYTES: usize = 300;
+
+type CallError<E> = RPCError<NodeId, BasicNode, E>;
+
+fn network_error<E: std::error::Error>(error: &(impl std::error::Error + 'static)) -> CallError<E> {
+    RPCError::Network(NetworkError::new(error))
 }
 
-impl<E: std::error::Error> CallFailure<E> {
-    fn no_answer(error: RPCError<NodeId, BasicNode, E>) -> Self {
-        CallFailure {
-            error,
-            answered: false,
-        }
-    }
-
-    fn answered(why: String) -> Self {
-        CallFailure {
-            error: RPCError::Network(NetworkError::new(&std::io::Error::other(why))),
-            answered: true,
-        }
-    }
+fn failed_call<E: std::error::Error>(why: String) -> CallError<E> {
+    network_error(&std::io::Error::other(why))
 }
 
 impl Connection {
@@ -108,7 +100,7 @@ impl Connection {
         path: &str,
         request: &Req,
         option: &RPCOption,
-    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, Err>>>
+    ) -> Result<Resp, CallError<RaftError<NodeId, Err>>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
@@ -136,18 +128,13 @@ impl Connection {
                 tracing::warn!(peer = self.target, error = %e, "peer answered with an error");
                 Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
-            Err(failure) if failure.answered => {
-                // Up, but this call failed: shown as answering, said once per streak.
-                self.http
-                    .contacts
-                    .answered_but_refused(self.target, &self.addr, &failure.error);
-                Err(failure.error)
-            }
-            Err(failure) => {
-                self.http
-                    .contacts
-                    .failed(self.target, &self.addr, &failure.error);
-                Err(failure.error)
+            // No answer, an error status (a refused secret or certificate, a changed
+            // request), or an answer that failed its check: the peer is not usable, and
+            // is shown so until a call succeeds (`peer_contacts`, which logs the first
+            // failure of each outage with what the peer said).
+            Err(e) => {
+                self.http.contacts.failed(self.target, &self.addr, &e);
+                Err(e)
             }
         }
     }
@@ -157,15 +144,14 @@ impl Connection {
         path: &str,
         request: &Req,
         option: &RPCOption,
-    ) -> Result<Result<Resp, RaftError<NodeId, Err>>, CallFailure<RaftError<NodeId, Err>>>
+    ) -> Result<Result<Resp, RaftError<NodeId, Err>>, CallError<RaftError<NodeId, Err>>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
         Err: std::error::Error + DeserializeOwned,
     {
         let url = format!("{}://{}/raft/{path}", self.http.scheme, self.addr);
-        let body = serde_json::to_vec(request)
-            .map_err(|e| CallFailure::no_answer(RPCError::Network(NetworkError::new(&e))))?;
+        let body = serde_json::to_vec(request).map_err(|e| network_error(&e))?;
         let digest = body_digest(&body);
         let response = self
             .http
@@ -183,46 +169,71 @@ impl Connection {
             .send()
             .await
             .map_err(|e| {
-                CallFailure::no_answer(if e.is_connect() {
+                if e.is_connect() {
                     RPCError::Unreachable(Unreachable::new(&e))
                 } else {
-                    RPCError::Network(NetworkError::new(&e))
-                })
+                    network_error(&e)
+                }
             })?;
+        let status = response.status();
         // What the peer says it sends and accepts; a peer that refuses our secret (401)
-        // says nothing, and what it said before no longer holds.
+        // says nothing, and what it said before no longer holds. A successful answer's
+        // is recorded only once its body has passed its check, below.
         let fingerprints = response
             .headers()
             .get(SECRETS_HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(Fingerprints::from_header);
-        if fingerprints.is_some() || response.status() == reqwest::StatusCode::UNAUTHORIZED {
-            self.http.contacts.secrets(self.target, fingerprints);
-        }
-        let status = response.status();
-        let stated = response.headers().get(BODY_SHA256_HEADER).cloned();
-        let answer = response
-            .bytes()
-            .await
-            .map_err(|e| CallFailure::no_answer(RPCError::Network(NetworkError::new(&e))))?;
         if !status.is_success() {
-            let said = String::from_utf8_lossy(&answer[..answer.len().min(300)]).into_owned();
-            return Err(CallFailure::answered(format!(
-                "peer answered {status}: {said}"
+            if fingerprints.is_some() || status == reqwest::StatusCode::UNAUTHORIZED {
+                self.http.contacts.secrets(self.target, fingerprints);
+            }
+            let (said, _) = body_prefix(response, ERROR_ANSWER_BYTES)
+                .await
+                .unwrap_or_default();
+            let said = String::from_utf8_lossy(&said);
+            return Err(failed_call(format!("peer answered {status}: {said}")));
+        }
+        let stated = response.headers().get(BODY_SHA256_HEADER).cloned();
+        let (answer, more) = body_prefix(response, MAX_ANSWER_BYTES)
+            .await
+            .map_err(|e| network_error(&e))?;
+        if more {
+            return Err(failed_call(format!(
+                "the peer's answer is over {MAX_ANSWER_BYTES} bytes"
             )));
         }
         // An answer without the header (a build before it, during an upgrade) is read
         // as before.
         if stated.is_some_and(|stated| stated.as_bytes() != body_digest(&answer).as_bytes()) {
             self.http.answers_refused.inc();
-            return Err(CallFailure::answered(format!(
+            return Err(failed_call(format!(
                 "the answer ({} bytes) does not match its {BODY_SHA256_HEADER}: changed on the way",
                 answer.len()
             )));
         }
-        serde_json::from_slice(&answer)
-            .map_err(|e| CallFailure::answered(format!("the peer's answer does not parse: {e}")))
+        if fingerprints.is_some() {
+            self.http.contacts.secrets(self.target, fingerprints);
+        }
+        serde_json::from_slice(&answer).map_err(|e| network_error(&e))
     }
+}
+
+/// Up to `limit` bytes of a response's body, and whether it held more.
+async fn body_prefix(
+    mut response: reqwest::Response,
+    limit: usize,
+) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        let room = limit - body.len();
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok((body, true));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, false))
 }
 
 /// Reports an RPC whose future was dropped before it finished (openraft's timeout).
