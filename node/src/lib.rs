@@ -45,6 +45,7 @@ pub mod idempotency_key;
 pub mod import_writes;
 pub mod keys;
 pub mod log_noise;
+pub mod log_pace;
 pub mod metrics;
 pub mod network;
 pub mod operator_changes;

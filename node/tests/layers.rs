@@ -6,6 +6,7 @@
 //! - **storage**: `store`, `raft_types`, `keys`, outgoing Raft (`network::raft_client`,
 //!   `network::peer_contacts`);
 //! - and leaves that import nothing of the crate (`store::agent_slot`, `log_noise`,
+//!   `log_pace`,
 //!   `spare_cores`, admission control for disk space, `disk_reserve`, which the state
 //!   machine asks too, `election_hold`, and `disk_watch`, which the stores tell of their
 //!   writes in flight).
@@ -58,6 +59,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("network::peer_contacts", Layer::Storage),
     ("store::agent_slot", Layer::Leaf),
     ("log_noise", Layer::Leaf),
+    ("log_pace", Layer::Leaf),
     ("snapshot_spool", Layer::Leaf),
     ("disk_reserve", Layer::Leaf),
     ("election_hold", Layer::Leaf),

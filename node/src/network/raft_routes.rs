@@ -2,6 +2,7 @@
 //! with a certificate that names a node of this cluster (`tls`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, Method};
@@ -18,6 +19,7 @@ use crate::api::body::{json_bytes, parse};
 use crate::api::error::ApiError;
 use crate::api::route_book::RouteBook;
 use crate::app::App;
+use crate::log_pace::Pace;
 use crate::raft_types::{NodeId, TypeConfig};
 use crate::store::repair_floor::Floor;
 use crate::tls::PeerCertificate;
@@ -26,6 +28,12 @@ use crate::tls::PeerCertificate;
 /// one whole entry, and a batch may end with one large write. Only nodes holding the
 /// cluster secret get to send one (checked before the body is read).
 const MAX_RAFT_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// Refusals repeat at every heartbeat while their cause lasts: one WARN per 10 s each,
+/// with how many were left out (`log_pace`); `lineage_raft_requests_refused_total`
+/// counts every one.
+static CERTIFICATE_REFUSALS: Pace = Pace::new(Duration::from_secs(10));
+static DIGEST_REFUSALS: Pace = Pace::new(Duration::from_secs(10));
 
 pub fn routes() -> RouteBook {
     RouteBook::default()
@@ -55,7 +63,13 @@ async fn require_cluster_secret(
     if app.tls {
         let peer = request.extensions().get::<PeerCertificate>();
         if let Err(why) = node_certificate(&app, peer) {
-            tracing::warn!(why, "a Raft request without a member node's certificate");
+            if let Some(left_out) = CERTIFICATE_REFUSALS.admit() {
+                tracing::warn!(
+                    why,
+                    left_out,
+                    "a Raft request without a member node's certificate"
+                );
+            }
             app.metrics
                 .raft_requests_refused
                 .with_label_values(&["certificate"])
@@ -109,10 +123,13 @@ impl<T: serde::de::DeserializeOwned> axum::extract::FromRequest<Arc<App>> for Ra
                     .raft_requests_refused
                     .with_label_values(&["digest"])
                     .inc();
-                tracing::warn!(
-                    bytes = bytes.len(),
-                    "a Raft request body does not match the SHA-256 its sender stated; refused"
-                );
+                if let Some(left_out) = DIGEST_REFUSALS.admit() {
+                    tracing::warn!(
+                        bytes = bytes.len(),
+                        left_out,
+                        "a Raft request body does not match the SHA-256 its sender stated; refused"
+                    );
+                }
                 return Err(ApiError::BadRequest(format!(
                     "the body ({} bytes) does not match its {BODY_SHA256_HEADER}: changed on the way",
                     bytes.len()
