@@ -3,7 +3,8 @@
 //! be rejected at its apply alone, leaving its copy of the agent behind the others' for
 //! good. Each request carries the SHA-256 of its body (`x-lineage-body-sha256`), so the
 //! follower refuses such a body and the leader sends it again. Answers carry the same
-//! header, so a vote answer whose term changed on its way back is refused too.
+//! header, so a vote answer whose term changed on its way back is refused too; a
+//! request or answer without it (a node of an older build) is read as before.
 
 #[path = "cluster/util.rs"]
 mod util;
@@ -17,51 +18,72 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use util::Cluster;
 
-/// A change the proxies make, once in all, to one read of the bytes going one way:
-/// returns whether it changed anything.
-type Change = fn(&mut [u8]) -> bool;
+/// A change the proxies make to one read of the bytes going one way: the bytes to send
+/// instead, or `None` to send them as they came.
+type Change = fn(&[u8]) -> Option<Vec<u8>>;
 
 /// Requests to a node: the first digit of a record's `"hash"` into another hex digit
 /// (the JSON still parses).
-fn change_a_record_hash(chunk: &mut [u8]) -> bool {
+fn change_a_record_hash(chunk: &[u8]) -> Option<Vec<u8>> {
     const FIELD: &[u8] = br#""hash":""#;
-    match find(chunk, FIELD).map(|at| at + FIELD.len()) {
-        Some(at) if at < chunk.len() && chunk[at].is_ascii_hexdigit() => {
-            chunk[at] = if chunk[at] == b'a' { b'b' } else { b'a' };
-            true
-        }
-        _ => false,
-    }
+    let at = find(chunk, FIELD)? + FIELD.len();
+    let mut changed = chunk.to_vec();
+    let digit = changed.get_mut(at).filter(|b| b.is_ascii_hexdigit())?;
+    *digit = if *digit == b'a' { b'b' } else { b'a' };
+    Some(changed)
 }
 
 /// Answers from a node: the first digit of the term in a vote answer into a 9 (an 8 if
 /// it was one), so a granted vote reads as the voter having seen a far later term.
-fn change_a_vote_term(chunk: &mut [u8]) -> bool {
+fn change_a_vote_term(chunk: &[u8]) -> Option<Vec<u8>> {
     const FIELD: &[u8] = br#""term":"#;
-    if find(chunk, br#""vote_granted""#).is_none() {
-        return false;
-    }
-    match find(chunk, FIELD).map(|at| at + FIELD.len()) {
-        Some(at) if at < chunk.len() && chunk[at].is_ascii_digit() => {
-            chunk[at] = if chunk[at] == b'9' { b'8' } else { b'9' };
-            true
-        }
-        _ => false,
-    }
+    find(chunk, br#""vote_granted""#)?;
+    let at = find(chunk, FIELD)? + FIELD.len();
+    let mut changed = chunk.to_vec();
+    let digit = changed.get_mut(at).filter(|b| b.is_ascii_digit())?;
+    *digit = if *digit == b'9' { b'8' } else { b'9' };
+    Some(changed)
+}
+
+/// Both ways: the body digest's header line taken out, as a node of a build before
+/// digests sends its requests and answers.
+fn strip_the_digest(chunk: &[u8]) -> Option<Vec<u8>> {
+    const HEADER: &[u8] = b"x-lineage-body-sha256: ";
+    let at = find(chunk, HEADER)?;
+    let end = at + find(&chunk[at..], b"\r\n")? + 2;
+    let mut stripped = chunk[..at].to_vec();
+    stripped.extend_from_slice(&chunk[end..]);
+    Some(stripped)
 }
 
 /// What the proxies in front of every node share: whether to change bytes, what to
-/// change, which way, and how many changes were made.
+/// change, which ways, and how many changes were made.
 #[derive(Clone)]
 struct Damage {
     armed: Arc<AtomicBool>,
     changed: Arc<AtomicUsize>,
     change: Change,
-    /// The change applies to answers (from the node) rather than requests (to it).
+    /// One change in all (the proxies disarm), or every read the change applies to.
+    once: bool,
+    /// The change applies to requests (to the node), to answers (from it), or both.
+    requests: bool,
     answers: bool,
 }
 
-/// Forwards each connection made to `listener` to `target`, applying `damage` one way.
+impl Damage {
+    fn new(change: Change, once: bool, requests: bool, answers: bool) -> Self {
+        Damage {
+            armed: Arc::new(AtomicBool::new(false)),
+            changed: Arc::new(AtomicUsize::new(0)),
+            change,
+            once,
+            requests,
+            answers,
+        }
+    }
+}
+
+/// Forwards each connection made to `listener` to `target`, applying `damage`.
 async fn damaging_proxy(listener: TcpListener, target: String, damage: Damage) {
     while let Ok((inbound, _)) = listener.accept().await {
         let Ok(outbound) = TcpStream::connect(&target).await else {
@@ -69,11 +91,8 @@ async fn damaging_proxy(listener: TcpListener, target: String, damage: Damage) {
         };
         let (from_caller, to_caller) = inbound.into_split();
         let (from_node, to_node) = outbound.into_split();
-        let (to_node_damage, to_caller_damage) = if damage.answers {
-            (None, Some(damage.clone()))
-        } else {
-            (Some(damage.clone()), None)
-        };
+        let to_node_damage = damage.requests.then(|| damage.clone());
+        let to_caller_damage = damage.answers.then(|| damage.clone());
         tokio::spawn(pump(from_caller, to_node, to_node_damage));
         tokio::spawn(pump(from_node, to_caller, to_caller_damage));
     }
@@ -91,17 +110,20 @@ async fn pump(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        let chunk = &mut buf[..n];
-        if let Some(damage) = &damage {
-            if damage.armed.load(Ordering::Acquire) {
-                let mut copy = chunk.to_vec();
-                if (damage.change)(&mut copy) && damage.armed.swap(false, Ordering::AcqRel) {
-                    chunk.copy_from_slice(&copy);
-                    damage.changed.fetch_add(1, Ordering::AcqRel);
-                }
+        let chunk = &buf[..n];
+        let mut changed = None;
+        if let Some(damage) = damage.as_ref().filter(|d| d.armed.load(Ordering::Acquire)) {
+            changed = (damage.change)(chunk)
+                .filter(|_| !damage.once || damage.armed.swap(false, Ordering::AcqRel));
+            if changed.is_some() {
+                damage.changed.fetch_add(1, Ordering::AcqRel);
             }
         }
-        if to.write_all(chunk).await.is_err() {
+        if to
+            .write_all(changed.as_deref().unwrap_or(chunk))
+            .await
+            .is_err()
+        {
             break;
         }
     }
@@ -149,12 +171,7 @@ async fn summed(cluster: &Cluster, metric: &str) -> f64 {
 /// rejected at that node's apply alone, and that copy never caught up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raft_request_changed_on_its_way_is_refused_and_sent_again() {
-    let damage = Damage {
-        armed: Arc::new(AtomicBool::new(false)),
-        changed: Arc::new(AtomicUsize::new(0)),
-        change: change_a_record_hash,
-        answers: false,
-    };
+    let damage = Damage::new(change_a_record_hash, true, true, false);
     let (armed, changed) = (damage.armed.clone(), damage.changed.clone());
     let cluster = cluster_behind_proxies(&damage).await;
     cluster.wait_for_leader(Duration::from_secs(15)).await;
@@ -213,12 +230,8 @@ async fn a_raft_request_changed_on_its_way_is_refused_and_sent_again() {
 /// not fail") and the node exited, and no leader was elected in 15 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raft_answer_changed_on_its_way_back_is_refused() {
-    let damage = Damage {
-        armed: Arc::new(AtomicBool::new(true)),
-        changed: Arc::new(AtomicUsize::new(0)),
-        change: change_a_vote_term,
-        answers: true,
-    };
+    let damage = Damage::new(change_a_vote_term, true, false, true);
+    damage.armed.store(true, Ordering::Release);
     let cluster = cluster_behind_proxies(&damage).await;
     let mut leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
     let mut refused = 0.0;
@@ -285,4 +298,44 @@ async fn a_raft_answer_changed_on_its_way_back_is_refused() {
             cluster.log_tails(20)
         );
     }
+}
+
+/// Every request and answer between the nodes loses its digest header on the way, as
+/// between nodes of a build before digests (a rolling upgrade): they are read as
+/// before, so the cluster elects, writes and replicates, and nothing is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_messages_without_a_digest_are_read_as_before() {
+    let damage = Damage::new(strip_the_digest, false, true, true);
+    damage.armed.store(true, Ordering::Release);
+    let cluster = cluster_behind_proxies(&damage).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
+    let policy = json!({"budget": 1_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}});
+    let token = cluster.create_agent(leader, "old-build", policy).await;
+    for n in 0..20 {
+        let (status, body) = cluster
+            .post_until_served(
+                n % 3,
+                "/v1/agents/old-build/actions",
+                &token,
+                json!({"tool": "search", "input": {"n": n}}),
+                &format!("w{n}"),
+            )
+            .await;
+        assert_eq!(status, 200, "write {n}: {body}");
+        assert_eq!(body["decision"], "allowed", "write {n}: {body}");
+    }
+    let log = cluster
+        .converged_log("old-build", Duration::from_secs(30))
+        .await;
+    assert_eq!(log.len(), 2 + 2 * 20, "{log:?}");
+    // Requests and answers with records went by without their header.
+    let stripped = damage.changed.load(Ordering::Acquire);
+    assert!(stripped >= 40, "only {stripped} messages lost their digest");
+    let refused = summed(
+        &cluster,
+        r#"lineage_raft_requests_refused_total{reason="digest"}"#,
+    )
+    .await
+        + summed(&cluster, "lineage_raft_answers_refused_total").await;
+    assert_eq!(refused, 0.0, "a message without a digest was refused");
 }
