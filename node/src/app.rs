@@ -49,6 +49,9 @@ pub struct App {
     pub scheme: &'static str,
     /// With TLS, `/raft/*` requires a peer certificate naming a node of this cluster.
     pub tls: bool,
+    /// Raft requests without a body SHA-256 are refused, not read unchecked
+    /// (`--require-raft-digests`, `network::raft_routes`).
+    pub require_raft_digests: bool,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The committed Raft index, as this node last learned it.
     pub committed_index: Arc<std::sync::atomic::AtomicU64>,
@@ -237,6 +240,7 @@ impl App {
             http,
             scheme: "http",
             tls: false,
+            require_raft_digests: false,
             request_rate: crate::request_rate::RequestRate::default(),
             lanes: Lanes::new(true),
             reserved_ids: std::collections::BTreeSet::new(),
@@ -308,6 +312,13 @@ impl App {
     pub fn with_tls(mut self, on: bool) -> Self {
         self.scheme = if on { "https" } else { "http" };
         self.tls = on;
+        self
+    }
+
+    /// Raft requests without a body SHA-256 are refused (every node runs a build that
+    /// sends them).
+    pub fn with_raft_digests_required(mut self, required: bool) -> Self {
+        self.require_raft_digests = required;
         self
     }
 

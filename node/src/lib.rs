@@ -103,6 +103,9 @@ pub struct NodeConfig {
     pub leader_early_ack: bool,
     /// One agent's next write is decided while its previous one replicates (`agent_lanes`).
     pub pipelining: bool,
+    /// Raft requests and answers without a body SHA-256 (from a build before digests)
+    /// are refused rather than read unchecked (`network::raft_routes`, `raft_client`).
+    pub require_raft_digests: bool,
     /// TLS on the node's port and to its peers (`tls`); `None`: plain HTTP.
     pub tls: Option<tls::TlsFiles>,
     /// How often the TLS files' modification times are checked for a reload.
@@ -294,6 +297,10 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         disk: disk_watch.clone(),
         withheld: metrics.raft_replication_withheld.clone(),
         answers_refused: metrics.raft_answers_refused.clone(),
+        answers_without_digest: metrics
+            .raft_messages_without_digest
+            .with_label_values(&["answer"]),
+        require_digests: config.require_raft_digests,
     };
     let raft = openraft::Raft::new(
         config.id,
@@ -404,6 +411,7 @@ pub async fn run(config: NodeConfig) -> Result<(), String> {
         .with_witnesses(config.witnesses.clone())
         .with_pipelining(config.pipelining)
         .with_tls(config.tls.is_some())
+        .with_raft_digests_required(config.require_raft_digests)
         .with_reserved_ids(reserved_ids)
         .with_log(log_handle)
         .with_disk_reserve(disk)

@@ -86,81 +86,7 @@ enum LogFormat {
 )]
 enum Command {
     /// Run one node of a cluster
-    Run {
-        /// This node's id (unique in the cluster)
-        #[arg(long, env = "LINEAGE_NODE_ID")]
-        id: NodeId,
-        /// Address to listen on
-        #[arg(long, env = "LINEAGE_LISTEN", default_value = "127.0.0.1:9200")]
-        listen: SocketAddr,
-        /// host:port other nodes use to reach this one (default: --listen)
-        #[arg(long, env = "LINEAGE_ADVERTISE")]
-        advertise: Option<String>,
-        /// Where this node keeps its Raft log and records
-        #[arg(long, env = "LINEAGE_DATA_DIR")]
-        data_dir: PathBuf,
-        /// Directory with audit.key, token.key, admin.token, cluster.secret
-        #[arg(long, env = "LINEAGE_KEYS_DIR")]
-        keys_dir: PathBuf,
-        /// Voters of a new cluster, as id=host:port,id=host:port (the lowest id bootstraps)
-        #[arg(long, env = "LINEAGE_PEERS", value_delimiter = ',')]
-        peers: Vec<String>,
-        /// Snapshot the state machine every this many Raft entries
-        #[arg(long, env = "LINEAGE_SNAPSHOT_EVERY", default_value_t = lineage_node::DEFAULT_SNAPSHOT_EVERY)]
-        snapshot_every: u64,
-        /// Seconds between integrity scrubs of the stored records (0 disables)
-        #[arg(long, env = "LINEAGE_SCRUB_INTERVAL_SECS", default_value_t = lineage_node::DEFAULT_SCRUB_INTERVAL_SECS)]
-        scrub_interval_secs: u64,
-        /// The heads log's origin, also the checkpoint key name (a schema-less URL)
-        #[arg(long, env = "LINEAGE_CLUSTER_NAME", default_value = lineage_node::DEFAULT_CLUSTER_NAME)]
-        cluster_name: String,
-        /// Milliseconds between heads-log rounds
-        #[arg(long, env = "LINEAGE_HEADS_INTERVAL_MS", default_value_t = lineage_node::heads_rounds::DEFAULT_HEADS_INTERVAL_MS)]
-        heads_interval_ms: u64,
-        /// Milliseconds between the state machine's fsynced commits (0: each apply commits
-        /// durably before it answers); the Raft log is always fsynced before anything is
-        /// acknowledged
-        #[arg(long, env = "LINEAGE_STATE_FSYNC_INTERVAL_MS", default_value_t = lineage_node::DEFAULT_STATE_FSYNC_INTERVAL_MS)]
-        state_fsync_interval_ms: u64,
-        /// While leading, count this node's own log appends as flushed at once so it
-        /// replicates while its disk syncs; applies and the commits followers hear still
-        /// wait for the fsync (see docs/ARCHITECTURE.md). `false`: every append waits
-        #[arg(long, env = "LINEAGE_LEADER_EARLY_ACK", default_value_t = true, action = clap::ArgAction::Set)]
-        leader_early_ack: bool,
-        /// Decide an agent's next request on its pending state while the previous one
-        /// replicates; the apply-time head check rejects any that a failed write leaves
-        /// behind. `false`: each of an agent's writes waits for the one before
-        #[arg(long, env = "LINEAGE_PIPELINING", default_value_t = true, action = clap::ArgAction::Set)]
-        pipelining: bool,
-        /// A witness's cosignature verifier key (name+id+key); repeat for several. A
-        /// witnessed checkpoint is stored only when enough of them cosigned it
-        #[arg(
-            long = "witness-key",
-            env = "LINEAGE_WITNESS_KEYS",
-            value_delimiter = ','
-        )]
-        witness_keys: Vec<String>,
-        /// How many of the --witness-key witnesses must cosign (default: 1 when any are given)
-        #[arg(long, env = "LINEAGE_WITNESS_QUORUM")]
-        witness_quorum: Option<usize>,
-        /// Free space (MiB) the data directory's disk keeps: below it the leader answers
-        /// new writes 507 insufficient_storage, recording nothing, until space returns
-        #[arg(long, env = "LINEAGE_DISK_RESERVE_MB", default_value_t = lineage_node::disk_reserve::DEFAULT_DISK_RESERVE_MB)]
-        disk_reserve_mb: u64,
-        /// Milliseconds a durable write (Raft log or state file) may wait for the disk
-        /// before this node steps back: no heartbeats, no elections, 503 to what it
-        /// would serve itself as leader, until the disk answers (0: never; else >= 1000)
-        #[arg(long, env = "LINEAGE_DISK_STALL_MS", default_value_t = millis(lineage_node::disk_stall::DEFAULT_STALL_AFTER))]
-        disk_stall_ms: u64,
-        /// Seconds a stored Idempotency-Key answer is kept for retries; after that the
-        /// same key makes a new request. Give every node the same
-        #[arg(long, env = "LINEAGE_IDEMPOTENCY_WINDOW_SECS", default_value_t = IDEMPOTENCY_WINDOW_SECS, value_parser = clap::value_parser!(u64).range(1..))]
-        idempotency_window_secs: u64,
-        #[command(flatten)]
-        connections: ConnectionFlags,
-        #[command(flatten)]
-        tls: TlsFlags,
-    },
+    Run(RunArgs),
     /// Import a reference guard's data directory through Raft: through this node's own
     /// Raft (--data-dir, --keys-dir: it runs as a single-node cluster on a loopback port
     /// until the import is done), or through a running cluster's API (--url). Exits 1
@@ -359,6 +285,148 @@ fn exit_on_panic() {
 }
 
 #[derive(clap::Args)]
+struct RunArgs {
+    /// This node's id (unique in the cluster)
+    #[arg(long, env = "LINEAGE_NODE_ID")]
+    id: NodeId,
+    /// Address to listen on
+    #[arg(long, env = "LINEAGE_LISTEN", default_value = "127.0.0.1:9200")]
+    listen: SocketAddr,
+    /// host:port other nodes use to reach this one (default: --listen)
+    #[arg(long, env = "LINEAGE_ADVERTISE")]
+    advertise: Option<String>,
+    /// Where this node keeps its Raft log and records
+    #[arg(long, env = "LINEAGE_DATA_DIR")]
+    data_dir: PathBuf,
+    /// Directory with audit.key, token.key, admin.token, cluster.secret
+    #[arg(long, env = "LINEAGE_KEYS_DIR")]
+    keys_dir: PathBuf,
+    /// Voters of a new cluster, as id=host:port,id=host:port (the lowest id bootstraps)
+    #[arg(long, env = "LINEAGE_PEERS", value_delimiter = ',')]
+    peers: Vec<String>,
+    /// Snapshot the state machine every this many Raft entries
+    #[arg(long, env = "LINEAGE_SNAPSHOT_EVERY", default_value_t = lineage_node::DEFAULT_SNAPSHOT_EVERY)]
+    snapshot_every: u64,
+    /// Seconds between integrity scrubs of the stored records (0 disables)
+    #[arg(long, env = "LINEAGE_SCRUB_INTERVAL_SECS", default_value_t = lineage_node::DEFAULT_SCRUB_INTERVAL_SECS)]
+    scrub_interval_secs: u64,
+    /// The heads log's origin, also the checkpoint key name (a schema-less URL)
+    #[arg(long, env = "LINEAGE_CLUSTER_NAME", default_value = lineage_node::DEFAULT_CLUSTER_NAME)]
+    cluster_name: String,
+    /// Milliseconds between heads-log rounds
+    #[arg(long, env = "LINEAGE_HEADS_INTERVAL_MS", default_value_t = lineage_node::heads_rounds::DEFAULT_HEADS_INTERVAL_MS)]
+    heads_interval_ms: u64,
+    /// Milliseconds between the state machine's fsynced commits (0: each apply commits
+    /// durably before it answers); the Raft log is always fsynced before anything is
+    /// acknowledged
+    #[arg(long, env = "LINEAGE_STATE_FSYNC_INTERVAL_MS", default_value_t = lineage_node::DEFAULT_STATE_FSYNC_INTERVAL_MS)]
+    state_fsync_interval_ms: u64,
+    /// While leading, count this node's own log appends as flushed at once so it
+    /// replicates while its disk syncs; applies and the commits followers hear still
+    /// wait for the fsync (see docs/ARCHITECTURE.md). `false`: every append waits
+    #[arg(long, env = "LINEAGE_LEADER_EARLY_ACK", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_early_ack: bool,
+    /// Decide an agent's next request on its pending state while the previous one
+    /// replicates; the apply-time head check rejects any that a failed write leaves
+    /// behind. `false`: each of an agent's writes waits for the one before
+    #[arg(long, env = "LINEAGE_PIPELINING", default_value_t = true, action = clap::ArgAction::Set)]
+    pipelining: bool,
+    /// Refuse Raft requests and answers that carry no body SHA-256 (nodes of a build
+    /// before digests send none). Turn on once every node runs a build that sends
+    /// them: a digest header damaged on the way can then no longer skip the check
+    #[arg(long, env = "LINEAGE_REQUIRE_RAFT_DIGESTS", default_value_t = false, action = clap::ArgAction::Set)]
+    require_raft_digests: bool,
+    /// A witness's cosignature verifier key (name+id+key); repeat for several. A
+    /// witnessed checkpoint is stored only when enough of them cosigned it
+    #[arg(
+        long = "witness-key",
+        env = "LINEAGE_WITNESS_KEYS",
+        value_delimiter = ','
+    )]
+    witness_keys: Vec<String>,
+    /// How many of the --witness-key witnesses must cosign (default: 1 when any are given)
+    #[arg(long, env = "LINEAGE_WITNESS_QUORUM")]
+    witness_quorum: Option<usize>,
+    /// Free space (MiB) the data directory's disk keeps: below it the leader answers
+    /// new writes 507 insufficient_storage, recording nothing, until space returns
+    #[arg(long, env = "LINEAGE_DISK_RESERVE_MB", default_value_t = lineage_node::disk_reserve::DEFAULT_DISK_RESERVE_MB)]
+    disk_reserve_mb: u64,
+    /// Milliseconds a durable write (Raft log or state file) may wait for the disk
+    /// before this node steps back: no heartbeats, no elections, 503 to what it
+    /// would serve itself as leader, until the disk answers (0: never; else >= 1000)
+    #[arg(long, env = "LINEAGE_DISK_STALL_MS", default_value_t = millis(lineage_node::disk_stall::DEFAULT_STALL_AFTER))]
+    disk_stall_ms: u64,
+    /// Seconds a stored Idempotency-Key answer is kept for retries; after that the
+    /// same key makes a new request. Give every node the same
+    #[arg(long, env = "LINEAGE_IDEMPOTENCY_WINDOW_SECS", default_value_t = IDEMPOTENCY_WINDOW_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    idempotency_window_secs: u64,
+    #[command(flatten)]
+    connections: ConnectionFlags,
+    #[command(flatten)]
+    tls: TlsFlags,
+}
+
+impl RunArgs {
+    fn run(self) -> Result<(), String> {
+        let RunArgs {
+            id,
+            listen,
+            advertise,
+            data_dir,
+            keys_dir,
+            peers,
+            snapshot_every,
+            scrub_interval_secs,
+            cluster_name,
+            heads_interval_ms,
+            state_fsync_interval_ms,
+            leader_early_ack,
+            pipelining,
+            require_raft_digests,
+            witness_keys,
+            witness_quorum,
+            disk_reserve_mb,
+            disk_stall_ms,
+            idempotency_window_secs,
+            connections,
+            tls,
+        } = self;
+        parse_peers(&peers).and_then(|peers| {
+            let witnesses = WitnessPolicy::new(witness_keys, witness_quorum)?;
+            let tls_reload_poll = tls.reload_poll();
+            let tls = tls.files()?;
+            serve(NodeConfig {
+                id,
+                listen,
+                advertise: advertise.unwrap_or_else(|| listen.to_string()),
+                data_dir,
+                keys_dir,
+                peers,
+                admin_token: None,
+                snapshot_every,
+                scrub_interval: scrub_interval(scrub_interval_secs),
+                cluster_name,
+                heads_interval: std::time::Duration::from_millis(heads_interval_ms.max(10)),
+                state_fsync_interval: std::time::Duration::from_millis(state_fsync_interval_ms),
+                leader_early_ack,
+                pipelining,
+                require_raft_digests,
+                tls,
+                tls_reload_poll,
+                reference_dir: None,
+                witnesses,
+                disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
+                disk_stall_after: disk_stall(disk_stall_ms)?,
+                max_connections: connections.max_connections,
+                http_header_timeout: connections.header_timeout(),
+                http_idle_timeout: connections.idle_timeout(),
+                idempotency_window: std::time::Duration::from_secs(idempotency_window_secs),
+            })
+        })
+    }
+}
+
+#[derive(clap::Args)]
 struct ImportArgs {
     /// The reference guard's data directory (keys/, agents/*.jsonl)
     #[arg(long)]
@@ -420,58 +488,7 @@ fn main() -> ExitCode {
                 println!("{}", path.display());
             }
         }),
-        Some(Command::Run {
-            id,
-            listen,
-            advertise,
-            data_dir,
-            keys_dir,
-            peers,
-            snapshot_every,
-            scrub_interval_secs,
-            cluster_name,
-            heads_interval_ms,
-            state_fsync_interval_ms,
-            leader_early_ack,
-            pipelining,
-            witness_keys,
-            witness_quorum,
-            disk_reserve_mb,
-            disk_stall_ms,
-            idempotency_window_secs,
-            connections,
-            tls,
-        }) => parse_peers(&peers).and_then(|peers| {
-            let witnesses = WitnessPolicy::new(witness_keys, witness_quorum)?;
-            let tls_reload_poll = tls.reload_poll();
-            let tls = tls.files()?;
-            serve(NodeConfig {
-                id,
-                listen,
-                advertise: advertise.unwrap_or_else(|| listen.to_string()),
-                data_dir,
-                keys_dir,
-                peers,
-                admin_token: None,
-                snapshot_every,
-                scrub_interval: scrub_interval(scrub_interval_secs),
-                cluster_name,
-                heads_interval: std::time::Duration::from_millis(heads_interval_ms.max(10)),
-                state_fsync_interval: std::time::Duration::from_millis(state_fsync_interval_ms),
-                leader_early_ack,
-                pipelining,
-                tls,
-                tls_reload_poll,
-                reference_dir: None,
-                witnesses,
-                disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
-                disk_stall_after: disk_stall(disk_stall_ms)?,
-                max_connections: connections.max_connections,
-                http_header_timeout: connections.header_timeout(),
-                http_idle_timeout: connections.idle_timeout(),
-                idempotency_window: std::time::Duration::from_secs(idempotency_window_secs),
-            })
-        }),
+        Some(Command::Run(args)) => args.run(),
         Some(Command::Dev {
             nodes,
             base_port,
@@ -652,6 +669,7 @@ fn reference_mode() -> Result<(), String> {
         state_fsync_interval: std::time::Duration::from_millis(state_fsync_ms),
         leader_early_ack: false,
         pipelining: true,
+        require_raft_digests: false,
         tls: None,
         tls_reload_poll: lineage_node::tls_reload::DEFAULT_POLL,
         reference_dir: Some(data_dir.clone()),

@@ -81,6 +81,8 @@ pub struct Metrics {
     pub raft_requests_refused: IntCounterVec,
     /// Raft answers refused for not matching their stated SHA-256 (`raft_client`).
     pub raft_answers_refused: prometheus::IntCounter,
+    /// Raft requests received and answers got without a body SHA-256, by way.
+    pub raft_messages_without_digest: IntCounterVec,
     /// Stored idempotency answers past their window, by outcome (`idempotency_expiry`).
     pub idempotency_expired: IntCounterVec,
     /// The age of the oldest durable write in flight, and whether the node holds its
@@ -286,10 +288,11 @@ impl Metrics {
             "Raft requests this node refused, by reason: secret (no cluster secret it \
              accepts, as in a rotation gone wrong) and certificate (with TLS, not a member \
              node's), before reading them; digest (the body does not match the SHA-256 its \
-             sender stated: changed on the way).",
+             sender stated: changed on the way); missing_digest (no SHA-256, refused with \
+             --require-raft-digests).",
             &["reason"],
         );
-        for reason in ["secret", "certificate", "digest"] {
+        for reason in ["secret", "certificate", "digest", "missing_digest"] {
             raft_requests_refused.with_label_values(&[reason]);
         }
         let raft_answers_refused = must(prometheus::IntCounter::new(
@@ -299,6 +302,17 @@ impl Metrics {
              failed (an append or snapshot chunk is sent again, a vote's grant is lost).",
         ));
         must(registry.register(Box::new(raft_answers_refused.clone())));
+        let raft_messages_without_digest = counter(
+            "raft_messages_without_digest_total",
+            "Raft requests this node received (way=request) and answers it got \
+             (way=answer) without a body SHA-256, as nodes of a build before digests send \
+             them: read unchecked, or refused with --require-raft-digests. Zero everywhere \
+             once every node runs a build that sends digests.",
+            &["way"],
+        );
+        for way in ["request", "answer"] {
+            raft_messages_without_digest.with_label_values(&[way]);
+        }
         let idempotency_expired = counter(
             "idempotency_answers_expired_total",
             "Index rows of stored Idempotency-Key answers this node took once past their \
@@ -398,6 +412,7 @@ impl Metrics {
             raft_vote_requests,
             raft_requests_refused,
             raft_answers_refused,
+            raft_messages_without_digest,
             disk_write_in_flight,
             state_blocked,
             state_waiters,

@@ -148,8 +148,14 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 /// A cluster of three whose nodes are reached (by peers and by the test) through
 /// proxies that apply `damage`.
 async fn cluster_behind_proxies(damage: &Damage) -> Cluster {
-    let mut cluster = Cluster::prepare(3, &[]);
-    for i in 0..3 {
+    cluster_behind_proxies_each(&[damage.clone(), damage.clone(), damage.clone()], &[]).await
+}
+
+/// A cluster of three started with `args`, node `i` reached through a proxy that
+/// applies `damages[i]`.
+async fn cluster_behind_proxies_each(damages: &[Damage; 3], args: &[&str]) -> Cluster {
+    let mut cluster = Cluster::prepare(3, args);
+    for (i, damage) in damages.iter().enumerate() {
         let listen = cluster.listen_apart(i);
         let proxy = TcpListener::bind(&cluster.addrs[i])
             .await
@@ -354,4 +360,55 @@ async fn raft_messages_without_a_digest_are_read_as_before() {
     .await
         + summed(&cluster, "lineage_raft_answers_refused_total").await;
     assert_eq!(refused, 0.0, "a message without a digest was refused");
+    for way in ["request", "answer"] {
+        let metric = format!(r#"lineage_raft_messages_without_digest_total{{way="{way}"}}"#);
+        assert!(
+            summed(&cluster, &metric).await > 0.0,
+            "none counted: {metric}"
+        );
+    }
+}
+
+/// With `--require-raft-digests`, a follower whose Raft requests and answers lose their
+/// digest header on the way refuses every request (counted), and its answers are
+/// refused by the leader: the other two carry on without it. Once its messages carry
+/// the header again, it catches up, every write there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_digests_required_a_message_without_one_is_refused() {
+    let damages = [0, 1, 2].map(|_| Damage::new(strip_the_digest, false, true, true));
+    let cluster = cluster_behind_proxies_each(&damages, &["--require-raft-digests", "true"]).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
+    // Before any header is taken out, no message came without one.
+    for way in ["request", "answer"] {
+        let metric = format!(r#"lineage_raft_messages_without_digest_total{{way="{way}"}}"#);
+        assert_eq!(summed(&cluster, &metric).await, 0.0, "{metric}");
+    }
+    let policy = json!({"budget": 1_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}});
+    let token = cluster.create_agent(leader, "strict", policy).await;
+    let cut_off = (leader + 1) % 3;
+    damages[cut_off].armed.store(true, Ordering::Release);
+    for n in 0..10 {
+        let (status, body) = cluster
+            .post_until_served(
+                leader,
+                "/v1/agents/strict/actions",
+                &token,
+                json!({"tool": "search", "input": {"n": n}}),
+                &format!("w{n}"),
+            )
+            .await;
+        assert_eq!(status, 200, "write {n}: {body}");
+    }
+    let refused = cluster.metrics(cut_off).await[r#"lineage_raft_requests_refused_total{reason="missing_digest"}"#];
+    assert!(
+        refused > 0.0,
+        "node {} took Raft requests without a digest\n{}",
+        cut_off + 1,
+        cluster.log_tails(20)
+    );
+    damages[cut_off].armed.store(false, Ordering::Release);
+    let log = cluster
+        .converged_log("strict", Duration::from_secs(30))
+        .await;
+    assert_eq!(log.len(), 2 + 2 * 10, "{log:?}");
 }

@@ -55,9 +55,13 @@ pub struct RaftHttp {
     /// Sends withheld because the disk was stalled, each try
     /// (`lineage_raft_replication_withheld_total`).
     pub withheld: prometheus::IntCounter,
-    /// Answers refused because they did not match their stated SHA-256
-    /// (`lineage_raft_answers_refused_total`).
+    /// Answers refused because they did not match their stated SHA-256, or carried
+    /// none while one is required (`lineage_raft_answers_refused_total`).
     pub answers_refused: prometheus::IntCounter,
+    /// Answers that carried no SHA-256 (`lineage_raft_messages_without_digest_total`).
+    pub answers_without_digest: prometheus::IntCounter,
+    /// An answer without a SHA-256 is refused (`--require-raft-digests`).
+    pub require_digests: bool,
 }
 
 pub struct Connection {
@@ -204,13 +208,23 @@ impl Connection {
             )));
         }
         // An answer without the header (a build before it, during an upgrade) is read
-        // as before.
-        if stated.is_some_and(|stated| stated.as_bytes() != body_digest(&answer).as_bytes()) {
-            self.http.answers_refused.inc();
-            return Err(failed_call(format!(
+        // as before, unless every node is known to send it.
+        let refused = match stated {
+            Some(stated) if stated.as_bytes() != body_digest(&answer).as_bytes() => Some(format!(
                 "the answer ({} bytes) does not match its {BODY_SHA256_HEADER}: changed on the way",
                 answer.len()
-            )));
+            )),
+            Some(_) => None,
+            None => {
+                self.http.answers_without_digest.inc();
+                self.http.require_digests.then(|| {
+                    format!("the answer has no {BODY_SHA256_HEADER}, which --require-raft-digests requires")
+                })
+            }
+        };
+        if let Some(why) = refused {
+            self.http.answers_refused.inc();
+            return Err(failed_call(why));
         }
         if fingerprints.is_some() {
             self.http.contacts.secrets(self.target, fingerprints);

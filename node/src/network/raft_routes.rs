@@ -103,9 +103,9 @@ async fn require_cluster_secret(
 /// A Raft request's JSON body, held to the SHA-256 its sender stated
 /// (`BODY_SHA256_HEADER`): a body that differs (changed on the way) is refused with 400
 /// and counted; openraft sends an AppendEntries or snapshot chunk again, as after any
-/// failed call, and a vote at the next election. A request
-/// without the header (a node of a build before it, during a rolling upgrade) is read
-/// as before.
+/// failed call, and a vote at the next election. A request without the header (a node
+/// of a build before it, during a rolling upgrade) is counted and read as before, or
+/// refused like a changed one with `--require-raft-digests`.
 struct RaftBody<T>(T);
 
 impl<T: serde::de::DeserializeOwned> axum::extract::FromRequest<Arc<App>> for RaftBody<T> {
@@ -117,24 +117,34 @@ impl<T: serde::de::DeserializeOwned> axum::extract::FromRequest<Arc<App>> for Ra
     ) -> Result<Self, ApiError> {
         let stated = request.headers().get(BODY_SHA256_HEADER).cloned();
         let bytes = json_bytes::<_, MAX_RAFT_BODY_BYTES>(request, app).await?;
-        if let Some(stated) = stated {
-            if stated.as_bytes() != body_digest(&bytes).as_bytes() {
-                app.metrics
-                    .raft_requests_refused
-                    .with_label_values(&["digest"])
-                    .inc();
-                if let Some(left_out) = DIGEST_REFUSALS.admit() {
-                    tracing::warn!(
-                        bytes = bytes.len(),
-                        left_out,
-                        "a Raft request body does not match the SHA-256 its sender stated; refused"
-                    );
-                }
-                return Err(ApiError::BadRequest(format!(
+        let refused = match stated {
+            Some(stated) if stated.as_bytes() != body_digest(&bytes).as_bytes() => Some((
+                "digest",
+                format!(
                     "the body ({} bytes) does not match its {BODY_SHA256_HEADER}: changed on the way",
                     bytes.len()
-                )));
+                ),
+            )),
+            Some(_) => None,
+            None => {
+                app.metrics
+                    .raft_messages_without_digest
+                    .with_label_values(&["request"])
+                    .inc();
+                app.require_raft_digests.then(|| {
+                    ("missing_digest", format!("the request has no {BODY_SHA256_HEADER}, which this node requires (--require-raft-digests)"))
+                })
             }
+        };
+        if let Some((reason, why)) = refused {
+            app.metrics
+                .raft_requests_refused
+                .with_label_values(&[reason])
+                .inc();
+            if let Some(left_out) = DIGEST_REFUSALS.admit() {
+                tracing::warn!(bytes = bytes.len(), left_out, why, "a Raft request refused");
+            }
+            return Err(ApiError::BadRequest(why));
         }
         parse(&bytes).map(RaftBody)
     }
