@@ -306,8 +306,8 @@ impl Metrics {
             "raft_messages_without_digest_total",
             "Raft requests this node received (way=request) and answers it got \
              (way=answer) without a body SHA-256, as nodes of a build before digests send \
-             them: read unchecked, or refused with --require-raft-digests. Zero everywhere \
-             once every node runs a build that sends digests.",
+             them: read unchecked, or refused with --require-raft-digests. It stops \
+             increasing once every node runs a build that sends digests.",
             &["way"],
         );
         for way in ["request", "answer"] {

@@ -369,13 +369,13 @@ async fn raft_messages_without_a_digest_are_read_as_before() {
     }
 }
 
-/// With `--require-raft-digests`, a follower whose Raft requests and answers lose their
-/// digest header on the way refuses every request (counted), and its answers are
-/// refused by the leader: the other two carry on without it. Once its messages carry
-/// the header again, it catches up, every write there.
+/// With `--require-raft-digests`, a follower whose Raft requests lose their digest header
+/// on the way refuses every one (counted) before reading it, so it takes nothing while
+/// the other two carry on. Once the header comes through again, it catches up, every
+/// write there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_digests_required_a_message_without_one_is_refused() {
-    let damages = [0, 1, 2].map(|_| Damage::new(strip_the_digest, false, true, true));
+async fn with_digests_required_a_request_without_one_is_refused() {
+    let damages = [0, 1, 2].map(|_| Damage::new(strip_the_digest, false, true, false));
     let cluster = cluster_behind_proxies_each(&damages, &["--require-raft-digests", "true"]).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
     // Before any header is taken out, no message came without one.
@@ -385,30 +385,90 @@ async fn with_digests_required_a_message_without_one_is_refused() {
     }
     let policy = json!({"budget": 1_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}});
     let token = cluster.create_agent(leader, "strict", policy).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
     let cut_off = (leader + 1) % 3;
     damages[cut_off].armed.store(true, Ordering::Release);
-    for n in 0..10 {
-        let (status, body) = cluster
-            .post_until_served(
-                leader,
-                "/v1/agents/strict/actions",
-                &token,
-                json!({"tool": "search", "input": {"n": n}}),
-                &format!("w{n}"),
-            )
-            .await;
-        assert_eq!(status, 200, "write {n}: {body}");
-    }
-    let refused = cluster.metrics(cut_off).await[r#"lineage_raft_requests_refused_total{reason="missing_digest"}"#];
+    write_ten(&cluster, leader, "strict", &token).await;
+    let refused = cluster
+        .metrics(cut_off)
+        .await
+        .get(r#"lineage_raft_requests_refused_total{reason="missing_digest"}"#)
+        .copied();
     assert!(
-        refused > 0.0,
-        "node {} took Raft requests without a digest\n{}",
+        refused.is_some_and(|n| n > 0.0),
+        "node {} refused {refused:?} Raft requests without a digest\n{}",
         cut_off + 1,
         cluster.log_tails(20)
+    );
+    let held = cluster
+        .local_log(cut_off, "strict")
+        .await
+        .map_or(0, |l| l.len());
+    assert!(
+        held < 2 + 2 * 10,
+        "node {} took the writes anyway: {held} records",
+        cut_off + 1
     );
     damages[cut_off].armed.store(false, Ordering::Release);
     let log = cluster
         .converged_log("strict", Duration::from_secs(30))
         .await;
     assert_eq!(log.len(), 2 + 2 * 10, "{log:?}");
+}
+
+/// With `--require-raft-digests`, the leader refuses a follower's answers that lost their
+/// digest header on the way: it counts them (not as bytes changed), never counts that
+/// follower's appends, and commits with the other. Once the header comes through again,
+/// the follower is counted caught up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_digests_required_an_answer_without_one_is_refused() {
+    let damages = [0, 1, 2].map(|_| Damage::new(strip_the_digest, false, false, true));
+    let cluster = cluster_behind_proxies_each(&damages, &["--require-raft-digests", "true"]).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
+    let policy = json!({"budget": 1_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}});
+    let token = cluster.create_agent(leader, "strict", policy).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
+    let cut_off = (leader + 1) % 3;
+    damages[cut_off].armed.store(true, Ordering::Release);
+    write_ten(&cluster, leader, "strict", &token).await;
+    let metrics = cluster.metrics(leader).await;
+    let figure = |name: &str| {
+        metrics
+            .get(name)
+            .copied()
+            .unwrap_or_else(|| panic!("the leader reports no {name}"))
+    };
+    assert!(figure(r#"lineage_raft_messages_without_digest_total{way="answer"}"#) > 0.0);
+    assert_eq!(figure("lineage_raft_answers_refused_total"), 0.0);
+    let lag = figure(&format!(
+        r#"lineage_raft_replication_lag_entries{{follower="{}"}}"#,
+        cut_off + 1
+    ));
+    assert!(
+        lag >= 10.0,
+        "the leader counted node {}'s appends from answers it should refuse (lag {lag})",
+        cut_off + 1
+    );
+    damages[cut_off].armed.store(false, Ordering::Release);
+    let log = cluster
+        .converged_log("strict", Duration::from_secs(30))
+        .await;
+    assert_eq!(log.len(), 2 + 2 * 10, "{log:?}");
+}
+
+/// Ten writes to `agent` through `leader`, each allowed.
+async fn write_ten(cluster: &Cluster, leader: usize, agent: &str, token: &str) {
+    for n in 0..10 {
+        let (status, body) = cluster
+            .post_until_served(
+                leader,
+                &format!("/v1/agents/{agent}/actions"),
+                token,
+                json!({"tool": "search", "input": {"n": n}}),
+                &format!("w{n}"),
+            )
+            .await;
+        assert_eq!(status, 200, "write {n}: {body}");
+        assert_eq!(body["decision"], "allowed", "write {n}: {body}");
+    }
 }

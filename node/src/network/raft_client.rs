@@ -55,10 +55,12 @@ pub struct RaftHttp {
     /// Sends withheld because the disk was stalled, each try
     /// (`lineage_raft_replication_withheld_total`).
     pub withheld: prometheus::IntCounter,
-    /// Answers refused because they did not match their stated SHA-256, or carried
-    /// none while one is required (`lineage_raft_answers_refused_total`).
+    /// Answers refused because they did not match their stated SHA-256
+    /// (`lineage_raft_answers_refused_total`: bytes changed on the way).
     pub answers_refused: prometheus::IntCounter,
-    /// Answers that carried no SHA-256 (`lineage_raft_messages_without_digest_total`).
+    /// Answers that carried no SHA-256 (`lineage_raft_messages_without_digest_total`),
+    /// refused too when `require_digests`: the peer then shows as not answering, and
+    /// the one WARN of that outage says why.
     pub answers_without_digest: prometheus::IntCounter,
     /// An answer without a SHA-256 is refused (`--require-raft-digests`).
     pub require_digests: bool,
@@ -209,22 +211,24 @@ impl Connection {
         }
         // An answer without the header (a build before it, during an upgrade) is read
         // as before, unless every node is known to send it.
-        let refused = match stated {
-            Some(stated) if stated.as_bytes() != body_digest(&answer).as_bytes() => Some(format!(
-                "the answer ({} bytes) does not match its {BODY_SHA256_HEADER}: changed on the way",
-                answer.len()
-            )),
-            Some(_) => None,
+        match stated {
+            Some(stated) if stated.as_bytes() != body_digest(&answer).as_bytes() => {
+                self.http.answers_refused.inc();
+                return Err(failed_call(format!(
+                    "the answer ({} bytes) does not match its {BODY_SHA256_HEADER}: changed on the way",
+                    answer.len()
+                )));
+            }
+            Some(_) => {}
             None => {
                 self.http.answers_without_digest.inc();
-                self.http.require_digests.then(|| {
-                    format!("the answer has no {BODY_SHA256_HEADER}, which --require-raft-digests requires")
-                })
+                if self.http.require_digests {
+                    return Err(failed_call(format!(
+                        "the answer has no {BODY_SHA256_HEADER}, which --require-raft-digests \
+                         requires (a node of a build before digests?)"
+                    )));
+                }
             }
-        };
-        if let Some(why) = refused {
-            self.http.answers_refused.inc();
-            return Err(failed_call(why));
         }
         if fingerprints.is_some() {
             self.http.contacts.secrets(self.target, fingerprints);

@@ -29,11 +29,12 @@ use crate::tls::PeerCertificate;
 /// cluster secret get to send one (checked before the body is read).
 const MAX_RAFT_BODY_BYTES: usize = 64 * 1024 * 1024;
 
-/// Refusals repeat at every heartbeat while their cause lasts: one WARN per 10 s each,
-/// with how many were left out (`log_pace`); `lineage_raft_requests_refused_total`
+/// Refusals repeat at every heartbeat while their cause lasts: one WARN per 10 s for each
+/// cause, with how many were left out (`log_pace`); `lineage_raft_requests_refused_total`
 /// counts every one.
 static CERTIFICATE_REFUSALS: Pace = Pace::new(Duration::from_secs(10));
 static DIGEST_REFUSALS: Pace = Pace::new(Duration::from_secs(10));
+static MISSING_DIGEST_REFUSALS: Pace = Pace::new(Duration::from_secs(10));
 
 pub fn routes() -> RouteBook {
     RouteBook::default()
@@ -116,35 +117,47 @@ impl<T: serde::de::DeserializeOwned> axum::extract::FromRequest<Arc<App>> for Ra
         app: &Arc<App>,
     ) -> Result<Self, ApiError> {
         let stated = request.headers().get(BODY_SHA256_HEADER).cloned();
-        let bytes = json_bytes::<_, MAX_RAFT_BODY_BYTES>(request, app).await?;
-        let refused = match stated {
-            Some(stated) if stated.as_bytes() != body_digest(&bytes).as_bytes() => Some((
-                "digest",
-                format!(
-                    "the body ({} bytes) does not match its {BODY_SHA256_HEADER}: changed on the way",
-                    bytes.len()
-                ),
-            )),
-            Some(_) => None,
-            None => {
+        if stated.is_none() {
+            app.metrics
+                .raft_messages_without_digest
+                .with_label_values(&["request"])
+                .inc();
+            // Refused before its body is read: nothing in it can be checked.
+            if app.require_raft_digests {
                 app.metrics
-                    .raft_messages_without_digest
-                    .with_label_values(&["request"])
+                    .raft_requests_refused
+                    .with_label_values(&["missing_digest"])
                     .inc();
-                app.require_raft_digests.then(|| {
-                    ("missing_digest", format!("the request has no {BODY_SHA256_HEADER}, which this node requires (--require-raft-digests)"))
-                })
+                if let Some(left_out) = MISSING_DIGEST_REFUSALS.admit() {
+                    tracing::warn!(
+                        left_out,
+                        "a Raft request without a body SHA-256 refused (--require-raft-digests): \
+                         a node of a build before digests?"
+                    );
+                }
+                return Err(ApiError::BadRequest(format!(
+                    "the request has no {BODY_SHA256_HEADER}, which this node requires \
+                     (--require-raft-digests)"
+                )));
             }
-        };
-        if let Some((reason, why)) = refused {
+        }
+        let bytes = json_bytes::<_, MAX_RAFT_BODY_BYTES>(request, app).await?;
+        if stated.is_some_and(|stated| stated.as_bytes() != body_digest(&bytes).as_bytes()) {
             app.metrics
                 .raft_requests_refused
-                .with_label_values(&[reason])
+                .with_label_values(&["digest"])
                 .inc();
             if let Some(left_out) = DIGEST_REFUSALS.admit() {
-                tracing::warn!(bytes = bytes.len(), left_out, why, "a Raft request refused");
+                tracing::warn!(
+                    bytes = bytes.len(),
+                    left_out,
+                    "a Raft request body does not match the SHA-256 its sender stated; refused"
+                );
             }
-            return Err(ApiError::BadRequest(why));
+            return Err(ApiError::BadRequest(format!(
+                "the body ({} bytes) does not match its {BODY_SHA256_HEADER}: changed on the way",
+                bytes.len()
+            )));
         }
         parse(&bytes).map(RaftBody)
     }
