@@ -77,7 +77,7 @@ pub struct Metrics {
     log_drops_synced: parking_lot::Mutex<()>,
     /// Vote requests received, by candidate (`raft_routes`).
     pub raft_vote_requests: IntCounterVec,
-    /// Raft requests refused before their body was read, by reason (`raft_routes`).
+    /// Raft requests refused, by reason (`raft_routes`).
     pub raft_requests_refused: IntCounterVec,
     /// Raft answers refused for not matching their stated SHA-256 (`raft_client`).
     pub raft_answers_refused: prometheus::IntCounter,

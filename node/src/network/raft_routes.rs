@@ -105,8 +105,9 @@ async fn require_cluster_secret(
 /// (`BODY_SHA256_HEADER`): a body that differs (changed on the way) is refused with 400
 /// and counted; openraft sends an AppendEntries or snapshot chunk again, as after any
 /// failed call, and a vote at the next election. A request without the header (a node
-/// of a build before it, during a rolling upgrade) is counted and read as before, or
-/// refused like a changed one with `--require-raft-digests`.
+/// of a build before it, during a rolling upgrade) is counted and read as before, or,
+/// with `--require-raft-digests`, refused with 400 before its body is read
+/// (`reason="missing_digest"`).
 struct RaftBody<T>(T);
 
 impl<T: serde::de::DeserializeOwned> axum::extract::FromRequest<Arc<App>> for RaftBody<T> {
