@@ -204,17 +204,7 @@ async fn a_raft_request_changed_on_its_way_is_refused_and_sent_again() {
         armed.store(true, Ordering::Release);
         let round_end = writes + 10;
         while writes < round_end || (changed.load(Ordering::Acquire) < round && writes < 200) {
-            let (status, body) = cluster
-                .post_until_served(
-                    writes % 3,
-                    "/v1/agents/victim/actions",
-                    &token,
-                    json!({"tool": "search", "input": {"n": writes}}),
-                    &format!("w{writes}"),
-                )
-                .await;
-            assert_eq!(status, 200, "write {writes}: {body}");
-            assert_eq!(body["decision"], "allowed", "write {writes}: {body}");
+            write(&cluster, writes % 3, "victim", &token, writes).await;
             writes += 1;
         }
         assert_eq!(
@@ -330,17 +320,7 @@ async fn raft_messages_without_a_digest_are_read_as_before() {
     let policy = json!({"budget": 1_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}});
     let token = cluster.create_agent(leader, "old-build", policy).await;
     for n in 0..20 {
-        let (status, body) = cluster
-            .post_until_served(
-                n % 3,
-                "/v1/agents/old-build/actions",
-                &token,
-                json!({"tool": "search", "input": {"n": n}}),
-                &format!("w{n}"),
-            )
-            .await;
-        assert_eq!(status, 200, "write {n}: {body}");
-        assert_eq!(body["decision"], "allowed", "write {n}: {body}");
+        write(&cluster, n % 3, "old-build", &token, n).await;
     }
     let log = cluster
         .converged_log("old-build", Duration::from_secs(30))
@@ -459,16 +439,22 @@ async fn with_digests_required_an_answer_without_one_is_refused() {
 /// Ten writes to `agent` through `leader`, each allowed.
 async fn write_ten(cluster: &Cluster, leader: usize, agent: &str, token: &str) {
     for n in 0..10 {
-        let (status, body) = cluster
-            .post_until_served(
-                leader,
-                &format!("/v1/agents/{agent}/actions"),
-                token,
-                json!({"tool": "search", "input": {"n": n}}),
-                &format!("w{n}"),
-            )
-            .await;
-        assert_eq!(status, 200, "write {n}: {body}");
-        assert_eq!(body["decision"], "allowed", "write {n}: {body}");
+        write(cluster, leader, agent, token, n).await;
     }
+}
+
+/// Write `n` (its input, and its Idempotency-Key `w{n}`) to `agent` through node `via`,
+/// served and allowed.
+async fn write(cluster: &Cluster, via: usize, agent: &str, token: &str, n: usize) {
+    let (status, body) = cluster
+        .post_until_served(
+            via,
+            &format!("/v1/agents/{agent}/actions"),
+            token,
+            json!({"tool": "search", "input": {"n": n}}),
+            &format!("w{n}"),
+        )
+        .await;
+    assert_eq!(status, 200, "write {n}: {body}");
+    assert_eq!(body["decision"], "allowed", "write {n}: {body}");
 }
