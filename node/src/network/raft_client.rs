@@ -201,14 +201,9 @@ impl Connection {
             return Err(failed_call(format!("peer answered {status}: {said}")));
         }
         let stated = response.headers().get(BODY_SHA256_HEADER).cloned();
-        let (answer, more) = body_prefix(response, MAX_ANSWER_BYTES)
+        let answer = answer_within(response, MAX_ANSWER_BYTES)
             .await
-            .map_err(|e| network_error(&e))?;
-        if more {
-            return Err(failed_call(format!(
-                "the peer's answer is over {MAX_ANSWER_BYTES} bytes"
-            )));
-        }
+            .map_err(failed_call)?;
         // An answer without the header (a build before it, during an upgrade) is read
         // as before, unless every node is known to send it.
         match stated {
@@ -234,6 +229,22 @@ impl Connection {
             self.http.contacts.secrets(self.target, fingerprints);
         }
         serde_json::from_slice(&answer).map_err(|e| network_error(&e))
+    }
+}
+
+/// A successful answer's whole body, or why not: over `max` bytes, whether its stated
+/// length says so (refused unread: a peer that states 4 GiB and sends nothing holds no
+/// call open) or its bytes do, or cut off on the way.
+async fn answer_within(response: reqwest::Response, max: usize) -> Result<Vec<u8>, String> {
+    if let Some(stated) = response.content_length().filter(|&n| n > max as u64) {
+        return Err(format!(
+            "the peer's answer states {stated} bytes, over {max}"
+        ));
+    }
+    match body_prefix(response, max).await {
+        Ok((body, false)) => Ok(body),
+        Ok((_, true)) => Err(format!("the peer's answer is over {max} bytes")),
+        Err(e) => Err(format!("reading the peer's answer: {e}")),
     }
 }
 
@@ -381,6 +392,7 @@ impl RaftNetwork<TypeConfig> for Connection {
 mod tests {
     use super::*;
     use openraft::testing::log_id;
+    use std::time::Duration;
 
     fn entry(index: u64, note_bytes: usize) -> Entry<TypeConfig> {
         Entry {
@@ -420,5 +432,73 @@ mod tests {
             }])))),
         };
         assert!(entry_bytes(&writes) > 0);
+    }
+
+    /// A peer on loopback that answers one request with `head` and then `body`, and
+    /// keeps the connection open until the caller drops it.
+    async fn peer_answering(head: &'static str, body: Vec<u8>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = stream.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the caller hung up before its request ended");
+                request.extend_from_slice(&buf[..n]);
+            }
+            stream.write_all(head.as_bytes()).await.unwrap();
+            stream.write_all(&body).await.unwrap();
+            // Held until the caller hangs up.
+            let _ = stream.read(&mut buf).await;
+        });
+        format!("http://{addr}/raft/append")
+    }
+
+    async fn answer_from(head: &'static str, body: Vec<u8>, max: usize) -> Result<Vec<u8>, String> {
+        let url = peer_answering(head, body).await;
+        let response = reqwest::Client::new().post(url).send().await.unwrap();
+        // Bounds the test, not the code: reading a body that never comes would wait
+        // for ever.
+        tokio::time::timeout(Duration::from_secs(30), answer_within(response, max))
+            .await
+            .unwrap_or_else(|_| Err("still reading after 30 s".into()))
+    }
+
+    #[tokio::test]
+    async fn an_answer_stating_more_than_the_bound_is_refused_unread() {
+        // 4 GiB stated, nothing sent: refused at once, not waited for.
+        let refused = answer_from(
+            "HTTP/1.1 200 OK\r\ncontent-length: 4294967296\r\n\r\n",
+            Vec::new(),
+            MAX_ANSWER_BYTES,
+        )
+        .await;
+        assert_eq!(
+            refused,
+            Err(format!(
+                "the peer's answer states 4294967296 bytes, over {MAX_ANSWER_BYTES}"
+            ))
+        );
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_read_whole_within_the_bound_and_refused_past_it() {
+        let body = br#"{"Ok":{"vote":1}}"#.to_vec();
+        let head = "HTTP/1.1 200 OK\r\ncontent-length: 17\r\n\r\n";
+        assert_eq!(answer_from(head, body.clone(), 17).await, Ok(body));
+
+        // No stated length (chunked): refused once its bytes pass the bound.
+        let chunked = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+        let chunk = |n: usize| format!("{n:x}\r\n{}\r\n", "x".repeat(n));
+        let over = format!("{}{}0\r\n\r\n", chunk(10), chunk(10)).into_bytes();
+        assert_eq!(
+            answer_from(chunked, over, 15).await,
+            Err("the peer's answer is over 15 bytes".into())
+        );
+        let within = format!("{}{}0\r\n\r\n", chunk(10), chunk(5)).into_bytes();
+        assert_eq!(answer_from(chunked, within, 15).await, Ok(vec![b'x'; 15]));
     }
 }
