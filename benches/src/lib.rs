@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use lineage_core::{AuditKey, AuditLog};
 
+pub mod wrk;
+
 /// Durable single-record appends (one fdatasync each) per second on this disk, over 1 s.
 pub fn durable_appends_per_second() -> Result<f64, String> {
     durable_appends_per_second_with(1)
@@ -175,6 +177,13 @@ pub fn start_single_node(
         .spawn()
         .map_err(|e| format!("{}: {e}", binary.display()))?;
     Ok((NodeProcess(child), addr, admin))
+}
+
+/// The policy every benchmark's agents get: one tool, `work`, costing 1, with a budget
+/// and a request rate no load reaches. `limits` is this build's; the reference guard
+/// server ignores fields it does not know.
+pub fn unbounded_policy() -> serde_json::Value {
+    serde_json::json!({"budget": u64::MAX / 2, "scar_limit": 10, "tools": {"work": {"cost": 1}}, "limits": {"max_requests_per_minute": u32::MAX}})
 }
 
 /// The median of `values` (the mean of the middle two for an even count; 0 for none).

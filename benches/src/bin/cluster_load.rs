@@ -269,7 +269,7 @@ async fn create_agents(
 ) -> Result<Vec<String>, String> {
     let mut tokens = Vec::new();
     for a in 0..agents {
-        let body = json!({"agent_id": format!("agent-{a}"), "policy": {"budget": u64::MAX / 2, "scar_limit": 10, "tools": {"work": {"cost": 1}}, "limits": {"max_requests_per_minute": u32::MAX}}});
+        let body = json!({"agent_id": format!("agent-{a}"), "policy": lineage_benches::unbounded_policy()});
         let reply: Value = http
             .post(format!("{}/v1/agents", cluster.urls[0]))
             .bearer_auth(&cluster.admin)
@@ -557,21 +557,6 @@ async fn history_figures(
 /// with every agent's request built once, taken in turn. Reads wrk's own report:
 /// requests, non-2xx answers, requests/s and its latency distribution.
 fn run_wrk(url: &str, tokens: &[String], args: &Args) -> Result<LoadResult, String> {
-    let requests: Vec<String> = tokens
-        .iter()
-        .enumerate()
-        .map(|(a, token)| {
-            if args.reads {
-                format!(
-                    "wrk.format(\"GET\", \"/v1/agents/agent-{a}\", {{[\"Authorization\"] = \"Bearer {token}\"}})"
-                )
-            } else {
-                format!(
-                    "wrk.format(\"POST\", \"/v1/agents/agent-{a}/actions\", {{[\"Authorization\"] = \"Bearer {token}\", [\"Content-Type\"] = \"application/json\"}}, '{{\"tool\":\"work\",\"input\":{{}}}}')"
-                )
-            }
-        })
-        .collect();
     let script = if args.idempotency_keys {
         // Each request built as it is sent, with a key of its own: the thread's number
         // (given by `setup`) and the request's.
@@ -585,70 +570,28 @@ fn run_wrk(url: &str, tokens: &[String], args: &Args) -> Result<LoadResult, Stri
             agents.join(", ")
         )
     } else {
-        format!(
-            "local requests = {{}}\nlocal n = 0\ninit = function(args)\n  requests = {{ {} }}\nend\nrequest = function()\n  n = n + 1\n  return requests[n % #requests + 1]\nend\n",
-            requests.join(", ")
-        )
+        let requests: Vec<String> = tokens
+            .iter()
+            .enumerate()
+            .map(|(a, token)| {
+                if args.reads {
+                    format!(
+                        "wrk.format(\"GET\", \"/v1/agents/agent-{a}\", {{[\"Authorization\"] = \"Bearer {token}\"}})"
+                    )
+                } else {
+                    lineage_benches::wrk::decide_request(&format!("agent-{a}"), token)
+                }
+            })
+            .collect();
+        lineage_benches::wrk::round_robin(&requests)
     };
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let path = dir.path().join("decide.lua");
-    std::fs::write(&path, script).map_err(|e| e.to_string())?;
-    let output = Command::new("wrk")
-        .args(["-t", &args.clients.min(2).to_string()])
-        .args(["-c", &args.clients.to_string()])
-        .args(["-d", &format!("{}s", args.seconds), "--latency", "-s"])
-        .arg(&path)
-        .arg(url)
-        .output()
-        .map_err(|e| format!("wrk: {e} (apt-get install wrk)"))?;
-    let report = String::from_utf8_lossy(&output.stdout).to_string();
-    if !output.status.success() {
-        return Err(format!(
-            "wrk failed: {report}{}",
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    parse_wrk(&report).ok_or_else(|| format!("wrk's report was not understood:\n{report}"))
-}
-
-/// wrk's `--latency` report: "N requests in …", "Non-2xx or 3xx responses: E",
-/// "Requests/sec: R", and the "50%"/"99%" lines of its latency distribution.
-fn parse_wrk(report: &str) -> Option<LoadResult> {
-    let duration = |text: &str| -> Option<Duration> {
-        let (number, unit) = text.split_at(text.find(|c: char| c.is_ascii_alphabetic())?);
-        let number: f64 = number.parse().ok()?;
-        let seconds = match unit {
-            "us" => number / 1e6,
-            "ms" => number / 1e3,
-            "s" => number,
-            "m" => number * 60.0,
-            _ => return None,
-        };
-        Some(Duration::from_secs_f64(seconds))
-    };
-    let mut requests = None;
-    let mut errors = 0;
-    let mut per_second = None;
-    let (mut p50, mut p99) = (None, None);
-    for line in report.lines().map(str::trim) {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            [n, "requests", "in", ..] => requests = n.parse::<u64>().ok(),
-            ["Non-2xx", "or", "3xx", "responses:", n] => errors = n.parse().ok()?,
-            ["Requests/sec:", r] => per_second = r.parse::<f64>().ok(),
-            ["50%", d] => p50 = duration(d),
-            ["99%", d] => p99 = duration(d),
-            _ => {}
-        }
-    }
-    let requests = requests?;
-    let decisions = requests.saturating_sub(errors);
-    Some(LoadResult {
-        decisions,
-        errors,
-        per_second: per_second? * decisions as f64 / requests.max(1) as f64,
-        p50: p50?,
-        p99: p99?,
+    let report = lineage_benches::wrk::run(url, &script, args.clients, args.seconds)?;
+    Ok(LoadResult {
+        decisions: report.decisions,
+        errors: report.errors,
+        per_second: report.per_second,
+        p50: report.p50,
+        p99: report.p99,
     })
 }
 

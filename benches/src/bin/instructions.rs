@@ -77,7 +77,7 @@ async fn run(binary: &Path, decisions: usize) -> Result<Run, String> {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let policy = json!({"budget": u64::MAX / 2, "scar_limit": 10, "tools": {"work": {"cost": 1}}, "limits": {"max_requests_per_minute": u32::MAX}});
+        let policy = lineage_benches::unbounded_policy();
         let created: Value = http
             .post(format!("{url}/v1/agents"))
             .bearer_auth(admin.trim())
