@@ -304,6 +304,15 @@ struct RunArgs {
     /// Voters of a new cluster, as id=host:port,id=host:port (the lowest id bootstraps)
     #[arg(long, env = "LINEAGE_PEERS", value_delimiter = ',')]
     peers: Vec<String>,
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+/// How a node is tuned, besides who it is and where it keeps its data: `run`'s flags,
+/// and in drop-in mode the same `LINEAGE_*` variables (`DropInTuning`), so a setting
+/// means the same in both modes and neither ignores one.
+#[derive(clap::Args)]
+struct Tuning {
     /// Snapshot the state machine every this many Raft entries
     #[arg(long, env = "LINEAGE_SNAPSHOT_EVERY", default_value_t = lineage_node::DEFAULT_SNAPSHOT_EVERY)]
     snapshot_every: u64,
@@ -324,8 +333,9 @@ struct RunArgs {
     /// While leading, count this node's own log appends as flushed at once so it
     /// replicates while its disk syncs; applies and the commits followers hear still
     /// wait for the fsync (see docs/ARCHITECTURE.md). `false`: every append waits
-    #[arg(long, env = "LINEAGE_LEADER_EARLY_ACK", default_value_t = true, action = clap::ArgAction::Set)]
-    leader_early_ack: bool,
+    /// [default: true; false in drop-in mode, a node with no one to replicate to]
+    #[arg(long, env = "LINEAGE_LEADER_EARLY_ACK", action = clap::ArgAction::Set)]
+    leader_early_ack: Option<bool>,
     /// Decide an agent's next request on its pending state while the previous one
     /// replicates; the apply-time head check rejects any that a failed write leaves
     /// behind. `false`: each of an agent's writes waits for the one before
@@ -366,15 +376,31 @@ struct RunArgs {
     tls: TlsFlags,
 }
 
-impl RunArgs {
-    fn run(self) -> Result<(), String> {
-        let RunArgs {
-            id,
-            listen,
-            advertise,
-            data_dir,
-            keys_dir,
-            peers,
+/// The drop-in mode takes its tuning from the environment alone (it has no flags).
+#[derive(clap::Parser)]
+#[command(name = "lineage-node")]
+struct DropInTuning {
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+/// Who a node is and where it keeps its data.
+struct NodeIdentity {
+    id: NodeId,
+    listen: SocketAddr,
+    advertise: String,
+    data_dir: PathBuf,
+    keys_dir: PathBuf,
+    peers: Vec<(NodeId, String)>,
+    admin_token: Option<String>,
+    reference_dir: Option<PathBuf>,
+}
+
+impl Tuning {
+    /// The node's whole configuration. `early_ack_default` is this mode's
+    /// `--leader-early-ack` when none is given.
+    fn node_config(self, who: NodeIdentity, early_ack_default: bool) -> Result<NodeConfig, String> {
+        let Tuning {
             snapshot_every,
             scrub_interval_secs,
             cluster_name,
@@ -391,38 +417,61 @@ impl RunArgs {
             connections,
             tls,
         } = self;
-        parse_peers(&peers).and_then(|peers| {
-            let witnesses = WitnessPolicy::new(witness_keys, witness_quorum)?;
-            let tls_reload_poll = tls.reload_poll();
-            let tls = tls.files()?;
-            serve(NodeConfig {
-                id,
-                listen,
-                advertise: advertise.unwrap_or_else(|| listen.to_string()),
-                data_dir,
-                keys_dir,
-                peers,
-                admin_token: None,
-                snapshot_every,
-                scrub_interval: scrub_interval(scrub_interval_secs),
-                cluster_name,
-                heads_interval: std::time::Duration::from_millis(heads_interval_ms.max(10)),
-                state_fsync_interval: std::time::Duration::from_millis(state_fsync_interval_ms),
-                leader_early_ack,
-                pipelining,
-                require_raft_digests,
-                tls,
-                tls_reload_poll,
-                reference_dir: None,
-                witnesses,
-                disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
-                disk_stall_after: disk_stall(disk_stall_ms)?,
-                max_connections: connections.max_connections,
-                http_header_timeout: connections.header_timeout(),
-                http_idle_timeout: connections.idle_timeout(),
-                idempotency_window: std::time::Duration::from_secs(idempotency_window_secs),
-            })
+        let witnesses = WitnessPolicy::new(witness_keys, witness_quorum)?;
+        let tls_reload_poll = tls.reload_poll();
+        let tls = tls.files()?;
+        Ok(NodeConfig {
+            id: who.id,
+            listen: who.listen,
+            advertise: who.advertise,
+            data_dir: who.data_dir,
+            keys_dir: who.keys_dir,
+            peers: who.peers,
+            admin_token: who.admin_token,
+            snapshot_every,
+            scrub_interval: scrub_interval(scrub_interval_secs),
+            cluster_name,
+            heads_interval: std::time::Duration::from_millis(heads_interval_ms.max(10)),
+            state_fsync_interval: std::time::Duration::from_millis(state_fsync_interval_ms),
+            leader_early_ack: leader_early_ack.unwrap_or(early_ack_default),
+            pipelining,
+            require_raft_digests,
+            tls,
+            tls_reload_poll,
+            reference_dir: who.reference_dir,
+            witnesses,
+            disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
+            disk_stall_after: disk_stall(disk_stall_ms)?,
+            max_connections: connections.max_connections,
+            http_header_timeout: connections.header_timeout(),
+            http_idle_timeout: connections.idle_timeout(),
+            idempotency_window: std::time::Duration::from_secs(idempotency_window_secs),
         })
+    }
+}
+
+impl RunArgs {
+    fn run(self) -> Result<(), String> {
+        let RunArgs {
+            id,
+            listen,
+            advertise,
+            data_dir,
+            keys_dir,
+            peers,
+            tuning,
+        } = self;
+        let who = NodeIdentity {
+            id,
+            listen,
+            advertise: advertise.unwrap_or_else(|| listen.to_string()),
+            data_dir,
+            keys_dir,
+            peers: parse_peers(&peers)?,
+            admin_token: None,
+            reference_dir: None,
+        };
+        serve(tuning.node_config(who, true)?)
     }
 }
 
@@ -606,41 +655,10 @@ fn reference_mode() -> Result<(), String> {
         Err(std::env::VarError::NotPresent) => None,
         Err(e) => return Err(format!("GUARD_ADMIN_TOKEN: {e}")),
     };
-    let scrub_secs = env_number(
-        "LINEAGE_SCRUB_INTERVAL_SECS",
-        lineage_node::DEFAULT_SCRUB_INTERVAL_SECS,
-    )?;
-    let state_fsync_ms = env_number(
-        "LINEAGE_STATE_FSYNC_INTERVAL_MS",
-        lineage_node::DEFAULT_STATE_FSYNC_INTERVAL_MS,
-    )?;
-    let disk_reserve_mb = env_number(
-        "LINEAGE_DISK_RESERVE_MB",
-        lineage_node::disk_reserve::DEFAULT_DISK_RESERVE_MB,
-    )?;
-    let disk_stall_ms = env_number(
-        "LINEAGE_DISK_STALL_MS",
-        millis(lineage_node::disk_stall::DEFAULT_STALL_AFTER),
-    )?;
-    let idempotency_window_secs =
-        env_number("LINEAGE_IDEMPOTENCY_WINDOW_SECS", IDEMPOTENCY_WINDOW_SECS)?;
-    if idempotency_window_secs == 0 {
-        return Err("LINEAGE_IDEMPOTENCY_WINDOW_SECS must be at least 1".into());
-    }
-    let connections = ConnectionFlags {
-        max_connections: match std::env::var("LINEAGE_MAX_CONNECTIONS") {
-            Ok(_) => Some(env_number("LINEAGE_MAX_CONNECTIONS", 0)?),
-            Err(_) => None,
-        },
-        http_header_timeout_ms: env_number(
-            "LINEAGE_HTTP_HEADER_TIMEOUT_MS",
-            millis(lineage_http_server::DEFAULT_HEADER_TIMEOUT),
-        )?,
-        http_idle_timeout_ms: env_number(
-            "LINEAGE_HTTP_IDLE_TIMEOUT_MS",
-            millis(lineage_http_server::DEFAULT_IDLE_TIMEOUT),
-        )?,
-    };
+    // The same LINEAGE_* settings as `run`'s flags; an invalid one stops start-up.
+    let tuning = <DropInTuning as clap::Parser>::try_parse_from(["lineage-node"])
+        .map_err(|e| format!("drop-in mode's LINEAGE_* settings: {e}"))?
+        .tuning;
     let keys_dir = data_dir.join("keys");
     keys::create_missing(&keys_dir, admin_token.is_some())?;
     println!("lineage-node listening on http://{listen}");
@@ -651,7 +669,7 @@ fn reference_mode() -> Result<(), String> {
             keys_dir.join(keys::ADMIN_TOKEN).display()
         );
     }
-    serve(NodeConfig {
+    let who = NodeIdentity {
         id: 1,
         listen,
         advertise: listen.to_string(),
@@ -659,28 +677,9 @@ fn reference_mode() -> Result<(), String> {
         keys_dir,
         peers: vec![(1, listen.to_string())],
         admin_token,
-        snapshot_every: lineage_node::DEFAULT_SNAPSHOT_EVERY,
-        scrub_interval: scrub_interval(scrub_secs),
-        cluster_name: std::env::var("LINEAGE_CLUSTER_NAME")
-            .unwrap_or_else(|_| lineage_node::DEFAULT_CLUSTER_NAME.into()),
-        heads_interval: std::time::Duration::from_millis(
-            lineage_node::heads_rounds::DEFAULT_HEADS_INTERVAL_MS,
-        ),
-        state_fsync_interval: std::time::Duration::from_millis(state_fsync_ms),
-        leader_early_ack: false,
-        pipelining: true,
-        require_raft_digests: false,
-        tls: None,
-        tls_reload_poll: lineage_node::tls_reload::DEFAULT_POLL,
         reference_dir: Some(data_dir.clone()),
-        witnesses: WitnessPolicy::default(),
-        disk_reserve_bytes: disk_reserve_mb.saturating_mul(1024 * 1024),
-        disk_stall_after: disk_stall(disk_stall_ms)?,
-        max_connections: connections.max_connections,
-        http_header_timeout: connections.header_timeout(),
-        http_idle_timeout: connections.idle_timeout(),
-        idempotency_window: std::time::Duration::from_secs(idempotency_window_secs),
-    })
+    };
+    serve(tuning.node_config(who, false)?)
 }
 
 /// `--disk-stall-ms`: 0 turns the check off; otherwise at least a second.
@@ -697,16 +696,6 @@ fn disk_stall(ms: u64) -> Result<Option<std::time::Duration>, String> {
 }
 
 const IDEMPOTENCY_WINDOW_SECS: u64 = lineage_node::store::idempotency_expiry::DEFAULT_WINDOW_SECS;
-
-/// A number from the environment, or `default` when the variable is unset.
-fn env_number<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .map_err(|_| format!("{name} {v:?} is not a number")),
-        Err(_) => Ok(default),
-    }
-}
 
 #[cfg(test)]
 mod tests {

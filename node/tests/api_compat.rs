@@ -28,6 +28,14 @@ impl Drop for Node {
 }
 
 fn start_reference_mode(admin: Option<&str>) -> (tempfile::TempDir, String, Child) {
+    start_reference_mode_with(admin, &[])
+}
+
+/// The drop-in mode with `settings` in its environment as well.
+fn start_reference_mode_with(
+    admin: Option<&str>,
+    settings: &[(&str, &str)],
+) -> (tempfile::TempDir, String, Child) {
     let dir = tempfile::tempdir().unwrap();
     let port = util::free_port();
     let bind = format!("127.0.0.1:{port}");
@@ -45,6 +53,7 @@ fn start_reference_mode(admin: Option<&str>) -> (tempfile::TempDir, String, Chil
         Some(token) => command.env("GUARD_ADMIN_TOKEN", token),
         None => command.env_remove("GUARD_ADMIN_TOKEN"),
     };
+    command.envs(settings.iter().copied());
     let child = command.spawn().unwrap();
     (dir, format!("http://{bind}"), child)
 }
@@ -839,6 +848,40 @@ fn a_short_admin_token_is_refused_at_start() {
         stderr.contains("the admin token must be at least"),
         "exited for another reason: {stderr}"
     );
+}
+
+/// The drop-in mode reads every one of `run`'s LINEAGE_* settings, checked as `run`
+/// checks its flags: before, it read a few by hand and ignored the rest, so
+/// `LINEAGE_PIPELINING=false` (say) left pipelining on without a word.
+#[test]
+fn the_drop_in_mode_reads_runs_settings_and_refuses_a_bad_one() {
+    for (name, value) in [
+        ("LINEAGE_PIPELINING", "sometimes"),
+        ("LINEAGE_REQUIRE_RAFT_DIGESTS", "maybe"),
+        ("LINEAGE_HEADS_INTERVAL_MS", "soon"),
+        ("LINEAGE_IDEMPOTENCY_WINDOW_SECS", "0"),
+    ] {
+        let (dir, _base, mut child) = start_reference_mode_with(Some(ADMIN), &[(name, value)]);
+        // A setting it ignored would leave it serving: bounded, then a failure.
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{name}={value} was ignored: the node still runs after 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let stderr = std::fs::read_to_string(dir.path().join("node.stderr")).unwrap_or_default();
+        assert_eq!(status.code(), Some(1), "{name}={value}: {stderr}");
+        assert!(
+            stderr.contains("drop-in mode's LINEAGE_* settings") && stderr.contains(value),
+            "{name}={value} refused for another reason: {stderr}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
