@@ -9,7 +9,8 @@ use std::time::Duration;
 pub struct WrkReport {
     /// Answers with a 2xx status.
     pub decisions: u64,
-    /// Answers with any other status.
+    /// Answers with a status of 400 or over (wrk counts those only), and requests
+    /// that failed on the socket or got no answer within the timeout.
     pub errors: u64,
     /// 2xx answers per second.
     pub per_second: f64,
@@ -42,6 +43,9 @@ pub fn run(url: &str, script: &str, connections: usize, seconds: u64) -> Result<
     let output = Command::new("wrk")
         .args(["-t", &connections.clamp(1, 2).to_string()])
         .args(["-c", &connections.to_string()])
+        // A request unanswered for this long is counted as an error, not left out of
+        // the latency figures (wrk's default is 2 s).
+        .args(["--timeout", "30s"])
         .args(["-d", &format!("{seconds}s"), "--latency", "-s"])
         .arg(&path)
         .arg(url)
@@ -58,7 +62,8 @@ pub fn run(url: &str, script: &str, connections: usize, seconds: u64) -> Result<
 }
 
 /// wrk's `--latency` report: "N requests in …", "Non-2xx or 3xx responses: E",
-/// "Requests/sec: R", and the "50%"/"99%" lines of its latency distribution.
+/// "Socket errors: connect C, read R, write W, timeout T", "Requests/sec: R", and the
+/// "50%"/"99%" lines of its latency distribution.
 pub fn parse(report: &str) -> Option<WrkReport> {
     let duration = |text: &str| -> Option<Duration> {
         let (number, unit) = text.split_at(text.find(|c: char| c.is_ascii_alphabetic())?);
@@ -74,6 +79,7 @@ pub fn parse(report: &str) -> Option<WrkReport> {
     };
     let mut requests = None;
     let mut errors = 0;
+    let mut socket_errors = 0;
     let mut per_second = None;
     let (mut p50, mut p99) = (None, None);
     for line in report.lines().map(str::trim) {
@@ -81,6 +87,12 @@ pub fn parse(report: &str) -> Option<WrkReport> {
         match words.as_slice() {
             [n, "requests", "in", ..] => requests = n.parse::<u64>().ok(),
             ["Non-2xx", "or", "3xx", "responses:", n] => errors = n.parse().ok()?,
+            ["Socket", "errors:", counts @ ..] => {
+                // "connect 0, read 1, write 0, timeout 2": every other word a count.
+                for count in counts.iter().skip(1).step_by(2) {
+                    socket_errors += count.trim_end_matches(',').parse::<u64>().ok()?;
+                }
+            }
             ["Requests/sec:", r] => per_second = r.parse::<f64>().ok(),
             ["50%", d] => p50 = duration(d),
             ["99%", d] => p99 = duration(d),
@@ -91,7 +103,7 @@ pub fn parse(report: &str) -> Option<WrkReport> {
     let decisions = requests.saturating_sub(errors);
     Some(WrkReport {
         decisions,
-        errors,
+        errors: errors + socket_errors,
         per_second: per_second? * decisions as f64 / requests.max(1) as f64,
         p50: p50?,
         p99: p99?,
@@ -112,12 +124,13 @@ mod tests {
      90%    3.00ms
      99%   12.25ms
   2000 requests in 2.00s, 1.00MB read
+  Socket errors: connect 0, read 1, write 0, timeout 2
   Non-2xx or 3xx responses: 500
 Requests/sec:   1000.00
 Transfer/sec:    500.00KB
 ";
         let read = parse(report).unwrap();
-        assert_eq!((read.decisions, read.errors), (1500, 500));
+        assert_eq!((read.decisions, read.errors), (1500, 503));
         assert!((read.per_second - 750.0).abs() < 1e-9);
         assert_eq!(read.p50, Duration::from_micros(1500));
         assert_eq!(read.p99, Duration::from_micros(12250));

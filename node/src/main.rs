@@ -661,7 +661,12 @@ fn reference_mode() -> Result<(), String> {
         .tuning;
     let keys_dir = data_dir.join("keys");
     keys::create_missing(&keys_dir, admin_token.is_some())?;
-    println!("lineage-node listening on http://{listen}");
+    let scheme = if tuning.tls.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    println!("lineage-node listening on {scheme}://{listen}");
     println!("  data dir    {}", data_dir.display());
     if admin_token.is_none() {
         println!(

@@ -6,12 +6,12 @@
 //!
 //! Rows: decisions/s with 16 connections over 16 agents, 16 connections on one agent
 //! and one connection (sequential), p50 with one connection and p99 at 16x16. Then,
-//! for one process each, with its logs topped up to `--history` records (the loads'
-//! own records count), the time from a restart to the first decision, VmRSS after it,
-//! and the data directory's bytes per record (`du -sb`, after `POST /v1/node/snapshot`
-//! where the server has it: ours then purges its Raft log; the reference answers 404
-//! and is measured as it is). Each of ours comes as its ratio to the reference in the
-//! same round, as a range over the rounds.
+//! for one process each, started afresh and loaded to `--history` records: the time
+//! from a restart (SIGTERM, start again) to the first decision, VmRSS after it, and then
+//! the data directory's bytes per record, by length (`du -sb`) and by allocated blocks,
+//! after `POST /v1/node/snapshot` where the server has it (ours then purges its Raft
+//! log; the reference answers 404 and is measured as it is). Each of ours comes as its
+//! ratio to the reference in the same round, as a range over the rounds.
 //!
 //!   apt-get install wrk
 //!   cargo build --release -p lineage-node -p lineage-benches
@@ -102,6 +102,18 @@ struct Server {
     _dir: tempfile::TempDir,
 }
 
+impl Server {
+    /// An error naming the first process that has exited, if any has.
+    fn check_running(&mut self) -> Result<(), String> {
+        for process in &mut self.processes {
+            if let Some(status) = process.0.try_wait().map_err(|e| e.to_string())? {
+                return Err(format!("a server process exited: {status}"));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The admin token the reference is given (it wants at least 32 characters).
 const REFERENCE_ADMIN_TOKEN: &str = "side-by-side-admin-token-on-loopback-only";
 
@@ -172,9 +184,10 @@ fn start(contestant: Contestant, reference: &Path, node: &Path) -> Result<Server
 
 /// The URL decisions go to once the server answers: the leader's for a cluster (as a
 /// client finds it), the one process's otherwise (the reference has no `/v1/cluster`).
-async fn serving_url(http: &reqwest::Client, server: &Server) -> Result<String, String> {
+async fn serving_url(http: &reqwest::Client, server: &mut Server) -> Result<String, String> {
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(60) {
+        server.check_running()?;
         let cluster = http
             .get(format!("{}/v1/cluster", server.urls[0]))
             .bearer_auth(&server.admin)
@@ -245,9 +258,13 @@ fn loads(url: &str, tokens: &[String], seconds: u64) -> Result<[WrkReport; 3], S
 /// What a one-process contestant shows with a history.
 #[derive(Clone, Copy)]
 struct History {
+    records: u64,
     restart_to_first_decision: Duration,
     vmrss_after_restart: u64,
+    /// `du -sb`: the files' lengths.
     disk_per_record: f64,
+    /// Their allocated blocks (redb's file has a sparse tail until written).
+    disk_blocks_per_record: f64,
 }
 
 /// Records in `agent-0..agents`' logs (each status's head seq, plus one).
@@ -314,9 +331,13 @@ async fn restart(
     token: &str,
 ) -> Result<(Duration, u64), String> {
     let mut old = server.processes.pop().ok_or("no process to restart")?;
-    let _ = Command::new("kill")
+    let signalled = Command::new("kill")
         .args(["-TERM", &old.0.id().to_string()])
-        .status();
+        .status()
+        .map_err(|e| format!("kill: {e}"))?;
+    if !signalled.success() {
+        return Err(format!("kill -TERM {}: {signalled}", old.0.id()));
+    }
     let stopping = Instant::now();
     while old.0.try_wait().map_err(|e| e.to_string())?.is_none() {
         if stopping.elapsed() > Duration::from_secs(60) {
@@ -326,9 +347,10 @@ async fn restart(
     }
     drop(old);
     let started = Instant::now();
-    let process = server.launches[0].spawn()?;
+    server.processes.push(server.launches[0].spawn()?);
     let action = format!("{}/v1/agents/agent-0/actions", server.urls[0]);
     loop {
+        server.check_running()?;
         let reply = http
             .post(&action)
             .bearer_auth(token)
@@ -344,46 +366,72 @@ async fn restart(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let first = started.elapsed();
-    let status = std::fs::read_to_string(format!("/proc/{}/status", process.0.id()))
-        .map_err(|e| e.to_string())?;
-    server.processes.push(process);
-    Ok((
-        first,
-        lineage_benches::status_field_bytes(&status, "VmRSS:").unwrap_or(0),
-    ))
+    let pid = server.processes[0].0.id();
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
+    let rss = lineage_benches::status_field_bytes(&status, "VmRSS:")
+        .ok_or_else(|| format!("no VmRSS in /proc/{pid}/status"))?;
+    Ok((first, rss))
 }
 
+/// A fresh process of `contestant` with its logs loaded to `target` records: the
+/// restart to the first decision and VmRSS after it, then the data directory's bytes per
+/// record after a snapshot where the server has one (ours must take it; the reference
+/// answers 404), so the restart replays what a running server would, not a fresh
+/// snapshot.
 async fn history(
-    http: &reqwest::Client,
-    server: &mut Server,
-    tokens: &[String],
+    contestant: Contestant,
+    reference: &Path,
+    node: &Path,
     target: u64,
 ) -> Result<History, String> {
-    let url = server.urls[0].clone();
-    let have = records(http, &url, &server.admin, tokens.len()).await?;
-    load_history(&url, tokens, have, target).await?;
-    let total = records(http, &url, &server.admin, tokens.len()).await?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut server = start(contestant, reference, node)?;
+    let url = serving_url(&http, &mut server).await?;
+    let tokens = create_agents(&http, &url, &server.admin, 16).await?;
+    let have = records(&http, &url, &server.admin, tokens.len()).await?;
+    load_history(&url, &tokens, have, target).await?;
+    let total = records(&http, &url, &server.admin, tokens.len()).await?;
+    let (restart_to_first_decision, vmrss_after_restart) =
+        restart(&http, &mut server, &tokens[0]).await?;
     let snapshot = http
         .post(format!("{url}/v1/node/snapshot"))
         .bearer_auth(&server.admin)
         .timeout(Duration::from_secs(600))
         .send()
         .await
-        .map(|r| r.status().to_string())
-        .unwrap_or_else(|e| e.to_string());
+        .map_err(|e| format!("POST /v1/node/snapshot: {e}"))?
+        .status();
+    let taken = snapshot.is_success();
+    if !taken && (contestant != Contestant::Reference || snapshot != reqwest::StatusCode::NOT_FOUND)
+    {
+        return Err(format!("POST /v1/node/snapshot answered {snapshot}"));
+    }
     let disk = lineage_benches::du_bytes(&server.data_dirs[0]);
-    let (restart_to_first_decision, vmrss_after_restart) =
-        restart(http, server, &tokens[0]).await?;
+    let blocks = lineage_benches::du_block_bytes(&server.data_dirs[0]);
+    if disk == 0 || blocks == 0 {
+        return Err(format!(
+            "nothing on disk under {}",
+            server.data_dirs[0].display()
+        ));
+    }
     println!(
-        "    {total} records; snapshot: {snapshot}; {:.1} MB on disk; first decision {:.2} s after the restart; VmRSS {:.1} MB",
-        disk as f64 / 1e6,
+        "    history: {total} records; first decision {:.2} s after a restart; VmRSS {:.1} MB; {}{:.1} MB on disk ({:.1} MB allocated)",
         restart_to_first_decision.as_secs_f64(),
-        vmrss_after_restart as f64 / 1e6
+        vmrss_after_restart as f64 / 1e6,
+        if taken { "after a snapshot, " } else { "" },
+        disk as f64 / 1e6,
+        blocks as f64 / 1e6,
     );
     Ok(History {
+        records: total,
         restart_to_first_decision,
         vmrss_after_restart,
         disk_per_record: disk as f64 / total.max(1) as f64,
+        disk_blocks_per_record: blocks as f64 / total.max(1) as f64,
     })
 }
 
@@ -404,9 +452,10 @@ async fn measure(
         .build()
         .map_err(|e| e.to_string())?;
     let mut server = start(contestant, reference, node)?;
-    let url = serving_url(&http, &server).await?;
+    let url = serving_url(&http, &mut server).await?;
     let tokens = create_agents(&http, &url, &server.admin, 16).await?;
     let loads = loads(&url, &tokens, args.seconds)?;
+    drop(server);
     for (name, load) in ["16 over 16 agents", "16 on one agent", "one connection"]
         .iter()
         .zip(&loads)
@@ -426,8 +475,8 @@ async fn measure(
             ));
         }
     }
-    let history = if args.history > 0 && server.processes.len() == 1 {
-        Some(history(&http, &mut server, &tokens, args.history).await?)
+    let history = if args.history > 0 && contestant != Contestant::ThreeNodes {
+        Some(history(contestant, reference, node, args.history).await?)
     } else {
         None
     };
@@ -463,7 +512,7 @@ fn range(values: &[f64], show: &dyn Fn(f64) -> String) -> String {
 type Row = (&'static str, fn(&Figures) -> Option<f64>, fn(f64) -> String);
 
 fn print_table(rounds: &[BTreeMap<Contestant, Figures>]) {
-    let rows: [Row; 8] = [
+    let rows: [Row; 10] = [
         (
             "16 connections over 16 agents, decisions/s",
             |f| Some(f.loads[0].per_second),
@@ -490,6 +539,11 @@ fn print_table(rounds: &[BTreeMap<Contestant, Figures>]) {
             |v| format!("{v:.1}"),
         ),
         (
+            "records in the history",
+            |f| Some(f.history?.records as f64),
+            grouped,
+        ),
+        (
             "restart with the history, to the first decision, s",
             |f| Some(f.history?.restart_to_first_decision.as_secs_f64()),
             |v| format!("{v:.2}"),
@@ -500,8 +554,13 @@ fn print_table(rounds: &[BTreeMap<Contestant, Figures>]) {
             |v| format!("{v:.0}"),
         ),
         (
-            "data on disk per record, B",
+            "data on disk per record, B (du -sb)",
             |f| Some(f.history?.disk_per_record),
+            grouped,
+        ),
+        (
+            "data on disk per record, B (allocated)",
+            |f| Some(f.history?.disk_blocks_per_record),
             grouped,
         ),
     ];

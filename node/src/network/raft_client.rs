@@ -244,8 +244,20 @@ async fn answer_within(response: reqwest::Response, max: usize) -> Result<Vec<u8
     match body_prefix(response, max).await {
         Ok((body, false)) => Ok(body),
         Ok((_, true)) => Err(format!("the peer's answer is over {max} bytes")),
-        Err(e) => Err(format!("reading the peer's answer: {e}")),
+        Err(e) => Err(format!("reading the peer's answer: {}", with_sources(&e))),
     }
+}
+
+/// An error and every error under it ("connection reset" under reqwest's own words).
+fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Up to `limit` bytes of a response's body, and whether it held more.
@@ -459,7 +471,8 @@ mod tests {
 
     async fn answer_from(head: &'static str, body: Vec<u8>, max: usize) -> Result<Vec<u8>, String> {
         let url = peer_answering(head, body).await;
-        let response = reqwest::Client::new().post(url).send().await.unwrap();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let response = client.post(url).send().await.unwrap();
         // Bounds the test, not the code: reading a body that never comes would wait
         // for ever.
         tokio::time::timeout(Duration::from_secs(30), answer_within(response, max))
