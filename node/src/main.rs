@@ -655,36 +655,79 @@ fn reference_mode() -> Result<(), String> {
         Err(std::env::VarError::NotPresent) => None,
         Err(e) => return Err(format!("GUARD_ADMIN_TOKEN: {e}")),
     };
-    // The same LINEAGE_* settings as `run`'s flags; an invalid one stops start-up.
+    // The same LINEAGE_* settings as `run`'s flags; an invalid one stops start-up,
+    // before any key is written.
     let tuning = <DropInTuning as clap::Parser>::try_parse_from(["lineage-node"])
-        .map_err(|e| format!("drop-in mode's LINEAGE_* settings: {e}"))?
+        .map_err(|e| format!("drop-in mode's settings: {}", drop_in_setting_error(&e)))?
         .tuning;
     let keys_dir = data_dir.join("keys");
-    keys::create_missing(&keys_dir, admin_token.is_some())?;
-    let scheme = if tuning.tls.tls_cert.is_some() {
+    let generate_admin_token = admin_token.is_none();
+    let who = NodeIdentity {
+        id: 1,
+        listen,
+        advertise: listen.to_string(),
+        data_dir: data_dir.join("node"),
+        keys_dir: keys_dir.clone(),
+        peers: vec![(1, listen.to_string())],
+        admin_token,
+        reference_dir: Some(data_dir.clone()),
+    };
+    let config = tuning.node_config(who, false)?;
+    keys::create_missing(&keys_dir, !generate_admin_token)?;
+    let scheme = if config.tls.is_some() {
         "https"
     } else {
         "http"
     };
     println!("lineage-node listening on {scheme}://{listen}");
     println!("  data dir    {}", data_dir.display());
-    if admin_token.is_none() {
+    if generate_admin_token {
         println!(
             "  admin token from {}",
             keys_dir.join(keys::ADMIN_TOKEN).display()
         );
     }
-    let who = NodeIdentity {
-        id: 1,
-        listen,
-        advertise: listen.to_string(),
-        data_dir: data_dir.join("node"),
-        keys_dir,
-        peers: vec![(1, listen.to_string())],
-        admin_token,
-        reference_dir: Some(data_dir.clone()),
+    serve(config)
+}
+
+/// A bad value among the drop-in mode's settings, named by its variable: clap names the
+/// flag, which the drop-in mode does not take ("LINEAGE_PIPELINING: invalid value
+/// 'sometimes' [possible values: true, false]").
+fn drop_in_setting_error(error: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let rendered = error.to_string();
+    let mut lines = rendered
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("For more information"));
+    let mut text = lines
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_string();
+    for more in lines {
+        text.push(' ');
+        text.push_str(more);
+    }
+    let Some(ContextValue::String(flag)) = error.get(ContextKind::InvalidArg) else {
+        return text;
     };
-    serve(tuning.node_config(who, false)?)
+    let command = <DropInTuning as clap::CommandFactory>::command();
+    let variable = command
+        .get_arguments()
+        .find(|arg| {
+            arg.get_long()
+                .is_some_and(|long| flag.split(' ').next() == Some(&format!("--{long}")))
+        })
+        .and_then(|arg| arg.get_env())
+        .map(|name| name.to_string_lossy().into_owned());
+    match variable {
+        Some(variable) => format!(
+            "{variable}: {}",
+            text.replace(&format!(" for '{flag}'"), "")
+        ),
+        None => text,
+    }
 }
 
 /// `--disk-stall-ms`: 0 turns the check off; otherwise at least a second.
