@@ -50,6 +50,42 @@ impl Node {
     }
 
     async fn start(&mut self) {
+        self.spawn();
+        let start = Instant::now();
+        loop {
+            if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await {
+                if r.status() == StatusCode::OK {
+                    return;
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "node not ready in 15 s; its log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Starts the node and waits (at most 30 s) for it to stop by itself: its exit status.
+    fn start_expecting_it_to_stop(&mut self) -> std::process::ExitStatus {
+        self.spawn();
+        let mut child = self.child.take().unwrap();
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the node still runs after 30 s; its log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn spawn(&mut self) {
         let child = Command::new(env!("CARGO_BIN_EXE_lineage-node"))
             .env("GUARD_DATA_DIR", self.data.path())
             .env("GUARD_BIND", &self.bind)
@@ -64,16 +100,6 @@ impl Node {
             .spawn()
             .unwrap();
         self.child = Some(child);
-        let start = Instant::now();
-        loop {
-            if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await {
-                if r.status() == StatusCode::OK {
-                    return;
-                }
-            }
-            assert!(start.elapsed() < Duration::from_secs(15), "node not ready");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
     }
 
     /// Where the node's log goes (appended across restarts), beside its data.
@@ -540,21 +566,59 @@ async fn a_flipped_bit_in_the_state_files_magic_number_is_rebuilt_from_the_log()
     an_edited_state_file_is_rebuilt(Stop::Kill, "10000", edit, "not redb's").await;
 }
 
+/// redb's header: flags at byte 9 (bit 0: which commit slot is newest), then two 128-byte
+/// slots from byte 64; a slot's byte 1 says whether user tables exist. Clears it in the
+/// newest slot.
+fn clear_user_tables_in_the_newest_commit_slot(image: &mut [u8]) {
+    let present = 64 + usize::from(image[9] & 1) * 128 + 1;
+    assert_eq!(image[present], 1, "the newest commit has no user tables");
+    image[present] = 0;
+}
+
 /// After a clean stop redb reads the newest commit slot without checking it: with its
 /// "user tables present" byte cleared, every table read as absent, and the node took its
-/// file for a new one without a word (its Raft log and snapshot then brought the state
-/// back). The slot's checksum is now checked first: the file is damage, moved aside and
-/// rebuilt, and every acknowledged action is there.
+/// file for a new one without a word (its Raft log then brought the state back). The
+/// slot's checksum is now checked first: the file is damage, moved aside and rebuilt
+/// from the log, and every acknowledged action is there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_commit_slot_after_a_clean_stop_is_caught_and_rebuilt() {
-    // redb's header: flags at byte 9 (bit 0: which commit slot is newest), then two
-    // 128-byte slots from byte 64; a slot's byte 1 says whether user tables exist.
-    let edit = |image: &mut Vec<u8>| {
-        let present = 64 + usize::from(image[9] & 1) * 128 + 1;
-        assert_eq!(image[present], 1, "the newest commit has no user tables");
-        image[present] = 0;
-    };
-    an_edited_state_file_is_rebuilt(Stop::Graceful, "5", edit, "fails its checksum").await;
+    an_edited_state_file_is_rebuilt(
+        Stop::Graceful,
+        "10000",
+        |image: &mut Vec<u8>| clear_user_tables_in_the_newest_commit_slot(image),
+        "fails its checksum",
+    )
+    .await;
+}
+
+/// The same damage on a lone node whose Raft log was purged behind its snapshots: the
+/// state file was the only copy of the purged entries (a snapshot is built from it when
+/// asked for, not kept), and no peer can send one. The node moves the file aside and
+/// stops, naming what may be lost and what to do; it never starts with the agent's
+/// spending forgotten. (Until 1f2d976 the drop-in mode ignored LINEAGE_SNAPSHOT_EVERY,
+/// and the test above, then run with snapshots every 5 entries, rebuilt from a whole log.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_node_with_a_purged_log_stops_on_a_damaged_state_file() {
+    let mut node = Node::new();
+    node.scrub_secs = "0";
+    node.snapshot_every = "5";
+    node.start().await;
+    pay_from_a_new_agent(&node, 30).await;
+    node.stop_gracefully();
+    let file = node.data.path().join("node/node.redb");
+    let mut image = std::fs::read(&file).unwrap();
+    clear_user_tables_in_the_newest_commit_slot(&mut image);
+    std::fs::write(&file, &image).unwrap();
+    let status = node.start_expecting_it_to_stop();
+    let log = node.log();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("moved aside")
+            && log.contains("may have lost acknowledged decisions")
+            && log.contains("only voter")
+            && log.contains("Restore"),
+        "{log}"
+    );
 }
 
 /// After a clean stop redb trusts the region tracker page number in its header (no
