@@ -255,6 +255,35 @@ fn loads(url: &str, tokens: &[String], seconds: u64) -> Result<[WrkReport; 3], S
     Ok([spread, crowded, sequential])
 }
 
+/// A contestant started afresh, answering, with agents `agent-0..16`.
+struct Started {
+    http: reqwest::Client,
+    server: Server,
+    /// Where decisions go (`serving_url`).
+    url: String,
+    tokens: Vec<String>,
+}
+
+async fn start_with_agents(
+    contestant: Contestant,
+    reference: &Path,
+    node: &Path,
+) -> Result<Started, String> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut server = start(contestant, reference, node)?;
+    let url = serving_url(&http, &mut server).await?;
+    let tokens = create_agents(&http, &url, &server.admin, 16).await?;
+    Ok(Started {
+        http,
+        server,
+        url,
+        tokens,
+    })
+}
+
 /// What a one-process contestant shows with a history.
 #[derive(Clone, Copy)]
 struct History {
@@ -385,13 +414,12 @@ async fn history(
     node: &Path,
     target: u64,
 ) -> Result<History, String> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .map_err(|e| e.to_string())?;
-    let mut server = start(contestant, reference, node)?;
-    let url = serving_url(&http, &mut server).await?;
-    let tokens = create_agents(&http, &url, &server.admin, 16).await?;
+    let Started {
+        http,
+        mut server,
+        url,
+        tokens,
+    } = start_with_agents(contestant, reference, node).await?;
     let have = records(&http, &url, &server.admin, tokens.len()).await?;
     load_history(&url, &tokens, have, target).await?;
     let total = records(&http, &url, &server.admin, tokens.len()).await?;
@@ -447,13 +475,12 @@ async fn measure(
     node: &Path,
     args: &Args,
 ) -> Result<Figures, String> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .map_err(|e| e.to_string())?;
-    let mut server = start(contestant, reference, node)?;
-    let url = serving_url(&http, &mut server).await?;
-    let tokens = create_agents(&http, &url, &server.admin, 16).await?;
+    let Started {
+        server,
+        url,
+        tokens,
+        ..
+    } = start_with_agents(contestant, reference, node).await?;
     let loads = loads(&url, &tokens, args.seconds)?;
     drop(server);
     for (name, load) in ["16 over 16 agents", "16 on one agent", "one connection"]
