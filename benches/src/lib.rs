@@ -186,6 +186,38 @@ pub fn unbounded_policy() -> serde_json::Value {
     serde_json::json!({"budget": u64::MAX / 2, "scar_limit": 10, "tools": {"work": {"cost": 1}}, "limits": {"max_requests_per_minute": u32::MAX}})
 }
 
+/// Creates agents `agent-0..agents` through the node at `url` as `admin`, each with
+/// `policy`; their tokens. An answer without a token is an error naming the agent, the
+/// status and the answer.
+pub async fn create_agents(
+    http: &reqwest::Client,
+    url: &str,
+    admin: &str,
+    agents: usize,
+    policy: &serde_json::Value,
+) -> Result<Vec<String>, String> {
+    let mut tokens = Vec::new();
+    for a in 0..agents {
+        let body = serde_json::json!({"agent_id": format!("agent-{a}"), "policy": policy});
+        let reply = http
+            .post(format!("{url}/v1/agents"))
+            .bearer_auth(admin)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = reply.status();
+        let reply: serde_json::Value = reply.json().await.map_err(|e| e.to_string())?;
+        let token = reply["token"].as_str().filter(|_| status.is_success());
+        tokens.push(
+            token
+                .ok_or_else(|| format!("creating agent-{a}: {status} {reply}"))?
+                .to_string(),
+        );
+    }
+    Ok(tokens)
+}
+
 /// The median of `values` (the mean of the middle two for an even count; 0 for none).
 pub fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);

@@ -267,22 +267,8 @@ async fn create_agents(
     cluster: &Cluster,
     agents: usize,
 ) -> Result<Vec<String>, String> {
-    let mut tokens = Vec::new();
-    for a in 0..agents {
-        let body = json!({"agent_id": format!("agent-{a}"), "policy": lineage_benches::unbounded_policy()});
-        let reply: Value = http
-            .post(format!("{}/v1/agents", cluster.urls[0]))
-            .bearer_auth(&cluster.admin)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json()
-            .await
-            .map_err(|e| e.to_string())?;
-        tokens.push(reply["token"].as_str().ok_or("no token")?.to_string());
-    }
-    Ok(tokens)
+    let policy = lineage_benches::unbounded_policy();
+    lineage_benches::create_agents(http, &cluster.urls[0], &cluster.admin, agents, &policy).await
 }
 
 async fn run_load(cluster: &Cluster, args: &Args) -> Result<LoadResult, String> {

@@ -237,30 +237,6 @@ fn input_text(n: u64, bytes: usize, repeated: bool) -> String {
         .collect()
 }
 
-/// Creates the agents (once) and returns their tokens.
-async fn create_agents(
-    http: &reqwest::Client,
-    node: &Node,
-    agents: usize,
-) -> Result<Vec<String>, String> {
-    let mut tokens = Vec::new();
-    for a in 0..agents {
-        let reply = http
-            .post(format!("{}/v1/agents", node.url))
-            .bearer_auth(&node.admin)
-            .json(&json!({"agent_id": format!("agent-{a}"), "policy": {"budget": 1u64 << 50, "scar_limit": 10, "tools": {"search": {"cost": 1}}, "limits": {"max_requests_per_minute": u32::MAX}}}))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let body: serde_json::Value = reply.json().await.map_err(|e| e.to_string())?;
-        let token = body["token"]
-            .as_str()
-            .ok_or_else(|| format!("create agent: {body}"))?;
-        tokens.push(token.to_string());
-    }
-    Ok(tokens)
-}
-
 /// Sends decisions until the node holds about `records` records (2 per decision, plus
 /// 2 per agent at creation).
 async fn load_to(
@@ -342,7 +318,9 @@ async fn measure(binary: &Path, sizes: &[u64], load: &Load) -> Result<Vec<Figure
     let http = reqwest::Client::new();
     let mut node = Node::start(binary)?;
     wait_ready(&http, &node).await?;
-    let tokens = create_agents(&http, &node, load.agents).await?;
+    let policy = json!({"budget": 1u64 << 50, "scar_limit": 10, "tools": {"search": {"cost": 1}}, "limits": {"max_requests_per_minute": u32::MAX}});
+    let tokens =
+        lineage_benches::create_agents(&http, &node.url, &node.admin, load.agents, &policy).await?;
     let mut out = Vec::new();
     let last_stretch = sizes.iter().copied().min().unwrap_or(0);
     for &size in sizes {

@@ -211,35 +211,6 @@ async fn serving_url(http: &reqwest::Client, server: &mut Server) -> Result<Stri
     Err("the server did not answer (with a leader) in 60 s".into())
 }
 
-/// Creates `agent-0..agents` with a budget and rate no load reaches; their tokens.
-async fn create_agents(
-    http: &reqwest::Client,
-    url: &str,
-    admin: &str,
-    agents: usize,
-) -> Result<Vec<String>, String> {
-    let mut tokens = Vec::new();
-    for a in 0..agents {
-        let body = json!({"agent_id": format!("agent-{a}"), "policy": lineage_benches::unbounded_policy()});
-        let reply = http
-            .post(format!("{url}/v1/agents"))
-            .bearer_auth(admin)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = reply.status();
-        let reply: Value = reply.json().await.map_err(|e| e.to_string())?;
-        let token = reply["token"].as_str().filter(|_| status.is_success());
-        tokens.push(
-            token
-                .ok_or_else(|| format!("creating agent-{a}: {status} {reply}"))?
-                .to_string(),
-        );
-    }
-    Ok(tokens)
-}
-
 /// The three loads of the table, in order: 16 connections over 16 agents, 16 on one
 /// agent, one connection.
 fn loads(url: &str, tokens: &[String], seconds: u64) -> Result<[WrkReport; 3], String> {
@@ -275,7 +246,14 @@ async fn start_with_agents(
         .map_err(|e| e.to_string())?;
     let mut server = start(contestant, reference, node)?;
     let url = serving_url(&http, &mut server).await?;
-    let tokens = create_agents(&http, &url, &server.admin, 16).await?;
+    let tokens = lineage_benches::create_agents(
+        &http,
+        &url,
+        &server.admin,
+        16,
+        &lineage_benches::unbounded_policy(),
+    )
+    .await?;
     Ok(Started {
         http,
         server,
