@@ -357,18 +357,14 @@ async fn raft_messages_without_a_digest_are_read_as_before() {
 async fn with_digests_required_a_request_without_one_is_refused() {
     let damages = [0, 1, 2].map(|_| Damage::new(strip_the_digest, false, true, false));
     let cluster = cluster_behind_proxies_each(&damages, &["--require-raft-digests", "true"]).await;
-    let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
+    // Elected first: the check below is of messages a running cluster sent.
+    cluster.wait_for_leader(Duration::from_secs(15)).await;
     // Before any header is taken out, no message came without one.
     for way in ["request", "answer"] {
         let metric = format!(r#"lineage_raft_messages_without_digest_total{{way="{way}"}}"#);
         assert_eq!(summed(&cluster, &metric).await, 0.0, "{metric}");
     }
-    let policy = json!({"budget": 1_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}});
-    let token = cluster.create_agent(leader, "strict", policy).await;
-    let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
-    let cut_off = (leader + 1) % 3;
-    damages[cut_off].armed.store(true, Ordering::Release);
-    write_ten(&cluster, leader, "strict", &token).await;
+    let (_, cut_off) = ten_writes_with_a_follower_cut_off(&cluster, &damages).await;
     let refused = cluster
         .metrics(cut_off)
         .await
@@ -389,11 +385,7 @@ async fn with_digests_required_a_request_without_one_is_refused() {
         "node {} took the writes anyway: {held} records",
         cut_off + 1
     );
-    damages[cut_off].armed.store(false, Ordering::Release);
-    let log = cluster
-        .converged_log("strict", Duration::from_secs(30))
-        .await;
-    assert_eq!(log.len(), 2 + 2 * 10, "{log:?}");
+    caught_up_once_mended(&cluster, &damages[cut_off]).await;
 }
 
 /// With `--require-raft-digests`, the leader refuses a follower's answers that lost their
@@ -404,13 +396,7 @@ async fn with_digests_required_a_request_without_one_is_refused() {
 async fn with_digests_required_an_answer_without_one_is_refused() {
     let damages = [0, 1, 2].map(|_| Damage::new(strip_the_digest, false, false, true));
     let cluster = cluster_behind_proxies_each(&damages, &["--require-raft-digests", "true"]).await;
-    let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
-    let policy = json!({"budget": 1_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}});
-    let token = cluster.create_agent(leader, "strict", policy).await;
-    let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
-    let cut_off = (leader + 1) % 3;
-    damages[cut_off].armed.store(true, Ordering::Release);
-    write_ten(&cluster, leader, "strict", &token).await;
+    let (leader, cut_off) = ten_writes_with_a_follower_cut_off(&cluster, &damages).await;
     let metrics = cluster.metrics(leader).await;
     let figure = |name: &str| {
         metrics
@@ -429,7 +415,29 @@ async fn with_digests_required_an_answer_without_one_is_refused() {
         "the leader counted node {}'s appends from answers it should refuse (lag {lag})",
         cut_off + 1
     );
-    damages[cut_off].armed.store(false, Ordering::Release);
+    caught_up_once_mended(&cluster, &damages[cut_off]).await;
+}
+
+/// Agent "strict" created, then ten writes through the leader with the damage of the
+/// follower after it armed: (the leader, that follower).
+async fn ten_writes_with_a_follower_cut_off(
+    cluster: &Cluster,
+    damages: &[Damage; 3],
+) -> (usize, usize) {
+    let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
+    let policy = json!({"budget": 1_000, "scar_limit": 10, "tools": {"search": {"cost": 1}}});
+    let token = cluster.create_agent(leader, "strict", policy).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
+    let cut_off = (leader + 1) % 3;
+    damages[cut_off].armed.store(true, Ordering::Release);
+    write_ten(cluster, leader, "strict", &token).await;
+    (leader, cut_off)
+}
+
+/// Once `damage` is disarmed, every node holds all of "strict"'s records (its two, and
+/// two for each of the ten writes).
+async fn caught_up_once_mended(cluster: &Cluster, damage: &Damage) {
+    damage.armed.store(false, Ordering::Release);
     let log = cluster
         .converged_log("strict", Duration::from_secs(30))
         .await;
