@@ -869,18 +869,9 @@ fn the_drop_in_mode_reads_runs_settings_and_refuses_a_bad_one() {
     ] {
         let (dir, _base, mut child) = start_reference_mode_with(Some(ADMIN), &[(name, value)]);
         // A setting it ignored would leave it serving: bounded, then a failure.
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if started.elapsed() > Duration::from_secs(20) {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("{name}={value} was ignored: the node still runs after 20 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = util::exit_within(&mut child, Duration::from_secs(20)).unwrap_or_else(|| {
+            panic!("{name}={value} was ignored: the node still runs after 20 s")
+        });
         let stderr = std::fs::read_to_string(dir.path().join("node.stderr")).unwrap_or_default();
         assert_eq!(status.code(), Some(1), "{name}={value}: {stderr}");
         assert!(

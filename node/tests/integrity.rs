@@ -71,18 +71,8 @@ impl Node {
     fn start_expecting_it_to_stop(&mut self) -> std::process::ExitStatus {
         self.spawn();
         let mut child = self.child.take().unwrap();
-        let start = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status;
-            }
-            if start.elapsed() > Duration::from_secs(30) {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("the node still runs after 30 s; its log:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        util::exit_within(&mut child, Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("the node still runs after 30 s; its log:\n{}", self.log()))
     }
 
     fn spawn(&mut self) {

@@ -45,18 +45,8 @@ fn refused(mut command: Command) -> String {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the node started instead of refusing");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = util::exit_within(&mut child, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("the node started instead of refusing"));
     let mut stderr = String::new();
     if let Some(mut pipe) = child.stderr.take() {
         let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);

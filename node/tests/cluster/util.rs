@@ -39,6 +39,24 @@ pub struct Cluster {
     listen: Vec<Option<String>>,
 }
 
+/// Waits at most `limit` for `child` to exit by itself: its status, or `None` once the
+/// limit has passed, the child then killed and reaped. Bounds a test that expects a
+/// process to refuse to start.
+pub fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A loopback port nothing listens on right now, and that no outgoing connection will
 /// take before a node binds it.
 ///
