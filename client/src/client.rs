@@ -276,7 +276,7 @@ enum Body {
 
 /// An error with its causes ("error sending request: … Connection refused"), since
 /// reqwest's own message alone does not say why.
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

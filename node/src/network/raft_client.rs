@@ -1,6 +1,7 @@
 //! Outgoing Raft RPCs over HTTP, authenticated with the cluster secret.
 
 use crate::rotating_secrets::{Fingerprints, RotatingSecrets};
+use lineage_client::client::error_chain;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -244,20 +245,9 @@ async fn answer_within(response: reqwest::Response, max: usize) -> Result<Vec<u8
     match body_prefix(response, max).await {
         Ok((body, false)) => Ok(body),
         Ok((_, true)) => Err(format!("the peer's answer is over {max} bytes")),
-        Err(e) => Err(format!("reading the peer's answer: {}", with_sources(&e))),
+        // With its causes ("connection reset" under reqwest's own words).
+        Err(e) => Err(format!("reading the peer's answer: {}", error_chain(&e))),
     }
-}
-
-/// An error and every error under it ("connection reset" under reqwest's own words).
-fn with_sources(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Up to `limit` bytes of a response's body, and whether it held more.
